@@ -1,0 +1,36 @@
+# Warnings and sanitizers for every target of ours, linked PRIVATE.
+add_library(nerve_warnings INTERFACE)
+add_library(nerve::warnings ALIAS nerve_warnings)
+target_compile_options(nerve_warnings INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wno-unused-parameter>)
+
+if(NERVE_SANITIZE STREQUAL "address")
+  set(_san -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+elseif(NERVE_SANITIZE STREQUAL "thread")
+  set(_san -fsanitize=thread -fno-omit-frame-pointer)
+elseif(NOT NERVE_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "NERVE_SANITIZE must be '', 'address' or 'thread'")
+endif()
+if(_san)
+  # Applied globally so header-only code instantiated in every target is instrumented alike.
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:${_san}>)
+  add_link_options(${_san})
+endif()
+
+# nerve_add_test(NAME name SOURCES ... LIBS ... [LABELS ...] [GPU])
+# One doctest binary per folder; registered with CTest. GPU tests exit 77
+# when no device can be opened and CTest reports them as skipped.
+function(nerve_add_test)
+  cmake_parse_arguments(T "GPU" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} doctest::doctest nerve::warnings)
+  target_compile_definitions(${T_NAME} PRIVATE NERVE_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  add_test(NAME ${T_NAME} COMMAND ${T_NAME})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 600)
+  endif()
+  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
+  if(T_GPU)
+    set_tests_properties(${T_NAME} PROPERTIES SKIP_RETURN_CODE 77)
+  endif()
+endfunction()
