@@ -1,0 +1,87 @@
+#pragma once
+/// \file
+/// An in-memory labelled image dataset (Fashion-MNIST and any IDX image/label pair).
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace nerve::data {
+
+/// Per-pixel normalisation applied after scaling to [0, 1]: `(x - mean) / std`,
+/// as torchvision's `Normalize` computes it.
+struct normalization {
+  float mean = 0.0f;
+  float std = 1.0f;
+};
+
+/// Options for loading a dataset.
+struct load_options {
+  /// Off by default: inputs are pixels scaled to [0, 1] and nothing else.
+  std::optional<normalization> normalize;
+};
+
+/// Samples as rows of 8-bit pixels plus an integer label per sample; rows come
+/// out as floats through the pixel transform (`x / 255`, then normalisation).
+///
+/// The pixels stay 8-bit in memory (a quarter of the floats' size, and no
+/// 188 MB float array to fault in for Fashion-MNIST); every u8 value maps to a
+/// float through a 256-entry table, bitwise what the per-element formula gives,
+/// so converting a batch costs about as much as copying it.
+/// Row layout is that of the source (for IDX images, C×H×W with C = 1).
+/// A value type; read-only use from several threads is safe.
+struct dataset {
+  /// `size() * features()` pixels, one row per sample.
+  std::vector<std::uint8_t> pixels;
+  std::vector<std::int32_t> labels;
+  /// Shape of one sample, e.g. `{1, 28, 28}`.
+  std::vector<std::size_t> sample_shape;
+  /// Number of classes (labels are in [0, classes)).
+  std::size_t classes = 0;
+  /// The float each pixel value becomes: `(v / 255.0f - mean) / std`, or `v / 255.0f`.
+  std::array<float, 256> pixel_value{};
+
+  /// Number of samples.
+  std::size_t size() const noexcept { return labels.size(); }
+  /// Values per sample (product of `sample_shape`).
+  std::size_t features() const noexcept;
+  /// Sets `pixel_value` for `norm` (or plain [0, 1] scaling when empty).
+  void set_normalization(std::optional<normalization> norm) noexcept;
+  /// Writes sample `i` as floats into `out` (exactly `features()` long).
+  void copy_row(std::size_t i, std::span<float> out) const;
+  /// Writes the samples `indices` as consecutive float rows into `out`
+  /// (`indices.size() * features()` long) and their labels into `labels_out`
+  /// (`indices.size()` long, or empty to skip). Throws `std::invalid_argument` on a size mismatch.
+  void gather(std::span<const std::uint32_t> indices, std::span<float> out,
+              std::span<std::int32_t> labels_out = {}) const;
+  /// Samples `[first, first + count)` as floats, e.g. a slice of the test set.
+  std::vector<float> rows(std::size_t first, std::size_t count) const;
+};
+
+/// Loads an IDX image file (u8, N×H×W or N×C×H×W) and its IDX label file (u8, N).
+///
+/// Pixels become `x / 255` (then normalised if asked). Throws `format_error`
+/// for malformed files and if the counts differ or a label is out of range
+/// (naming both files). `classes` is the largest label + 1 unless given.
+dataset load_idx_pair(const std::filesystem::path& images, const std::filesystem::path& labels,
+                      const load_options& options = {}, std::size_t classes = 0);
+
+/// The two splits of Fashion-MNIST.
+enum class split { train, test };
+
+/// Where Debian's `dataset-fashion-mnist` installs the files.
+inline constexpr std::string_view fashion_mnist_default_dir = "/usr/share/datasets/fashion-mnist";
+
+/// Loads a split of Fashion-MNIST from `dir` (files `{train,t10k}-{images-idx3,labels-idx1}-ubyte`
+/// with or without `.gz`). Checks the shape (N×28×28) and the 10 classes.
+dataset load_fashion_mnist(const std::filesystem::path& dir, split which, const load_options& options = {});
+
+/// The ten Fashion-MNIST class names, by label.
+std::string_view fashion_mnist_class_name(std::int32_t label);
+
+}  // namespace nerve::data
