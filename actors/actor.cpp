@@ -1,0 +1,336 @@
+#include "actors/actor.hpp"
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "actors/runtime.hpp"
+
+namespace nerve::actors {
+
+namespace detail {
+void retain(actor* a) noexcept { a->refs_.fetch_add(1, std::memory_order_relaxed); }
+void release(actor* a) noexcept {
+  if (a->refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete a;
+}
+}  // namespace detail
+
+actor_id address::id() const noexcept { return a_ ? a_->id() : 0; }
+std::string_view address::name() const noexcept { return a_ ? std::string_view(a_->name()) : std::string_view{}; }
+unsigned address::loop() const noexcept { return a_ ? a_->loop_index() : 0; }
+bool address::stopped() const noexcept { return !a_ || a_->stopped(); }
+
+struct actor::pending_request {
+  std::function<void(std::shared_ptr<void>, std::exception_ptr)> cb;
+  std::unique_ptr<boost::asio::steady_timer> timer;
+};
+
+actor::actor(std::string name) : name_(std::move(name)) {}
+
+actor::~actor() {
+  // Whatever is still queued (the runtime was destroyed before the actor drained) is freed here.
+  for (auto* q : {&urgent_, &normal_})
+    while (auto* n = q->pop()) {
+      std::unique_ptr<envelope> e(static_cast<envelope*>(n));
+      if (e->reply) e->reply->fail(std::make_exception_ptr(send_error(send_status::closed, "actor '" + name_ + "' was destroyed")));
+    }
+}
+
+unsigned actor::loop_index() const noexcept { return loop_ ? loop_->index : 0; }
+
+boost::asio::any_io_executor actor::executor() const { return loop_->io.get_executor(); }
+
+// ---- mailbox (any thread) -----------------------------------------------------------
+
+send_status actor::enqueue(std::unique_ptr<envelope>& e) {
+  auto s = reserve(e->where);
+  if (s == send_status::ok) commit(std::move(e));
+  return s;
+}
+
+send_status actor::reserve(lane where) noexcept {
+  if (closed_.load(std::memory_order_acquire)) return send_status::closed;
+  if (where == lane::normal) {
+    auto n = normal_size_.fetch_add(1, std::memory_order_acq_rel);
+    if (n >= static_cast<std::int64_t>(capacity_)) {
+      normal_size_.fetch_sub(1, std::memory_order_acq_rel);
+      return send_status::full;
+    }
+  }
+  return send_status::ok;
+}
+
+void actor::commit(std::unique_ptr<envelope> e) noexcept {
+  // A stop racing with this send is fine: the drain drops what arrives after the close.
+  // Counted as sent before it becomes visible, so synchronize() never sees it handled first.
+  auto* here = detail::current_loop;
+  if (here && here->rt == rt_) here->count_sent();
+  else rt_->external_sent_.fetch_add(1, std::memory_order_acq_rel);
+
+  auto& rec = rt_->recorder_;
+  if (rec.enabled()) {
+    e->flow = rec.next_flow();
+    e->enqueued_ns = rec.now();
+    record r;
+    r.kind = record_kind::send;
+    r.ts_ns = e->enqueued_ns;
+    r.flow = e->flow;
+    r.bytes = e->bytes;
+    r.mb = e->micro_batch;
+    r.tag = e->tag;
+    r.track = e->sender;
+    r.peer = id_;
+    r.depth = static_cast<std::int32_t>(normal_size_.load(std::memory_order_relaxed));
+    rec.write(r);
+  }
+  auto* raw = e.release();
+  (raw->where == lane::urgent ? urgent_ : normal_).push(raw);
+  if (pending_.fetch_add(1, std::memory_order_acq_rel) == 0) schedule();
+}
+
+void actor::schedule() {
+  boost::asio::post(loop_->io, [self = address(this)] { self.get()->drain(); });
+}
+
+envelope* actor::pop() noexcept {
+  if (auto* n = urgent_.pop()) return static_cast<envelope*>(n);
+  if (auto* n = normal_.pop()) {
+    after_normal_pop();
+    return static_cast<envelope*>(n);
+  }
+  return nullptr;
+}
+
+void actor::after_normal_pop() {
+  normal_size_.fetch_sub(1, std::memory_order_seq_cst);
+  if (has_space_waiters_.load(std::memory_order_seq_cst)) fire_space_waiters();
+}
+
+void actor::add_space_waiter(space_waiter w) {
+  {
+    std::lock_guard lk(waiters_mu_);
+    waiters_.push_back(std::move(w));
+    has_space_waiters_.store(true, std::memory_order_seq_cst);
+  }
+  // The consumer may have made room between the sender's failed try and the registration.
+  if (normal_size_.load(std::memory_order_seq_cst) < static_cast<std::int64_t>(capacity_) ||
+      closed_.load(std::memory_order_acquire))
+    fire_space_waiters();
+}
+
+void actor::fire_space_waiters() {
+  std::vector<space_waiter> ws;
+  {
+    std::lock_guard lk(waiters_mu_);
+    ws.swap(waiters_);
+    has_space_waiters_.store(false, std::memory_order_seq_cst);
+  }
+  for (auto& w : ws) {
+    if (!w.waiter) {
+      w.fn();  // a thread outside the runtime: wakes it
+    } else if (w.waiter.get()->try_tell(closure{std::move(w.fn)}, lane::urgent) != send_status::ok) {
+      // The waiting actor stopped meanwhile: nothing to run.
+    }
+  }
+}
+
+// ---- loop side ------------------------------------------------------------------------
+
+void actor::drain() {
+  auto* loop = loop_;
+  auto* saved = detail::current_loop;
+  detail::current_loop = loop;
+  std::int64_t taken = 0;
+  while (taken < static_cast<std::int64_t>(batch_)) {
+    envelope* raw = pop();
+    if (!raw) break;  // empty, or a push half done: the pending count tells below
+    ++taken;
+    std::unique_ptr<envelope> e(raw);
+    if (closed_.load(std::memory_order_relaxed) && stop_done_) {
+      drop(*e, "closed");
+    } else {
+      invoke(*e);
+      if (stop_requested_ && !stop_done_) close_and_stop();
+    }
+    e.reset();  // the payload dies before the message counts as handled
+    loop->count_handled();
+  }
+  detail::current_loop = saved;
+  const auto before = pending_.fetch_sub(taken, std::memory_order_acq_rel);
+  if (before != taken) schedule();  // more queued (or arriving): another turn, after the other actors'
+  rt_->notify_progress();
+}
+
+void actor::invoke(envelope& e) {
+  auto& rec = rt_->recorder_;
+  const bool recording = rec.enabled() && e.flow != 0;
+  std::int64_t start = recording ? rec.now() : 0;
+  current_ = &e;
+  try {
+    dispatch(e);
+  } catch (...) {
+    auto err = std::current_exception();
+    if (e.reply) std::exchange(e.reply, nullptr)->fail(err);
+    current_ = nullptr;
+    if (recording) {
+      record r;
+      r.kind = record_kind::failure;
+      r.ts_ns = rec.now();
+      r.tag = e.tag;
+      r.track = id_;
+      rec.write(r);
+    }
+    fail(err);
+    return;
+  }
+  current_ = nullptr;
+  if (e.reply) std::exchange(e.reply, nullptr)->fail(std::make_exception_ptr(
+      wiring_error("actor '" + name_ + "' did not answer request '" + std::string(e.tag->name) + "'")));
+  if (recording) {
+    record r;
+    r.kind = record_kind::handle;
+    r.ts_ns = start;
+    r.dur_ns = rec.now() - start;
+    r.flow = e.flow;
+    r.bytes = e.bytes;
+    r.mb = e.micro_batch;
+    r.value = start - e.enqueued_ns;
+    r.tag = e.tag;
+    r.track = id_;
+    r.peer = e.sender;
+    r.aux = static_cast<std::int32_t>(loop_->index);
+    r.depth = static_cast<std::int32_t>(normal_size_.load(std::memory_order_relaxed));
+    rec.write(r);
+  }
+}
+
+void actor::dispatch(envelope& e) {
+  if (e.tag == tag_of<closure>()) {
+    static_cast<typed_envelope<closure>&>(e).value.fn();
+    return;
+  }
+  if (e.tag == tag_of<response>()) {
+    handle_response(static_cast<typed_envelope<response>&>(e).value);
+    return;
+  }
+  for (auto& h : handlers_) {
+    if (h.tag == e.tag) {
+      h.fn(e);
+      return;
+    }
+  }
+  if (e.tag == tag_of<failure>()) {  // no supervision strategy of its own: escalate
+    auto& f = static_cast<typed_envelope<failure>&>(e).value;
+    std::rethrow_exception(f.error);
+  }
+  throw wiring_error("actor '" + name_ + "' has no handler for message '" + std::string(e.tag->name) + "'");
+}
+
+void actor::handle_response(response& r) {
+  if (!requests_) return;
+  auto it = requests_->find(r.id);
+  if (it == requests_->end()) return;  // timed out already: the late answer is dropped
+  auto p = std::move(it->second);
+  requests_->erase(it);
+  if (p.timer) p.timer->cancel();
+  p.cb(std::move(r.value), std::move(r.error));
+}
+
+void actor::drop(envelope& e, const char* reason) noexcept {
+  if (e.reply)
+    std::exchange(e.reply, nullptr)->fail(std::make_exception_ptr(
+        send_error(send_status::closed, "actor '" + name_ + "' stopped before handling '" + std::string(e.tag->name) + "'")));
+  auto& rec = rt_->recorder_;
+  if (rec.enabled()) {
+    record r;
+    r.kind = record_kind::drop;
+    r.ts_ns = rec.now();
+    r.tag = e.tag;
+    r.track = e.sender;
+    r.peer = id_;
+    r.text = reason;
+    rec.write(r);
+  }
+}
+
+void actor::stop() { stop_requested_ = true; }
+
+void actor::fail(std::exception_ptr error) {
+  if (stop_done_) return;
+  std::exception_ptr wrapped;
+  try {
+    std::rethrow_exception(error);
+  } catch (const actor_failure&) {
+    wrapped = error;  // already names the actor that failed first
+  } catch (const std::exception& ex) {
+    wrapped = std::make_exception_ptr(actor_failure("actor '" + name_ + "' failed: " + ex.what()));
+  } catch (...) {
+    wrapped = std::make_exception_ptr(actor_failure("actor '" + name_ + "' failed with a non-standard exception"));
+  }
+  close_and_stop();
+  if (supervisor_ && supervisor_.get()->try_tell(failure{id_, name_, wrapped}, lane::urgent) == send_status::ok) return;
+  rt_->report_failure(*this, wrapped);
+}
+
+void actor::close_and_stop() {
+  if (stop_done_) return;
+  stop_done_ = true;
+  closed_.store(true, std::memory_order_release);
+  // Pending requests of ours will never be answered here: cancel their timers.
+  if (requests_) {
+    for (auto& [id, p] : *requests_)
+      if (p.timer) p.timer->cancel();
+    requests_->clear();
+  }
+  try {
+    on_stop();
+  } catch (...) {
+    // on_stop must not throw; a failure here has nowhere better to go than the runtime.
+    rt_->report_failure(*this, std::current_exception());
+  }
+  fire_space_waiters();  // senders waiting for room learn that we are closed
+  rt_->forget(id_);
+}
+
+void actor::send_envelope(const address& to, std::unique_ptr<envelope> e) {
+  if (!to) throw wiring_error("actor '" + name_ + "' sent '" + std::string(e->tag->name) + "' to an empty address");
+  auto s = to.get()->enqueue(e);
+  if (s != send_status::ok) throw_send_error(s, to, e->tag->name);
+}
+
+void actor::throw_send_error(send_status s, const address& to, std::string_view kind) const {
+  if (s == send_status::closed)
+    throw send_error(s, "actor '" + name_ + "' sent '" + std::string(kind) + "' to stopped actor '" + std::string(to.name()) + "'");
+  throw send_error(s, "actor '" + name_ + "' sent '" + std::string(kind) + "' to actor '" + std::string(to.name()) +
+                          "' whose mailbox is full (capacity " + std::to_string(to.get()->capacity()) + ")");
+}
+
+void actor::when_writable(const address& to, std::function<void()> f) {
+  to.get()->add_space_waiter({self(), std::move(f)});
+}
+
+void actor::post(std::function<void()> f) {
+  if (try_tell(closure{std::move(f)}, lane::urgent, id_) != send_status::ok)
+    throw send_error(send_status::closed, "post to stopped actor '" + name_ + "'");
+}
+
+void actor::begin_request(const address& to, std::unique_ptr<envelope> e, std::uint64_t id,
+                          std::chrono::nanoseconds timeout,
+                          std::function<void(std::shared_ptr<void>, std::exception_ptr)> cb) {
+  if (!requests_) requests_ = std::make_unique<std::unordered_map<std::uint64_t, pending_request>>();
+  pending_request p{std::move(cb), nullptr};
+  if (timeout != std::chrono::nanoseconds::max()) {
+    p.timer = std::make_unique<boost::asio::steady_timer>(loop_->io, timeout);
+    p.timer->async_wait([self = self(), id, to_name = std::string(to.name())](const boost::system::error_code& ec) {
+      if (ec) return;
+      // Runs on our loop, between handlers: deliver the timeout through the mailbox so it
+      // is handled in order and in context.
+      (void)self.get()->try_tell(response{id, nullptr, std::make_exception_ptr(request_timeout(
+                                              "request to '" + to_name + "' timed out"))},
+                                 lane::urgent);
+    });
+  }
+  requests_->emplace(id, std::move(p));
+  send_envelope(to, std::move(e));
+}
+
+}  // namespace nerve::actors

@@ -1,0 +1,307 @@
+#pragma once
+/// \file
+/// `actor`: the base class of everything that handles messages.
+///
+/// An actor lives on exactly one event loop of a `runtime`. All of its handlers run on
+/// that loop, one at a time, so an actor needs no locks for its own state. Messages
+/// arrive through its mailbox: an MPSC queue per lane (urgent before normal), drained in
+/// batches; the actor is posted onto its loop once per wake-up (empty -> non-empty),
+/// not once per message.
+///
+/// ```
+///   class counter : public nerve::actors::actor {
+///    public:
+///     counter() : actor("counter") {
+///       on<int>([this](int& v) { total_ += v; });
+///       on<get_total>([this](get_total&) { return total_; });   // answers requests
+///     }
+///    private:
+///     long total_ = 0;
+///   };
+/// ```
+///
+/// Thread-safety: members marked "any thread" may be called from anywhere; everything
+/// else only from the actor's own handlers (its loop).
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+
+#include "actors/address.hpp"
+#include "actors/detail/mpsc_queue.hpp"
+#include "actors/errors.hpp"
+#include "actors/message.hpp"
+#include "actors/result.hpp"
+
+namespace nerve::actors {
+
+class runtime;
+namespace detail {
+struct loop_state;
+}
+
+/// Sent (urgent lane) to an actor's supervisor when one of its children fails.
+/// An actor with no handler for `failure` escalates it: it fails itself with the same error.
+struct failure {
+  static constexpr std::string_view kind = "failure";
+  actor_id who = 0;
+  std::string name;
+  std::exception_ptr error;
+};
+
+/// Internal: the answer to a request, routed to the requesting actor.
+struct response {
+  static constexpr std::string_view kind = "response";
+  std::uint64_t id = 0;
+  std::shared_ptr<void> value;
+  std::exception_ptr error;
+};
+
+/// Internal: a closure run on the actor's loop in its context (post, when_writable).
+struct closure {
+  static constexpr std::string_view kind = "closure";
+  std::function<void()> fn;
+};
+
+class actor {
+ public:
+  /// `name` shows in errors and traces; empty gives "actor-<id>".
+  explicit actor(std::string name = {});
+  virtual ~actor();
+  actor(const actor&) = delete;
+  actor& operator=(const actor&) = delete;
+
+  /// Any thread.
+  actor_id id() const noexcept { return id_; }
+  /// Any thread.
+  const std::string& name() const noexcept { return name_; }
+  /// Any thread: the index of the loop this actor lives on.
+  unsigned loop_index() const noexcept;
+  /// Any thread: true once stopped or failed.
+  bool stopped() const noexcept { return closed_.load(std::memory_order_acquire); }
+  /// Any thread: messages queued in the normal lane.
+  std::size_t queued() const noexcept {
+    return static_cast<std::size_t>(normal_size_.load(std::memory_order_relaxed));
+  }
+  /// Any thread: the normal lane's capacity.
+  std::size_t capacity() const noexcept { return capacity_; }
+
+  /// Any thread. Enqueues a message without waiting. On `full` or `closed` the message is
+  /// left untouched in `msg`, so nothing is lost.
+  template <class T>
+  send_status try_tell(T&& msg, lane where = lane::normal, actor_id from = 0);
+
+  /// This actor's address.
+  address self() noexcept { return address(this); }
+  /// The runtime this actor belongs to.
+  runtime& system() const noexcept { return *rt_; }
+  /// The executor of this actor's loop (for timers, GPU completions). Handlers posted
+  /// directly to it run outside the mailbox; prefer `post`.
+  boost::asio::any_io_executor executor() const;
+
+ protected:
+  /// Registers the handler for messages of type T. `f` takes `T&` (the payload, which it
+  /// may move from) and returns void or a reply value (sent back when the message was a
+  /// request). Call from the constructor or from a handler.
+  template <class T, class F>
+  void on(F&& f);
+
+  /// Runs first on the actor's loop, before any message.
+  virtual void on_start() {}
+  /// Runs last on the actor's loop, after it stops or fails (not after the runtime is destroyed).
+  virtual void on_stop() {}
+
+  /// Sends `msg` to `to`. Throws `send_error` if the receiver stopped, or if its mailbox is
+  /// full (use `try_send` + `when_writable` where a full mailbox is an expected condition).
+  template <class T>
+  void send(const address& to, T&& msg, lane where = lane::normal);
+  /// Sends without throwing; on `full`/`closed` `msg` is untouched.
+  template <class T>
+  [[nodiscard]] send_status try_send(const address& to, T&& msg, lane where = lane::normal);
+  /// Runs `f` on this actor's loop once `to` has room in its normal lane (or has stopped).
+  void when_writable(const address& to, std::function<void()> f);
+
+  /// Sends `msg` as a request; `on_reply(result<R>)` runs on this actor's loop with the
+  /// receiver's answer, its error, or a `request_timeout` after `timeout`. Exactly once.
+  template <class R, class T, class F>
+  void request(const address& to, T&& msg, std::chrono::nanoseconds timeout, F&& on_reply);
+
+  /// Runs `f` later on this actor's loop, in its context (through the urgent lane).
+  void post(std::function<void()> f);
+
+  /// Stops this actor after the current handler: the mailbox closes, queued messages are
+  /// dropped (requests among them get an error), `on_stop` runs.
+  void stop();
+  /// Fails this actor with `error` as if a handler had thrown it.
+  void fail(std::exception_ptr error);
+
+  /// The sender of the message being handled (0 when sent from outside any actor).
+  actor_id sender() const noexcept { return current_ ? current_->sender : 0; }
+  /// The micro-batch of the message being handled (-1 when none).
+  std::int64_t micro_batch() const noexcept { return current_ ? current_->micro_batch : -1; }
+
+ private:
+  friend class runtime;
+  friend class address;
+  friend void detail::retain(actor*) noexcept;
+  friend void detail::release(actor*) noexcept;
+  template <class R>
+  friend struct actor_reply_sink;
+
+  using handler_fn = std::function<void(envelope&)>;
+  struct handler_entry {
+    const type_tag* tag;
+    handler_fn fn;
+  };
+  struct pending_request;
+  struct space_waiter {
+    address waiter;             // empty for a thread outside the runtime
+    std::function<void()> fn;
+  };
+
+  // Mailbox (any thread).
+  send_status enqueue(std::unique_ptr<envelope>& e);  // reserve + commit
+  send_status reserve(lane where) noexcept;           // room in the lane, or why not
+  void commit(std::unique_ptr<envelope> e) noexcept;  // after a successful reserve
+  void schedule();
+  void drain();
+  envelope* pop() noexcept;
+  void after_normal_pop();
+  void add_space_waiter(space_waiter w);
+  void fire_space_waiters();
+
+  // Loop side.
+  void invoke(envelope& e);
+  void dispatch(envelope& e);
+  void handle_response(response& r);
+  void drop(envelope& e, const char* reason) noexcept;
+  void close_and_stop();
+  void send_envelope(const address& to, std::unique_ptr<envelope> e);
+  send_status try_send_envelope(const address& to, std::unique_ptr<envelope>& e);
+  void begin_request(const address& to, std::unique_ptr<envelope> e, std::uint64_t id,
+                     std::chrono::nanoseconds timeout,
+                     std::function<void(std::shared_ptr<void>, std::exception_ptr)> cb);
+  [[noreturn]] void throw_send_error(send_status s, const address& to, std::string_view kind) const;
+
+  // -- producer-side hot fields
+  alignas(64) std::atomic<std::int64_t> pending_{0};
+  std::atomic<std::int64_t> normal_size_{0};
+  std::atomic<bool> closed_{false};
+  std::atomic<bool> has_space_waiters_{false};
+  detail::mpsc_queue urgent_;
+  detail::mpsc_queue normal_;
+  // -- identity
+  std::atomic<std::uint32_t> refs_{0};
+  actor_id id_ = 0;
+  std::size_t capacity_ = 0;
+  unsigned batch_ = 64;
+  runtime* rt_ = nullptr;
+  detail::loop_state* loop_ = nullptr;
+  std::string name_;
+  address supervisor_;
+  // -- loop side
+  envelope* current_ = nullptr;
+  bool stop_requested_ = false;
+  bool stop_done_ = false;
+  std::vector<handler_entry> handlers_;
+  std::uint64_t next_request_ = 0;
+  std::unique_ptr<std::unordered_map<std::uint64_t, pending_request>> requests_;
+  std::mutex waiters_mu_;                 // rare path: senders waiting for room
+  std::vector<space_waiter> waiters_;
+};
+
+// ---- reply sinks --------------------------------------------------------------
+
+/// Delivers the answer to a request back to the requesting actor as a `response`.
+template <class R>
+struct actor_reply_sink final : reply_sink_base {
+  actor_reply_sink(address to, std::uint64_t id) : to_(std::move(to)), id_(id) {}
+  void deliver(void* v) override {
+    response r{.id = id_, .value = nullptr, .error = nullptr};
+    if constexpr (!std::is_void_v<R>) r.value = std::make_shared<R>(std::move(*static_cast<R*>(v)));
+    to_.get()->try_tell(std::move(r), lane::urgent);  // urgent: never refused for capacity
+  }
+  void fail(std::exception_ptr e) override {
+    to_.get()->try_tell(response{.id = id_, .value = nullptr, .error = std::move(e)}, lane::urgent);
+  }
+
+ private:
+  address to_;
+  std::uint64_t id_;
+};
+
+// ---- templates ------------------------------------------------------------------
+
+template <class T>
+send_status actor::try_tell(T&& msg, lane where, actor_id from) {
+  // Room is reserved before the payload moves, so a refused message stays with the caller.
+  if (auto s = reserve(where); s != send_status::ok) return s;
+  auto e = make_envelope(std::move(msg), from, where);
+  e->bytes = payload_bytes_of(static_cast<typed_envelope<std::remove_cvref_t<T>>&>(*e).value);
+  commit(std::move(e));
+  return send_status::ok;
+}
+
+template <class T, class F>
+void actor::on(F&& f) {
+  using M = std::remove_cvref_t<T>;
+  handler_fn fn = [fn = std::forward<F>(f)](envelope& e) mutable {
+    M& m = *static_cast<M*>(e.payload());
+    using R = std::invoke_result_t<decltype(fn)&, M&>;
+    if constexpr (std::is_void_v<R>) {
+      fn(m);
+      if (e.reply) std::exchange(e.reply, nullptr)->deliver(nullptr);
+    } else {
+      R r = fn(m);
+      if (e.reply) std::exchange(e.reply, nullptr)->deliver(&r);
+    }
+  };
+  for (auto& h : handlers_) {
+    if (h.tag == tag_of<M>()) {
+      h.fn = std::move(fn);
+      return;
+    }
+  }
+  handlers_.push_back({tag_of<M>(), std::move(fn)});
+}
+
+template <class T>
+void actor::send(const address& to, T&& msg, lane where) {
+  auto e = make_envelope(std::forward<T>(msg), id_, where);
+  e->bytes = payload_bytes_of(static_cast<typed_envelope<std::remove_cvref_t<T>>&>(*e).value);
+  send_envelope(to, std::move(e));
+}
+
+template <class T>
+send_status actor::try_send(const address& to, T&& msg, lane where) {
+  if (!to) throw wiring_error("actor '" + name_ + "' sent to an empty address");
+  return to.get()->try_tell(std::forward<T>(msg), where, id_);
+}
+
+template <class R, class T, class F>
+void actor::request(const address& to, T&& msg, std::chrono::nanoseconds timeout, F&& on_reply) {
+  auto id = ++next_request_;
+  auto e = make_envelope(std::forward<T>(msg), id_, lane::normal);
+  e->reply = std::make_unique<actor_reply_sink<R>>(self(), id);
+  begin_request(to, std::move(e), id, timeout,
+                [f = std::forward<F>(on_reply)](std::shared_ptr<void> v, std::exception_ptr err) mutable {
+                  if (err) {
+                    f(result<R>(std::move(err)));
+                  } else if constexpr (std::is_void_v<R>) {
+                    f(result<void>());
+                  } else {
+                    f(result<R>(std::move(*static_cast<R*>(v.get()))));
+                  }
+                });
+}
+
+}  // namespace nerve::actors

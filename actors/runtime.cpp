@@ -1,0 +1,300 @@
+#include "actors/runtime.hpp"
+
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+namespace nerve::actors {
+
+runtime::runtime(runtime_options opts) : opts_(opts) {
+  if (opts_.loops == 0) opts_.loops = std::max(1u, std::thread::hardware_concurrency());
+  if (opts_.batch == 0) opts_.batch = 1;
+  if (opts_.mailbox_capacity == 0) throw wiring_error("runtime: mailbox_capacity must be at least 1");
+  recorder_.enable(opts_.record);
+  for (unsigned i = 0; i < opts_.loops; ++i) loops_.push_back(std::make_unique<detail::loop_state>(this, i));
+  if (opts_.manual) return;
+  for (auto& l : loops_) guards_.push_back(boost::asio::make_work_guard(l->io));
+  for (auto& l : loops_) {
+    l->thread = std::thread([this, l = l.get()] {
+      detail::current_loop = l;
+      // Handlers never throw out of drain(); anything else escaping is a runtime bug we
+      // still must not lose: it becomes the run's failure.
+      for (;;) {
+        try {
+          l->io.run();
+          break;
+        } catch (...) {
+          std::lock_guard lk(error_mu_);
+          if (!error_) error_ = std::current_exception();
+          failed_ = true;
+        }
+      }
+      detail::current_loop = nullptr;
+    });
+  }
+}
+
+runtime::~runtime() {
+  try {
+    shutdown(shutdown_mode::cancel);
+  } catch (...) {
+  }
+}
+
+address runtime::start(std::unique_ptr<actor> a, const spawn_options& opts) {
+  if (shut_down_) throw wiring_error("spawn after the runtime was shut down");
+  unsigned loop;
+  if (opts.loop) {
+    if (*opts.loop >= loops_.size())
+      throw wiring_error("spawn on loop " + std::to_string(*opts.loop) + " but the runtime has " +
+                         std::to_string(loops_.size()) + " loops");
+    loop = *opts.loop;
+  } else if (opts_.policy == placement::least_actors) {
+    loop = 0;
+    for (unsigned i = 1; i < loops_.size(); ++i)
+      if (loops_[i]->actors.load(std::memory_order_relaxed) < loops_[loop]->actors.load(std::memory_order_relaxed)) loop = i;
+  } else {
+    loop = next_loop_.fetch_add(1, std::memory_order_relaxed) % loops_.size();
+  }
+  actor* raw = a.release();
+  address addr(raw);
+  raw->rt_ = this;
+  raw->loop_ = loops_[loop].get();
+  raw->capacity_ = opts.capacity ? opts.capacity : opts_.mailbox_capacity;
+  raw->batch_ = opts_.batch;
+  raw->supervisor_ = opts.supervisor;
+  {
+    std::lock_guard lk(table_mu_);
+    raw->id_ = static_cast<actor_id>(live_.size() + 1);
+    if (raw->name_.empty()) raw->name_ = "actor-" + std::to_string(raw->id_);
+    live_.push_back(addr);
+    info_.push_back({raw->name_, loop, -1, {}});
+  }
+  loops_[loop]->actors.fetch_add(1, std::memory_order_relaxed);
+  // on_start goes first through the urgent lane: before any message sent after spawn returns.
+  (void)raw->try_tell(closure{[raw] { raw->on_start(); }}, lane::urgent, raw->id_);
+  return addr;
+}
+
+void runtime::forget(actor_id id) {
+  address gone;
+  {
+    std::lock_guard lk(table_mu_);
+    if (id == 0 || id > live_.size()) return;
+    gone = std::move(live_[id - 1]);
+    live_[id - 1] = address{};
+  }
+  if (gone) loops_[gone.get()->loop_index()]->actors.fetch_sub(1, std::memory_order_relaxed);
+  // `gone` releases the runtime's reference here (the running drain still holds its own).
+}
+
+std::size_t runtime::spawned() const noexcept {
+  std::lock_guard lk(table_mu_);
+  return live_.size();
+}
+
+void runtime::annotate(actor_id id, int stage, std::string group) {
+  std::lock_guard lk(table_mu_);
+  if (id == 0 || id > info_.size()) throw wiring_error("annotate: no actor with id " + std::to_string(id));
+  info_[id - 1].stage = stage;
+  info_[id - 1].group = std::move(group);
+}
+
+void runtime::stop(const address& a) {
+  if (!a) return;
+  actor* p = a.get();
+  (void)p->try_tell(closure{[p] { p->stop(); }}, lane::urgent, 0);
+}
+
+void runtime::begin_work() noexcept {
+  auto* here = detail::current_loop;
+  if (here && here->rt == this) here->count_sent();
+  else external_sent_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void runtime::end_work() noexcept {
+  auto* here = detail::current_loop;
+  if (here && here->rt == this) here->count_handled();
+  else external_done_.fetch_add(1, std::memory_order_acq_rel);
+  notify_progress();
+}
+
+bool runtime::quiescent() const noexcept {
+  // Mattern's four-counter rule: read every "handled" first, every "sent" after; equal sums
+  // mean that at the end of the first read nothing was queued or running.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  std::uint64_t handled = external_done_.load(std::memory_order_acquire);
+  for (auto& l : loops_) handled += l->handled.load(std::memory_order_acquire);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  std::uint64_t sent = external_sent_.load(std::memory_order_acquire);
+  for (auto& l : loops_) sent += l->sent.load(std::memory_order_acquire);
+  return handled == sent;
+}
+
+bool runtime::idle() const noexcept { return quiescent(); }
+
+void runtime::notify_progress() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (sync_waiters_.load(std::memory_order_relaxed) == 0) return;
+  std::lock_guard lk(sync_mu_);
+  sync_cv_.notify_all();
+}
+
+void runtime::check_not_loop_thread(const char* what) const {
+  if (on_loop_thread())
+    throw wiring_error(std::string(what) + "() called from one of the runtime's loop threads would wait for itself");
+}
+
+void runtime::synchronize() {
+  if (opts_.manual) {
+    run_until_idle();
+  } else {
+    check_not_loop_thread("synchronize");
+    std::unique_lock lk(sync_mu_);
+    sync_waiters_.fetch_add(1, std::memory_order_seq_cst);
+    sync_cv_.wait(lk, [this] { return quiescent(); });
+    sync_waiters_.fetch_sub(1, std::memory_order_seq_cst);
+  }
+  if (auto e = error()) std::rethrow_exception(e);
+}
+
+std::size_t runtime::poll() {
+  if (!opts_.manual) throw wiring_error("poll() is for runtimes in manual mode");
+  std::size_t n = 0;
+  auto* saved = detail::current_loop;
+  for (auto& l : loops_) {
+    detail::current_loop = l.get();
+    if (l->io.stopped()) l->io.restart();
+    n += l->io.poll();
+  }
+  detail::current_loop = saved;
+  return n;
+}
+
+std::size_t runtime::run_until_idle() {
+  std::size_t total = 0;
+  for (;;) {
+    auto n = poll();
+    total += n;
+    if (n == 0 && quiescent()) return total;
+    if (n == 0) std::this_thread::yield();  // work outside the loops (begin_work) still pending
+  }
+}
+
+void runtime::report_failure(actor& who, std::exception_ptr error) {
+  bool first = false;
+  {
+    std::lock_guard lk(error_mu_);
+    if (!error_) {
+      error_ = error;
+      first = true;
+    }
+  }
+  failed_.store(true, std::memory_order_release);
+  if (first) {
+    if (on_failure_) on_failure_(error);
+    stop_all(true);  // the run ends with this error: everything stops, queued work is dropped
+  }
+}
+
+void runtime::on_failure(std::function<void(std::exception_ptr)> f) {
+  std::lock_guard lk(error_mu_);
+  on_failure_ = std::move(f);
+}
+
+std::exception_ptr runtime::error() const {
+  std::lock_guard lk(error_mu_);
+  return error_;
+}
+
+void runtime::stop_all(bool cancel) {
+  std::vector<address> all;
+  {
+    std::lock_guard lk(table_mu_);
+    for (auto& a : live_)
+      if (a) all.push_back(a);
+  }
+  for (auto& a : all) {
+    actor* p = a.get();
+    // Urgent lane: runs before the queued normal messages, which are then dropped.
+    (void)p->try_tell(closure{[p, cancel] {
+                        if (cancel) p->stop();
+                        else p->stop();
+                      }},
+                      lane::urgent, 0);
+  }
+}
+
+void runtime::shutdown(shutdown_mode mode) {
+  if (shut_down_) return;
+  check_not_loop_thread("shutdown");
+  if (mode == shutdown_mode::drain) {
+    try {
+      synchronize();
+    } catch (...) {
+      // The failure stays available through error(); shutdown goes on.
+    }
+  }
+  stop_all(true);
+  if (opts_.manual) {
+    run_until_idle();
+  } else {
+    std::unique_lock lk(sync_mu_);
+    sync_waiters_.fetch_add(1, std::memory_order_seq_cst);
+    sync_cv_.wait(lk, [this] { return quiescent(); });
+    sync_waiters_.fetch_sub(1, std::memory_order_seq_cst);
+  }
+  shut_down_ = true;
+  guards_.clear();
+  for (auto& l : loops_) l->io.stop();
+  for (auto& l : loops_)
+    if (l->thread.joinable()) l->thread.join();
+  if (timer_io_) {
+    timer_guard_.reset();
+    timer_io_->stop();
+    timer_thread_.join();
+  }
+  std::lock_guard lk(table_mu_);
+  live_.clear();
+}
+
+boost::asio::io_context& runtime::timer_context() {
+  if (opts_.manual) return loops_[0]->io;  // stepped by the caller like every loop
+  std::call_once(timer_once_, [this] {
+    timer_io_ = std::make_unique<boost::asio::io_context>(1);
+    timer_guard_.emplace(boost::asio::make_work_guard(*timer_io_));
+    timer_thread_ = std::thread([io = timer_io_.get()] { io->run(); });
+  });
+  return *timer_io_;
+}
+
+void runtime::throw_send_error(send_status s, const address& to) const {
+  if (!to) throw wiring_error("send to an empty address");
+  if (s == send_status::closed) throw send_error(s, "send to stopped actor '" + std::string(to.name()) + "'");
+  throw send_error(s, "send to actor '" + std::string(to.name()) + "' whose mailbox is full (capacity " +
+                          std::to_string(to.get()->capacity()) + ")");
+}
+
+void runtime::write_trace(const std::string& path) const { write_trace(path, nlohmann::json::object()); }
+
+void runtime::write_trace(const std::string& path, const nlohmann::json& extra) const {
+  nlohmann::json actors = nlohmann::json::array();
+  {
+    std::lock_guard lk(table_mu_);
+    for (std::size_t i = 0; i < info_.size(); ++i)
+      actors.push_back({{"id", i + 1}, {"name", info_[i].name}, {"loop", info_[i].loop}, {"stage", info_[i].stage},
+                        {"group", info_[i].group}});
+  }
+  auto j = recorder_.to_chrome_trace(actors, extra);
+  auto tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw std::runtime_error("cannot write trace file '" + path + "'");
+    out << j.dump();
+    if (!out) throw std::runtime_error("error writing trace file '" + path + "'");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("cannot rename trace file to '" + path + "'");
+}
+
+}  // namespace nerve::actors

@@ -1,0 +1,275 @@
+#pragma once
+/// \file
+/// `runtime`: N event loops (one `boost::asio::io_context` per worker thread), the actors
+/// placed on them, and the ways in from outside: send, submit (a future), ask (a request
+/// with a timeout), synchronize (wait for everything in flight), shutdown.
+///
+/// Thread-safety: every public member may be called from any thread unless it says
+/// otherwise; `synchronize`, `send_wait` and `shutdown` must not be called from a loop
+/// thread (they would wait for themselves) and throw `wiring_error` if they are.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "actors/actor.hpp"
+#include "actors/detail/loop_state.hpp"
+#include "actors/recorder.hpp"
+
+namespace nerve::actors {
+
+/// Where `spawn` puts an actor when no loop is named.
+enum class placement {
+  round_robin,   ///< loops in turn
+  least_actors,  ///< the loop with the fewest live actors
+};
+
+struct runtime_options {
+  /// Event loops (worker threads). 0 means the hardware threads.
+  unsigned loops = 0;
+  /// Deterministic mode: no threads; the caller steps the loops with `poll`/`run_until_idle`.
+  bool manual = false;
+  /// Default capacity of an actor's normal lane (messages).
+  std::size_t mailbox_capacity = 1024;
+  /// Messages an actor handles per turn before yielding its loop to the next actor.
+  unsigned batch = 64;
+  placement policy = placement::round_robin;
+  /// Start with the recorder on.
+  bool record = false;
+};
+
+/// How `shutdown` treats work in flight.
+enum class shutdown_mode {
+  drain,   ///< wait until every queued message was handled, then stop every actor
+  cancel,  ///< stop every actor now; queued messages are dropped (requests get an error)
+};
+
+struct spawn_options {
+  std::optional<unsigned> loop;  ///< place on this loop; otherwise the runtime's policy
+  std::size_t capacity = 0;      ///< 0: the runtime's default
+  address supervisor;            ///< gets `failure` messages; empty: the runtime
+};
+
+class runtime {
+ public:
+  explicit runtime(runtime_options opts = {});
+  /// Shuts down with `shutdown_mode::cancel` if `shutdown` was not called.
+  ~runtime();
+  runtime(const runtime&) = delete;
+  runtime& operator=(const runtime&) = delete;
+
+  /// Constructs an `A` (derived from `actor`) from `args` and starts it.
+  template <class A, class... Args>
+  address spawn(Args&&... args) {
+    return spawn_with<A>(spawn_options{}, std::forward<Args>(args)...);
+  }
+  /// Like `spawn`, on loop `loop`.
+  template <class A, class... Args>
+  address spawn_on(unsigned loop, Args&&... args) {
+    return spawn_with<A>(spawn_options{.loop = loop}, std::forward<Args>(args)...);
+  }
+  template <class A, class... Args>
+  address spawn_with(spawn_options opts, Args&&... args) {
+    static_assert(std::is_base_of_v<actor, A>, "spawn: A must derive from nerve::actors::actor");
+    return start(std::unique_ptr<actor>(new A(std::forward<Args>(args)...)), opts);
+  }
+
+  /// Sends from outside any actor. Throws `send_error` when the receiver stopped or is full.
+  template <class T>
+  void send(const address& to, T&& msg, lane where = lane::normal) {
+    auto s = to.get()->try_tell(std::forward<T>(msg), where, 0);
+    if (s != send_status::ok) throw_send_error(s, to);
+  }
+  /// Sends without throwing; on `full`/`closed` `msg` is untouched.
+  template <class T>
+  [[nodiscard]] send_status try_send(const address& to, T&& msg, lane where = lane::normal) {
+    return to.get()->try_tell(std::forward<T>(msg), where, 0);
+  }
+  /// Sends, waiting (blocking this thread) while the receiver's mailbox is full.
+  /// Not from a loop thread. Throws `send_error` if the receiver stops.
+  template <class T>
+  void send_wait(const address& to, T msg);
+
+  /// Sends `msg`; the future is ready once its handler has run (or holds its error).
+  template <class T>
+  std::future<void> submit(const address& to, T msg) {
+    return ask<void>(to, std::move(msg), std::chrono::nanoseconds::max());
+  }
+  /// A request from outside: the future holds the handler's return value (type R), or
+  /// `request_timeout` after `timeout`, or the receiver's error.
+  template <class R, class T>
+  std::future<R> ask(const address& to, T msg, std::chrono::nanoseconds timeout);
+
+  /// Stops an actor (urgent lane: after the handler running now, before queued messages).
+  void stop(const address& a);
+
+  /// Waits until no message is queued or being handled anywhere (like a device
+  /// synchronize). Rethrows the first failure of the run, if any. In manual mode it
+  /// steps the loops on the calling thread instead of waiting.
+  void synchronize();
+  /// True when nothing is queued or being handled (a snapshot).
+  bool idle() const noexcept;
+
+  /// Ends the run. See `shutdown_mode`. Idempotent. Rethrows nothing; see `error()`.
+  void shutdown(shutdown_mode mode = shutdown_mode::drain);
+
+  /// The first failure of the run (a handler's exception, wrapped), or null.
+  std::exception_ptr error() const;
+  /// Any thread: called with the first failure when it happens (set before spawning).
+  void on_failure(std::function<void(std::exception_ptr)> f);
+
+  /// Manual mode: runs the ready handlers of every loop once; returns how many ran.
+  std::size_t poll();
+  /// Manual mode: polls until nothing is left to run; returns how many ran.
+  std::size_t run_until_idle();
+
+  unsigned loop_count() const noexcept { return static_cast<unsigned>(loops_.size()); }
+  /// The io_context of loop `i` (for timers and I/O owned by actors on it).
+  boost::asio::io_context& loop(unsigned i) { return loops_.at(i)->io; }
+  /// Actors spawned so far (including stopped ones).
+  std::size_t spawned() const noexcept;
+  const runtime_options& options() const noexcept { return opts_; }
+
+  /// The message recorder (off unless `runtime_options::record` or `trace().enable()`).
+  recorder& trace() noexcept { return recorder_; }
+  /// Writes the recorded trace (Chrome trace event format, see docs/trace-format.md).
+  void write_trace(const std::string& path) const;
+  /// Same, with `extra` merged into the top-level `nerve` object (stages, schedule, ...).
+  void write_trace(const std::string& path, const nlohmann::json& extra) const;
+  /// Labels an actor's lane in the trace with its pipeline stage and group.
+  void annotate(actor_id id, int stage, std::string group);
+
+  /// True when the calling thread runs one of this runtime's loops.
+  bool on_loop_thread() const noexcept {
+    return detail::current_loop != nullptr && detail::current_loop->rt == this;
+  }
+
+  // ---- for actors and transports (any thread) ----
+  /// Counts work that is in flight outside any mailbox (a GPU completion, a timer) so
+  /// `synchronize` waits for it. Every `begin_work` must be matched by one `end_work`.
+  void begin_work() noexcept;
+  void end_work() noexcept;
+
+ private:
+  friend class actor;
+  struct actor_info {
+    std::string name;
+    unsigned loop;
+    int stage = -1;
+    std::string group;
+  };
+
+  address start(std::unique_ptr<actor> a, const spawn_options& opts);
+  void report_failure(actor& who, std::exception_ptr error);
+  void forget(actor_id id);
+  void notify_progress();
+  bool quiescent() const noexcept;
+  void stop_all(bool cancel);
+  [[noreturn]] void throw_send_error(send_status s, const address& to) const;
+  void check_not_loop_thread(const char* what) const;
+  boost::asio::io_context& timer_context();
+
+  runtime_options opts_;
+  std::vector<std::unique_ptr<detail::loop_state>> loops_;
+  std::vector<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guards_;
+  std::atomic<unsigned> next_loop_{0};
+
+  mutable std::mutex table_mu_;
+  std::vector<address> live_;          // index id-1; emptied when an actor stops
+  std::vector<actor_info> info_;       // index id-1; kept for the trace
+
+  alignas(64) std::atomic<std::uint64_t> external_sent_{0};
+  std::atomic<std::uint64_t> external_done_{0};  // begin_work/end_work from outside loops
+  std::atomic<int> sync_waiters_{0};
+  mutable std::mutex sync_mu_;
+  std::condition_variable sync_cv_;
+
+  mutable std::mutex error_mu_;
+  std::exception_ptr error_;
+  std::function<void(std::exception_ptr)> on_failure_;
+  std::atomic<bool> failed_{false};
+  bool shut_down_ = false;
+
+  std::once_flag timer_once_;
+  std::unique_ptr<boost::asio::io_context> timer_io_;  // timeouts of requests from outside
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> timer_guard_;
+  std::thread timer_thread_;
+
+  recorder recorder_;
+};
+
+// ---- templates ------------------------------------------------------------------
+
+namespace detail {
+template <class R>
+struct promise_sink final : reply_sink_base {
+  struct state {
+    std::promise<R> promise;
+    std::atomic<bool> done{false};
+  };
+  explicit promise_sink(std::shared_ptr<state> s) : s_(std::move(s)) {}
+  void deliver(void* v) override {
+    if (s_->done.exchange(true)) return;
+    if constexpr (std::is_void_v<R>) s_->promise.set_value();
+    else s_->promise.set_value(std::move(*static_cast<R*>(v)));
+  }
+  void fail(std::exception_ptr e) override {
+    if (!s_->done.exchange(true)) s_->promise.set_exception(std::move(e));
+  }
+  std::shared_ptr<state> s_;
+};
+}  // namespace detail
+
+template <class R, class T>
+std::future<R> runtime::ask(const address& to, T msg, std::chrono::nanoseconds timeout) {
+  using sink = detail::promise_sink<R>;
+  auto st = std::make_shared<typename sink::state>();
+  auto fut = st->promise.get_future();
+  auto e = make_envelope(std::move(msg), 0, lane::normal);
+  e->bytes = payload_bytes_of(static_cast<typed_envelope<T>&>(*e).value);
+  e->reply = std::make_unique<sink>(st);
+  auto s = to.get()->enqueue(e);
+  if (s != send_status::ok) {
+    try {
+      throw_send_error(s, to);
+    } catch (...) {
+      sink(st).fail(std::current_exception());
+    }
+    return fut;
+  }
+  if (timeout != std::chrono::nanoseconds::max()) {
+    // Not on the receiver's loop: a busy handler there must not hold back its own timeout.
+    auto timer = std::make_shared<boost::asio::steady_timer>(timer_context(), timeout);
+    timer->async_wait([st, timer, name = std::string(to.name())](const boost::system::error_code& ec) {
+      if (ec) return;
+      if (!st->done.exchange(true))
+        st->promise.set_exception(std::make_exception_ptr(request_timeout("request to '" + name + "' timed out")));
+    });
+  }
+  return fut;
+}
+
+template <class T>
+void runtime::send_wait(const address& to, T msg) {
+  check_not_loop_thread("send_wait");
+  for (;;) {
+    auto s = to.get()->try_tell(std::move(msg), lane::normal, 0);
+    if (s == send_status::ok) return;
+    if (s == send_status::closed) throw_send_error(s, to);
+    std::promise<void> room;
+    auto f = room.get_future();
+    to.get()->add_space_waiter({address{}, [&room] { room.set_value(); }});
+    f.wait();
+  }
+}
+
+}  // namespace nerve::actors

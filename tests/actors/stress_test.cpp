@@ -1,0 +1,97 @@
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "actors/runtime.hpp"
+#include "test_util.hpp"
+
+using namespace nerve::actors;
+
+namespace {
+struct item {
+  long seq;
+  std::vector<float> data;
+};
+
+/// A slow consumer: checks its own mailbox never holds more than its capacity.
+struct consumer : actor {
+  long expected = 0;
+  long violations = 0;
+  std::size_t max_seen = 0;
+  consumer() : actor("consumer") {
+    on<item>([this](item& it) {
+      max_seen = std::max(max_seen, queued() + 1);  // +1: the one being handled
+      if (it.seq != expected) ++violations;
+      expected = it.seq + 1;
+      volatile float s = 0;
+      for (int r = 0; r < 20; ++r)
+        for (float f : it.data) s = s + f;  // slower than the producer
+    });
+  }
+};
+
+struct go {};
+
+/// A fast producer that respects back-pressure: try_send, and when full wait for room.
+struct producer : actor {
+  address to;
+  long total, next = 0;
+  long refusals = 0;
+  producer(address t, long n) : actor("producer"), to(std::move(t)), total(n) {
+    on<go>([this](go&) { pump(); });
+  }
+  void pump() {
+    while (next < total) {
+      item it{next, std::vector<float>(256, 1.f)};
+      if (try_send(to, std::move(it)) != send_status::ok) {
+        ++refusals;
+        when_writable(to, [this] { pump(); });  // resumes on our loop once there is room
+        return;
+      }
+      ++next;
+    }
+  }
+};
+}  // namespace
+
+TEST_SUITE("actors.backpressure") {
+  TEST_CASE("a fast producer against a slow consumer never holds more than the capacity") {
+    const std::size_t cap = 16;
+    const long n = static_cast<long>(50000 * nerve::test::scale());
+    runtime rt({.loops = 2});
+    auto c = rt.spawn_with<consumer>(spawn_options{.loop = 1, .capacity = cap});
+    auto p = rt.spawn_on<producer>(0, c, n);
+    rt.send(p, go{});
+    rt.synchronize();
+    auto* cs = static_cast<consumer*>(c.get());
+    CHECK(cs->expected == n);
+    CHECK(cs->violations == 0);
+    CHECK(cs->max_seen <= cap + 1);
+    CHECK(static_cast<producer*>(p.get())->refusals > 0);  // back-pressure really engaged
+  }
+
+  TEST_CASE("send_wait blocks an outside thread until there is room, then delivers in order") {
+    const long n = static_cast<long>(20000 * nerve::test::scale());
+    runtime rt({.loops = 1});
+    auto c = rt.spawn_with<consumer>(spawn_options{.capacity = 4});
+    for (long i = 0; i < n; ++i) rt.send_wait(c, item{i, std::vector<float>(64, 1.f)});
+    rt.synchronize();
+    auto* cs = static_cast<consumer*>(c.get());
+    CHECK(cs->expected == n);
+    CHECK(cs->violations == 0);
+    CHECK(cs->max_seen <= 5);
+  }
+
+  TEST_CASE("synchronize and send_wait refuse to run on a loop thread") {
+    runtime rt({.loops = 1});
+    struct bad : actor {
+      bad() : actor("bad") {
+        on<int>([this](int&) { system().synchronize(); });
+      }
+    };
+    auto b = rt.spawn<bad>();
+    rt.send(b, 1);
+    CHECK_THROWS_WITH_AS(rt.synchronize(), doctest::Contains("would wait for itself"), actor_failure);
+  }
+}
