@@ -1,0 +1,104 @@
+#pragma once
+/// \file
+/// Elementwise activations: ReLU, LeakyReLU, Sigmoid, Tanh, GELU (PyTorch semantics).
+
+#include <cmath>
+
+#include "layers/layer.hpp"
+
+namespace nerve::layers {
+
+/// Pointwise maths of the activations: `f(x)` and `f'(x)`. Each op has a
+/// `kind` (PyTorch's class name).
+namespace activation_ops {
+struct relu {
+  static constexpr std::string_view kind = "ReLU";
+  template <class S> S f(S x) const { return x > S(0) ? x : S(0); }
+  template <class S> S df(S x) const { return x > S(0) ? S(1) : S(0); }
+};
+struct leaky_relu {
+  static constexpr std::string_view kind = "LeakyReLU";
+  double negative_slope = 0.01;
+  template <class S> S f(S x) const { return x > S(0) ? x : S(negative_slope) * x; }
+  template <class S> S df(S x) const { return x > S(0) ? S(1) : S(negative_slope); }
+};
+struct sigmoid {
+  static constexpr std::string_view kind = "Sigmoid";
+  template <class S> S f(S x) const { return S(1) / (S(1) + std::exp(-x)); }
+  template <class S> S df(S x) const { S s = f(x); return s * (S(1) - s); }
+};
+struct tanh {
+  static constexpr std::string_view kind = "Tanh";
+  template <class S> S f(S x) const { return std::tanh(x); }
+  template <class S> S df(S x) const { S t = std::tanh(x); return S(1) - t * t; }
+};
+/// The exact GELU, x·Φ(x) with the error function (PyTorch's default, approximate='none').
+struct gelu {
+  static constexpr std::string_view kind = "GELU";
+  template <class S> S f(S x) const { return S(0.5) * x * (S(1) + std::erf(x * S(0.70710678118654752440))); }
+  template <class S> S df(S x) const {
+    const S cdf = S(0.5) * (S(1) + std::erf(x * S(0.70710678118654752440)));
+    const S pdf = std::exp(S(-0.5) * x * x) * S(0.39894228040143267794);
+    return cdf + x * pdf;
+  }
+};
+}  // namespace activation_ops
+
+/// A stateless elementwise layer: y = f(x), dx = dy ⊙ f'(x). Any shape; the
+/// stash holds the input (moved in).
+template <class Scalar, class Op>
+class basic_activation final : public basic_layer<Scalar> {
+ public:
+  using typename basic_layer<Scalar>::tensor_type;
+  using typename basic_layer<Scalar>::stash_type;
+  using typename basic_layer<Scalar>::forward_result;
+
+  explicit basic_activation(Op op = {}) : op_(op) {}
+  std::string_view kind() const noexcept override { return Op::kind; }
+  const Op& op() const noexcept { return op_; }
+
+ protected:
+  shape infer_shape(std::span<const shape> inputs) const override { return inputs[0]; }
+  forward_result do_forward(std::vector<tensor_type>& inputs, const forward_context&) override {
+    tensor_type& x = inputs[0];
+    tensor_type y(x.batch(), x.sample_shape());
+    const Scalar* px = x.data();
+    Scalar* py = y.data();
+    const std::int64_t n = x.size();
+    for (std::int64_t i = 0; i < n; ++i) py[i] = op_.f(px[i]);
+    forward_result r{std::move(y), {}};
+    r.stash.tensors.push_back(std::move(x));
+    return r;
+  }
+  std::vector<tensor_type> do_backward_input(const stash_type& saved, const tensor_type& dy,
+                                             input_mask wanted) override {
+    std::vector<tensor_type> g(1);
+    if (!(wanted & 1)) return g;
+    const tensor_type& x = saved.tensors[0];
+    g[0] = tensor_type(x.batch(), x.sample_shape());
+    const Scalar* px = x.data();
+    const Scalar* pdy = dy.data();
+    Scalar* pdx = g[0].data();
+    const std::int64_t n = x.size();
+    for (std::int64_t i = 0; i < n; ++i) pdx[i] = pdy[i] * op_.df(px[i]);
+    return g;
+  }
+
+ private:
+  Op op_;
+};
+
+template <class S> using basic_relu = basic_activation<S, activation_ops::relu>;
+template <class S> using basic_sigmoid = basic_activation<S, activation_ops::sigmoid>;
+template <class S> using basic_tanh = basic_activation<S, activation_ops::tanh>;
+template <class S> using basic_gelu = basic_activation<S, activation_ops::gelu>;
+/// LeakyReLU: `leaky_relu(activation_ops::leaky_relu{0.2})` for slope 0.2 (default 0.01).
+template <class S> using basic_leaky_relu = basic_activation<S, activation_ops::leaky_relu>;
+
+using relu = basic_relu<float>;
+using leaky_relu = basic_leaky_relu<float>;
+using sigmoid = basic_sigmoid<float>;
+using tanh_layer = basic_tanh<float>;  ///< `tanh` would hide std::tanh inside the namespace
+using gelu = basic_gelu<float>;
+
+}  // namespace nerve::layers

@@ -1,0 +1,67 @@
+#pragma once
+/// \file
+/// `basic_conv2d`: 2-D convolution (cross-correlation), PyTorch's `nn.Conv2d` with groups = 1.
+
+#include <array>
+
+#include "layers/layer.hpp"
+
+namespace nerve::layers {
+
+/// Options of a convolution; kernel, stride and padding as (height, width).
+struct conv2d_options {
+  std::int64_t in_channels = 1;
+  std::int64_t out_channels = 1;
+  std::array<std::int64_t, 2> kernel{3, 3};
+  std::array<std::int64_t, 2> stride{1, 1};
+  std::array<std::int64_t, 2> padding{0, 0};
+  bool bias = true;
+};
+
+/// Conv2d on `[C, H, W]` samples. Weight `[out, in, kh, kw]` stored as a tensor of
+/// batch `out` and shape `[in, kh, kw]` (PyTorch's layout); bias `[out]`.
+///
+/// Per sample: im2col into a `(C·kh·kw) × (OH·OW)` matrix, then one GEMM with the
+/// weight (bias fused as the GEMM's starting value). B: col2im of Wᵀ·dy. W:
+/// dW += dy·colᵀ (im2col recomputed from the stashed input rather than stashed:
+/// the columns are kh·kw times larger than the input).
+template <class Scalar>
+class basic_conv2d final : public basic_layer<Scalar> {
+ public:
+  using typename basic_layer<Scalar>::tensor_type;
+  using typename basic_layer<Scalar>::stash_type;
+  using typename basic_layer<Scalar>::forward_result;
+  using typename basic_layer<Scalar>::parameter_ref;
+
+  explicit basic_conv2d(const conv2d_options& options);
+  /// Square kernel, stride and padding.
+  basic_conv2d(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel, std::int64_t stride = 1,
+               std::int64_t padding = 0, bool bias = true)
+      : basic_conv2d(conv2d_options{in_channels, out_channels, {kernel, kernel}, {stride, stride},
+                                    {padding, padding}, bias}) {}
+
+  std::string_view kind() const noexcept override { return "Conv2d"; }
+  std::vector<parameter_ref> parameters() override;
+  void reset_parameters(std::mt19937_64& rng) override;
+  const conv2d_options& options() const noexcept { return o_; }
+  tensor_type& weight() noexcept { return weight_; }
+  tensor_type& bias() noexcept { return b_; }
+  tensor_type& weight_grad() noexcept { return weight_grad_; }
+  tensor_type& bias_grad() noexcept { return b_grad_; }
+
+ protected:
+  shape infer_shape(std::span<const shape> inputs) const override;
+  forward_result do_forward(std::vector<tensor_type>& inputs, const forward_context& context) override;
+  std::vector<tensor_type> do_backward_input(const stash_type& saved, const tensor_type& grad_output,
+                                             input_mask wanted) override;
+  void do_backward_weight(const stash_type& saved, const tensor_type& grad_output) override;
+
+ private:
+  conv2d_options o_;
+  std::int64_t ckk_;
+  tensor_type weight_, weight_grad_, b_, b_grad_;
+};
+
+using conv2d = basic_conv2d<float>;
+
+}  // namespace nerve::layers

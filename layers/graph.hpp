@@ -1,0 +1,190 @@
+#pragma once
+/// \file
+/// `basic_graph`: a validated network of named layers (a DAG), and `basic_graph_builder` that makes one.
+///
+/// ```
+///   input ──► fc1 ──► relu1 ──► fc2 ──► relu2 ──► fc3 ──► add1 ──► fc4
+///                          └──────────────────────────────┘   (skip connection)
+/// ```
+/// The graph is plain data: nodes in insertion order, each with its layer
+/// object, its producers (inputs), its consumers and its output shape, plus a
+/// topological order. The direct executor (executor.hpp) runs it in that order;
+/// an actor executor can spawn one actor per node from the same description.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "layers/layer.hpp"
+
+namespace nerve::layers {
+
+/// A wiring or configuration error found while building a graph: a shape
+/// mismatch (naming both layers and both shapes), a cycle, an unknown name, an
+/// unconnected input or output, a duplicate name.
+class wiring_error : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+/// What a hook is told about the call it observes.
+struct hook_context {
+  /// The node's name (`"fc1"`).
+  std::string_view node;
+  std::uint64_t micro_batch = 0;
+};
+
+/// Runs after a node's forward; may change (or replace) the output in place.
+template <class Scalar>
+using basic_forward_hook = std::function<void(const hook_context&, basic_tensor<Scalar>& output)>;
+/// Runs after a node's backward (B) with the gradients for its inputs (empty
+/// where not computed, e.g. for a graph input) and the gradient that arrived at
+/// its output; may change the input gradients in place, as PyTorch's
+/// `register_full_backward_hook`.
+template <class Scalar>
+using basic_backward_hook = std::function<void(const hook_context&, std::vector<basic_tensor<Scalar>>& grad_inputs,
+                                               const basic_tensor<Scalar>& grad_output)>;
+
+/// One node of a graph: a graph input (no layer) or a layer with its producers.
+template <class Scalar>
+struct basic_node {
+  std::string name;
+  /// Null for a graph input.
+  std::unique_ptr<basic_layer<Scalar>> layer;
+  /// Producer node indices, in the layer's input order.
+  std::vector<std::size_t> inputs;
+  /// Consumer node indices, once per edge (a node feeding both inputs of an Add appears twice).
+  std::vector<std::size_t> consumers;
+  /// The sample shape this node outputs.
+  shape output_shape;
+  std::vector<basic_forward_hook<Scalar>> forward_hooks;
+  std::vector<basic_backward_hook<Scalar>> backward_hooks;
+
+  bool is_input() const noexcept { return layer == nullptr; }
+};
+
+/// A built, validated network. Owns its layers. Moveable, not copyable.
+///
+/// Thread safety: none; the graph and its layers are used by one thread at a
+/// time (or, under an actor executor, each node's layer by its own actor only).
+template <class Scalar>
+class basic_graph {
+ public:
+  using node_type = basic_node<Scalar>;
+  using tensor_type = basic_tensor<Scalar>;
+  using parameter_ref = basic_parameter_ref<Scalar>;
+  using buffer_ref = basic_buffer_ref<Scalar>;
+
+  basic_graph(basic_graph&&) noexcept = default;
+  basic_graph& operator=(basic_graph&&) noexcept = default;
+
+  /// Every node, in the order they were added.
+  const std::vector<node_type>& nodes() const noexcept { return nodes_; }
+  std::vector<node_type>& nodes() noexcept { return nodes_; }
+  /// The node called `name`; throws `wiring_error` when there is none.
+  node_type& node(std::string_view name) { return nodes_[index_of(name)]; }
+  const node_type& node(std::string_view name) const { return nodes_[index_of(name)]; }
+  std::size_t index_of(std::string_view name) const;
+  /// The layer of node `name` cast to `L`; throws when it is not an `L`.
+  template <class L>
+  L& layer(std::string_view name) {
+    auto* l = dynamic_cast<L*>(node(name).layer.get());
+    if (!l) throw std::invalid_argument("graph: node '" + std::string(name) + "' is not of the requested layer type");
+    return *l;
+  }
+
+  /// Node indices in a topological order (producers before consumers; ties by insertion).
+  const std::vector<std::size_t>& order() const noexcept { return order_; }
+  /// The graph inputs, in the order they were declared (forward takes tensors in this order).
+  const std::vector<std::size_t>& inputs() const noexcept { return inputs_; }
+  /// The node whose output is the graph's output.
+  std::size_t output() const noexcept { return output_; }
+
+  /// Every trainable tensor, named `<node>.<parameter>` (`fc1.weight`), in node order.
+  std::vector<parameter_ref> parameters();
+  /// Every buffer, named `<node>.<buffer>` (`bn1.running_mean`).
+  std::vector<buffer_ref> buffers();
+  /// Total trainable scalars.
+  std::int64_t parameter_count();
+  /// Zeroes every gradient.
+  void zero_grad();
+  /// Training or evaluation mode for every layer.
+  void set_training(bool training);
+
+  /// Adds a forward hook to node `name` (see `basic_forward_hook`).
+  void register_forward_hook(std::string_view name, basic_forward_hook<Scalar> hook);
+  /// Adds a backward hook to node `name` (see `basic_backward_hook`).
+  void register_backward_hook(std::string_view name, basic_backward_hook<Scalar> hook);
+  /// Removes every hook of every node.
+  void clear_hooks();
+
+  /// One line per node: name, kind, inputs, output shape, parameter count.
+  std::string summary();
+
+ private:
+  template <class>
+  friend class basic_graph_builder;
+  basic_graph() = default;
+
+  std::vector<node_type> nodes_;
+  std::map<std::string, std::size_t, std::less<>> by_name_;
+  std::vector<std::size_t> order_;
+  std::vector<std::size_t> inputs_;
+  std::size_t output_ = 0;
+};
+
+/// Builds a `basic_graph`: declare inputs, add named layers with the names of
+/// their producers, say which node is the output, then `build()`.
+///
+/// Nodes may be added in any order (a producer can be named before it is
+/// added); everything is checked in `build()`, which throws `wiring_error`
+/// before any data flows. Not thread-safe.
+template <class Scalar>
+class basic_graph_builder {
+ public:
+  using layer_type = basic_layer<Scalar>;
+
+  /// Declares a graph input called `name` whose samples have `sample_shape`.
+  basic_graph_builder& input(std::string name, shape sample_shape);
+  /// Adds node `name` running `layer` on the outputs of `inputs` (in order).
+  basic_graph_builder& add(std::string name, std::unique_ptr<layer_type> layer_object, std::vector<std::string> inputs);
+  /// Adds a layer given by value: `b.add("fc1", linear(784, 256), {"input"})`.
+  template <class L>
+    requires std::is_base_of_v<layer_type, std::remove_cvref_t<L>>
+  basic_graph_builder& add(std::string name, L&& layer_object, std::vector<std::string> inputs) {
+    return add(std::move(name), std::unique_ptr<layer_type>(new std::remove_cvref_t<L>(std::forward<L>(layer_object))),
+               std::move(inputs));
+  }
+  /// Names the output node. Optional when exactly one node has no consumer.
+  basic_graph_builder& output(std::string name);
+
+  /// Validates and builds. Shapes are inferred from the inputs along the
+  /// topological order; every parameterised layer is then initialised with
+  /// PyTorch's default scheme from one `std::mt19937_64(seed)` stream, in
+  /// insertion order. Throws `wiring_error` on any problem. The builder is empty afterwards.
+  basic_graph<Scalar> build(std::uint64_t seed = 0);
+
+ private:
+  struct pending {
+    std::string name;
+    std::unique_ptr<layer_type> layer;
+    std::vector<std::string> inputs;
+    shape input_shape;  // graph inputs only
+  };
+  std::vector<pending> pending_;
+  std::string output_;
+};
+
+using node = basic_node<float>;
+using graph = basic_graph<float>;
+using graph_builder = basic_graph_builder<float>;
+using forward_hook = basic_forward_hook<float>;
+using backward_hook = basic_backward_hook<float>;
+
+}  // namespace nerve::layers

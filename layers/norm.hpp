@@ -1,0 +1,96 @@
+#pragma once
+/// \file
+/// LayerNorm and BatchNorm (PyTorch semantics).
+
+#include "layers/layer.hpp"
+
+namespace nerve::layers {
+
+/// Normalises each sample over all its scalars (PyTorch's `nn.LayerNorm` with
+/// `normalized_shape` equal to the whole sample shape), biased variance, then an
+/// elementwise affine map. Weight (ones) and bias (zeros) have the sample shape.
+/// Stash: x̂ and 1/σ per sample.
+template <class Scalar>
+class basic_layer_norm final : public basic_layer<Scalar> {
+ public:
+  using typename basic_layer<Scalar>::tensor_type;
+  using typename basic_layer<Scalar>::stash_type;
+  using typename basic_layer<Scalar>::forward_result;
+  using typename basic_layer<Scalar>::parameter_ref;
+
+  explicit basic_layer_norm(shape normalized_shape, double eps = 1e-5, bool affine = true, bool bias = true);
+  std::string_view kind() const noexcept override { return "LayerNorm"; }
+  std::vector<parameter_ref> parameters() override;
+  void reset_parameters(std::mt19937_64& rng) override;
+  tensor_type& weight() noexcept { return weight_; }
+  tensor_type& bias() noexcept { return b_; }
+  tensor_type& weight_grad() noexcept { return weight_grad_; }
+  tensor_type& bias_grad() noexcept { return b_grad_; }
+
+ protected:
+  shape infer_shape(std::span<const shape> inputs) const override;
+  forward_result do_forward(std::vector<tensor_type>& inputs, const forward_context& context) override;
+  std::vector<tensor_type> do_backward_input(const stash_type& saved, const tensor_type& grad_output,
+                                             input_mask wanted) override;
+  void do_backward_weight(const stash_type& saved, const tensor_type& grad_output) override;
+
+ private:
+  shape shape_;
+  double eps_;
+  bool affine_, bias_;
+  tensor_type weight_, weight_grad_, b_, b_grad_;
+};
+
+/// Batch normalisation over the batch and the spatial positions of each channel:
+/// `[C]` samples (BatchNorm1d) or `[C, H, W]` / `[C, L]` (BatchNorm2d / 1d).
+///
+/// Training normalises with the batch statistics (biased variance) and updates
+/// the running statistics as PyTorch: `running = (1 − momentum)·running +
+/// momentum·batch`, with the *unbiased* variance for `running_var`; evaluation
+/// uses the running statistics. Each micro-batch is normalised with its own
+/// statistics, exactly as PyTorch does when it is fed micro-batches, so
+/// accumulation over micro-batches is not the same as one large batch here.
+/// Buffers: `running_mean`, `running_var` (PyTorch also keeps
+/// `num_batches_tracked`, available from `batches_tracked()`).
+template <class Scalar>
+class basic_batch_norm final : public basic_layer<Scalar> {
+ public:
+  using typename basic_layer<Scalar>::tensor_type;
+  using typename basic_layer<Scalar>::stash_type;
+  using typename basic_layer<Scalar>::forward_result;
+  using typename basic_layer<Scalar>::parameter_ref;
+  using typename basic_layer<Scalar>::buffer_ref;
+
+  explicit basic_batch_norm(std::int64_t num_features, double eps = 1e-5, double momentum = 0.1,
+                            bool affine = true);
+  std::string_view kind() const noexcept override { return "BatchNorm"; }
+  std::vector<parameter_ref> parameters() override;
+  std::vector<buffer_ref> buffers() override;
+  void reset_parameters(std::mt19937_64& rng) override;
+  tensor_type& weight() noexcept { return weight_; }
+  tensor_type& bias() noexcept { return b_; }
+  tensor_type& weight_grad() noexcept { return weight_grad_; }
+  tensor_type& bias_grad() noexcept { return b_grad_; }
+  tensor_type& running_mean() noexcept { return running_mean_; }
+  tensor_type& running_var() noexcept { return running_var_; }
+  std::int64_t batches_tracked() const noexcept { return batches_tracked_; }
+
+ protected:
+  shape infer_shape(std::span<const shape> inputs) const override;
+  forward_result do_forward(std::vector<tensor_type>& inputs, const forward_context& context) override;
+  std::vector<tensor_type> do_backward_input(const stash_type& saved, const tensor_type& grad_output,
+                                             input_mask wanted) override;
+  void do_backward_weight(const stash_type& saved, const tensor_type& grad_output) override;
+
+ private:
+  std::int64_t c_;
+  double eps_, momentum_;
+  bool affine_;
+  tensor_type weight_, weight_grad_, b_, b_grad_, running_mean_, running_var_;
+  std::int64_t batches_tracked_ = 0;
+};
+
+using layer_norm = basic_layer_norm<float>;
+using batch_norm = basic_batch_norm<float>;
+
+}  // namespace nerve::layers

@@ -1,0 +1,96 @@
+#include "layers/optimizer.hpp"
+
+#include <cmath>
+
+namespace nerve::layers {
+
+template <class Scalar>
+basic_sgd<Scalar>::basic_sgd(sgd_options o) : basic_optimizer<Scalar>(o.lr), o_(o) {
+  if (o.lr < 0 || o.momentum < 0 || o.weight_decay < 0)
+    throw std::invalid_argument("SGD: lr, momentum and weight_decay must be non-negative");
+  if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+    throw std::invalid_argument("SGD: Nesterov momentum requires a momentum and zero dampening");
+}
+
+template <class Scalar>
+void basic_sgd<Scalar>::update(const parameter_ref& p) {
+  auto w = p.value->matrix().array();
+  // d_p = grad (+ wd·p): a temporary only when PyTorch makes one.
+  typename basic_tensor<Scalar>::matrix_type d = p.grad->matrix();
+  if (o_.weight_decay != 0) d.array() += Scalar(o_.weight_decay) * w;
+  if (o_.momentum != 0) {
+    auto it = momentum_.find(p.name);
+    if (it == momentum_.end()) {
+      it = momentum_.emplace(p.name, basic_tensor<Scalar>(typename basic_tensor<Scalar>::matrix_type(d),
+                                                          p.value->sample_shape()))
+               .first;
+    } else {
+      auto b = it->second.matrix().array();
+      b = b * Scalar(o_.momentum) + Scalar(1 - o_.dampening) * d.array();
+    }
+    if (o_.nesterov)
+      d.array() += Scalar(o_.momentum) * it->second.matrix().array();
+    else
+      d = it->second.matrix();
+  }
+  w += Scalar(-this->lr()) * d.array();
+}
+
+template <class Scalar>
+basic_adam<Scalar>::basic_adam(adam_options o, bool decoupled)
+    : basic_optimizer<Scalar>(o.lr), o_(o), decoupled_(decoupled) {
+  if (o.lr < 0 || o.eps < 0 || o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1 || o.weight_decay < 0)
+    throw std::invalid_argument("Adam: need lr, eps, weight_decay ≥ 0 and betas in [0, 1)");
+}
+
+template <class Scalar>
+void basic_adam<Scalar>::update(const parameter_ref& p) {
+  auto it = state_.find(p.name);
+  if (it == state_.end()) {
+    moments s{basic_tensor<Scalar>::zeros(p.value->batch(), p.value->sample_shape()),
+              basic_tensor<Scalar>::zeros(p.value->batch(), p.value->sample_shape()), 0};
+    it = state_.emplace(p.name, std::move(s)).first;
+  }
+  moments& s = it->second;
+  ++s.t;
+  auto w = p.value->matrix().array();
+  const double lr = this->lr();
+  if (decoupled_) w *= Scalar(1 - lr * o_.weight_decay);
+  auto m = s.m.matrix().array();
+  auto v = s.v.matrix().array();
+  const auto g = p.grad->matrix().array();
+  const Scalar b1 = Scalar(o_.beta1), b2 = Scalar(o_.beta2);
+  if (!decoupled_ && o_.weight_decay != 0) {
+    const auto gd = (g + Scalar(o_.weight_decay) * w).eval();
+    m = m * b1 + Scalar(1 - o_.beta1) * gd;
+    v = v * b2 + Scalar(1 - o_.beta2) * gd * gd;
+  } else {
+    m = m * b1 + Scalar(1 - o_.beta1) * g;
+    v = v * b2 + Scalar(1 - o_.beta2) * g * g;
+  }
+  const double bc1 = 1 - std::pow(o_.beta1, double(s.t));
+  const double bc2 = 1 - std::pow(o_.beta2, double(s.t));
+  const Scalar step_size = Scalar(lr / bc1);
+  const Scalar bc2_sqrt = Scalar(std::sqrt(bc2));
+  w += Scalar(-1) * step_size * (m / (v.sqrt() / bc2_sqrt + Scalar(o_.eps)));
+}
+
+template <class Scalar>
+std::unique_ptr<basic_optimizer<Scalar>> make_optimizer(std::string_view name, double lr, double momentum,
+                                                        double weight_decay) {
+  if (name == "sgd") return std::make_unique<basic_sgd<Scalar>>(sgd_options{lr, momentum, 0.0, weight_decay, false});
+  if (name == "adam") return std::make_unique<basic_adam<Scalar>>(adam_options{lr, 0.9, 0.999, 1e-8, weight_decay});
+  if (name == "adamw")
+    return std::make_unique<basic_adamw<Scalar>>(
+        adam_options{lr, 0.9, 0.999, 1e-8, weight_decay == 0.0 ? 0.01 : weight_decay});
+  throw std::invalid_argument("unknown optimizer '" + std::string(name) + "' (sgd, adam, adamw)");
+}
+
+template class basic_sgd<float>;
+template class basic_sgd<double>;
+template class basic_adam<float>;
+template class basic_adam<double>;
+template std::unique_ptr<basic_optimizer<float>> make_optimizer<float>(std::string_view, double, double, double);
+template std::unique_ptr<basic_optimizer<double>> make_optimizer<double>(std::string_view, double, double, double);
+
+}  // namespace nerve::layers

@@ -1,0 +1,39 @@
+#pragma once
+/// \file
+/// The preset networks: `mlp`, `deep-mlp`, `lenet`, `resmlp`, named as a PyTorch user would.
+
+#include <string_view>
+#include <vector>
+
+#include "layers/graph.hpp"
+
+namespace nerve::layers {
+
+/// The preset names, for `--model` help texts.
+std::vector<std::string_view> preset_names();
+
+/// A builder holding preset `name`, with one graph input called `"input"`:
+///
+/// - `mlp`: [784] → fc1 784→256 → relu1 → fc2 256→10.
+/// - `deep-mlp`: [784] → fc1 784→1024 → relu1 → fc2, fc3, fc4 1024→1024 (each
+///   followed by relu2…relu4) → fc5 1024→10.
+/// - `lenet`: [1, 28, 28] → conv1 6@5×5 pad 2 → relu1 → pool1 (max 2) → conv2
+///   16@5×5 → relu2 → pool2 (max 2) → flatten → fc1 400→120 → relu3 → fc2 120→84
+///   → relu4 → fc3 84→10.
+/// - `resmlp`: [784] → fc1 784→256 → relu1, then two residual blocks
+///   (fc 256→256 → relu → fc 256→256 → add with the block input → relu), then
+///   a head 256→10: fc2…fc5 in the blocks, fc6 the head; add1, add2 the joins.
+///
+/// Parameterised layers are `fc1`, `fc2`, … and `conv1`, `conv2`, … in order,
+/// so parameters are `fc1.weight`, `fc1.bias` as in PyTorch. Throws
+/// `std::invalid_argument` for an unknown name.
+template <class Scalar>
+basic_graph_builder<Scalar> preset_builder(std::string_view name);
+
+/// `preset_builder(name).build(seed)`.
+template <class Scalar = float>
+basic_graph<Scalar> make_preset(std::string_view name, std::uint64_t seed = 0) {
+  return preset_builder<Scalar>(name).build(seed);
+}
+
+}  // namespace nerve::layers
