@@ -13,7 +13,9 @@ elseif(NOT NERVE_SANITIZE STREQUAL "")
 endif()
 if(_san)
   # Applied globally so header-only code instantiated in every target is instrumented alike.
-  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:${_san}>)
+  foreach(_flag IN LISTS _san)
+    add_compile_options($<$<COMPILE_LANGUAGE:CXX>:${_flag}>)
+  endforeach()
   add_link_options(${_san})
 endif()
 
