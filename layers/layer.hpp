@@ -147,9 +147,10 @@ class basic_layer {
         throw std::invalid_argument(label() + ": input " + std::to_string(i) + " has batch " +
                                     std::to_string(inputs[i].batch()) + ", input 0 has " +
                                     std::to_string(inputs[0].batch()));
+    const std::int64_t batch = inputs.empty() ? 0 : inputs[0].batch();
     forward_result r = do_forward(inputs, context);
     r.stash.input_shapes = std::move(shapes);
-    r.stash.batch = inputs.empty() ? 0 : inputs[0].batch();
+    r.stash.batch = batch;
     return r;
   }
   /// Forward a single input.
