@@ -174,6 +174,9 @@ safetensors_file safetensors_file::parse(std::vector<std::byte> bytes, std::stri
   } catch (const json::parse_error& e) {
     // e.byte is 1-based within the header.
     throw fail(8 + (e.byte > 0 ? e.byte - 1 : 0), std::string("the header is not valid JSON: ") + e.what());
+  } catch (const json::exception& e) {
+    // Found by fuzzing: a number beyond double's range (1e400) is out_of_range, not parse_error.
+    throw fail(8, std::string("the header is not valid JSON: ") + e.what());
   }
   if (!duplicate.empty()) throw fail(8, "the header has the key " + in_quotes(duplicate) + " twice");
   if (!header.is_object()) throw fail(8, "the header is not a JSON object");
@@ -377,7 +380,13 @@ std::vector<std::byte> encode_header(std::span<const tensor_ref> tensors, const 
     header[t->name] = {{"dtype", dtype_name(t->type)}, {"shape", t->shape}, {"data_offsets", {at, at + *need}}};
     at += *need;
   }
-  std::string text = header.dump();  // compact, UTF-8 (dump escapes nothing valid, throws on invalid UTF-8)
+  std::string text;
+  try {
+    text = header.dump();  // compact; the control characters are escaped, UTF-8 passes as it is
+  } catch (const json::type_error& e) {
+    throw std::invalid_argument(std::string("safetensors: a tensor name or metadata string is not valid UTF-8: ") +
+                                e.what());
+  }
   text.append((8 - text.size() % 8) % 8, ' ');
   std::vector<std::byte> out(8 + text.size());
   const std::uint64_t n = text.size();

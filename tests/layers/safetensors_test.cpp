@@ -183,6 +183,7 @@ TEST_SUITE("layers.safetensors") {
     CHECK(contains(error_of("[1, 2]", 0), "does not start with '{'"));
     CHECK(contains(error_of(" {}", 0), "does not start with '{'"));
     CHECK(contains(error_of("{\"a\":\"\xff\"}", 0), "not valid JSON"));  // invalid UTF-8
+    CHECK(contains(error_of("{\"a\":1e400}", 0), "number overflow"));  // found by fuzzing: not a parse_error
     auto e = parse_error(raw_file("{\"a\": [1,}", 0));
     CHECK(e.offset() >= 8);
     CHECK(contains(e.what(), "model.safetensors: at byte"));
