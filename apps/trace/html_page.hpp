@@ -1,0 +1,37 @@
+#pragma once
+/// \file
+/// `nerve-trace html`: one self-contained HTML page (inline script and style, the
+/// data embedded as compact column arrays) that draws the trace on a canvas.
+
+#include "apps/trace/analysis.hpp"
+
+#include <ostream>
+#include <string>
+
+namespace nerve::trace {
+
+/// Options of `nerve-trace html`.
+struct html_options {
+  std::string title = "nerve trace";
+  selection select;  ///< which step's critical path to highlight (default: the last step)
+};
+
+/// What went into the page, for the command to report.
+struct html_stats {
+  std::size_t lanes = 0;
+  std::size_t rows = 0;
+  std::size_t events = 0;   ///< drawable items (slices, instants, counter samples, planned actions)
+  std::size_t flows = 0;
+  std::size_t bytes = 0;
+  std::vector<std::string> lane_labels;
+};
+
+/// Writes the page for the view behind `index` to `out`.
+html_stats write_html_page(const trace_index& index, const html_options& options, std::ostream& out);
+
+namespace detail {
+/// The page template (apps/trace/viewer.html), compiled in.
+std::string_view viewer_page();
+}  // namespace detail
+
+}  // namespace nerve::trace

@@ -1,0 +1,195 @@
+// nerve-trace: validate, summarise and draw nerve traces (Chrome trace event format).
+//
+//   nerve-trace validate TRACE...           check files against the format
+//   nerve-trace summary TRACE... [--json]   utilisation, queue waits, bubbles, critical path
+//   nerve-trace html TRACE... -o PAGE        one self-contained page with the timeline
+//   nerve-trace merge TRACE... -o OUT       several traces as one file (for Perfetto)
+//   nerve-trace synth -o OUT [...]          a synthetic 1F1B pipeline trace
+//
+// Exit status: 0 fine, 1 the trace has errors (or an output could not be written), 2 usage.
+
+#include "apps/trace/html_page.hpp"
+#include "apps/trace/reader.hpp"
+#include "apps/trace/summary.hpp"
+#include "apps/trace/synth.hpp"
+#include "apps/trace/writer.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+
+namespace {
+
+using namespace nerve::trace;
+
+// Prints the findings; returns false when the files cannot be used.
+bool report(const diagnostics& diags, bool strict, bool quiet, std::size_t limit = 50) {
+  std::size_t shown = 0;
+  for (const auto& d : diags.items) {
+    if (quiet && d.level == severity::warning) continue;
+    if (shown++ < limit) std::cerr << d.to_string() << "\n";
+  }
+  if (shown > limit) std::cerr << "... and " << shown - limit << " more\n";
+  return diags.error_count() == 0 && (!strict || diags.warning_count() == 0);
+}
+
+std::optional<window> parse_window(const std::string& text) {
+  auto colon = text.find(':');
+  if (colon == std::string::npos) return std::nullopt;
+  try {
+    return window{std::stod(text.substr(0, colon)), std::stod(text.substr(colon + 1))};
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"nerve-trace: validate, summarise and draw nerve traces (Chrome trace event format)"};
+  app.require_subcommand(1);
+
+  std::vector<std::string> files;
+  bool strict = false, quiet = false, as_json = false;
+  std::string output, title, window_text;
+  int step = -1;
+  std::size_t top = 10;
+
+  auto* validate = app.add_subcommand("validate", "check trace files against the Chrome trace event format");
+  validate->add_option("TRACE", files, "trace files (JSON object or bare array form)")->required();
+  validate->add_flag("--strict", strict, "treat warnings (unclosed B, flows that never end, ...) as errors");
+  validate->add_flag("-q,--quiet", quiet, "print errors only");
+
+  auto* summary_cmd = app.add_subcommand("summary", "per-actor busy %, queue wait, handler time, bubbles, critical path");
+  summary_cmd->add_option("TRACE", files, "trace files; several merge into one view")->required();
+  summary_cmd->add_flag("--json", as_json, "print one JSON object instead of tables");
+  summary_cmd->add_option("--step", step, "look at training step N only (from `step` slices); default: the whole trace, "
+                                          "critical path of the last step");
+  summary_cmd->add_option("--window", window_text, "look at the time range A:B (µs) only");
+  summary_cmd->add_option("--top", top, "how many slowest messages to list")->capture_default_str();
+
+  auto* html = app.add_subcommand("html", "write one self-contained HTML page with the timeline");
+  html->add_option("TRACE", files, "trace files; several merge into one view")->required();
+  html->add_option("-o,--output", output, "the page to write")->required();
+  html->add_option("--title", title, "page title (default: the file names)");
+  html->add_option("--step", step, "highlight the critical path of step N (default: the last step)");
+
+  auto* merge = app.add_subcommand("merge", "write several traces as one file (pids renumbered on conflict)");
+  merge->add_option("TRACE", files, "trace files")->required();
+  merge->add_option("-o,--output", output, "the merged trace to write")->required();
+
+  synth_options so;
+  auto* synth = app.add_subcommand("synth", "write a synthetic 1F1B pipeline trace with known bubbles");
+  synth->add_option("-o,--output", output, "the trace to write")->required();
+  synth->add_option("--events", so.events, "write whole steps until at least this many events");
+  synth->add_option("--steps", so.steps, "minimum number of training steps")->capture_default_str();
+  synth->add_option("--stages", so.stages, "pipeline stages")->capture_default_str()->check(CLI::Range(1, 1024));
+  synth->add_option("--microbatches", so.microbatches, "micro-batches per step")->capture_default_str()->check(CLI::Range(1, 4096));
+  synth->add_option("--actors-per-stage", so.actors_per_stage, "layer actors per stage")->capture_default_str()->check(CLI::Range(1, 64));
+  synth->add_option("--forward-us", so.forward_us, "forward handler time per actor")->capture_default_str();
+  synth->add_option("--backward-us", so.backward_us, "backward handler time per actor")->capture_default_str();
+  synth->add_option("--load-us", so.load_us, "data loading per micro-batch")->capture_default_str();
+  synth->add_option("--optimizer-us", so.optimizer_us, "optimizer step per actor")->capture_default_str();
+  synth->add_option("--jitter", so.jitter, "vary durations by up to this fraction")->capture_default_str()->check(CLI::Range(0.0, 0.99));
+  synth->add_option("--seed", so.seed, "random seed for --jitter")->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+
+  selection sel;
+  if (step >= 0) sel.step = step;
+  if (!window_text.empty()) {
+    sel.range = parse_window(window_text);
+    if (!sel.range) {
+      std::cerr << "nerve-trace: --window wants A:B in µs, got '" << window_text << "'\n";
+      return 2;
+    }
+  }
+
+  if (*synth) {
+    std::ofstream out(output, std::ios::binary);
+    if (!out) {
+      std::cerr << "nerve-trace: cannot write " << output << "\n";
+      return 1;
+    }
+    auto truth = write_synthetic_trace(so, out);
+    out.close();
+    std::cout << "wrote " << output << ": " << truth.events << " events, " << truth.steps << " steps, " << truth.handler_runs
+              << " handler runs, " << truth.flows << " messages\n";
+    for (std::size_t s = 0; s < truth.stage_busy_us.size(); ++s) {
+      std::cout << "  stage " << s << ": bubble " << (1.0 - truth.stage_busy_us[s] / truth.span_us) * 100.0 << "%";
+      for (const auto& [cause, us] : truth.stage_idle_us[s]) std::cout << ", " << cause << " " << us << " µs";
+      std::cout << "\n";
+    }
+    return out ? 0 : 1;
+  }
+
+  diagnostics diags;
+  timeline tl = read_trace_files(files, diags);
+
+  if (*validate) {
+    const bool ok = report(diags, strict, quiet, 1000);
+    std::size_t slices = 0;
+    for (const auto& e : tl.events) slices += e.ph == 'X';
+    std::cout << (ok ? "valid: " : "INVALID: ") << files.size() << " file(s), " << tl.events.size() << " events (" << slices
+              << " slices), " << tl.flows.size() << " matched flows; " << diags.error_count() << " error(s), "
+              << diags.warning_count() << " warning(s)\n";
+    return ok ? 0 : 1;
+  }
+
+  if (!report(diags, false, true)) {
+    std::cerr << "nerve-trace: the trace has errors (see above; `nerve-trace validate` lists warnings too)\n";
+    return 1;
+  }
+  trace_index index(tl);
+
+  if (*summary_cmd) {
+    summary_options opts;
+    opts.select = sel;
+    opts.top = top;
+    auto s = summarize(index, opts);
+    if (sel.step && s.windows.empty()) {
+      std::cerr << "nerve-trace: no process has step " << *sel.step << "\n";
+      return 1;
+    }
+    if (as_json) std::cout << to_json(s, tl).dump(2) << "\n";
+    else print_summary(s, tl, std::cout);
+    return 0;
+  }
+
+  if (*html) {
+    html_options opts;
+    opts.select = sel;
+    if (title.empty()) {
+      for (std::size_t i = 0; i < files.size(); ++i) title += (i ? " + " : "") + files[i];
+    }
+    opts.title = title;
+    std::ofstream out(output, std::ios::binary);
+    if (!out) {
+      std::cerr << "nerve-trace: cannot write " << output << "\n";
+      return 1;
+    }
+    auto stats = write_html_page(index, opts, out);
+    out.close();
+    std::cout << "wrote " << output << ": " << stats.lanes << " lanes, " << stats.rows << " rows, " << stats.events << " items, "
+              << stats.flows << " flows, " << stats.bytes << " bytes\n";
+    return out ? 0 : 1;
+  }
+
+  if (*merge) {
+    std::ofstream out(output, std::ios::binary);
+    if (!out) {
+      std::cerr << "nerve-trace: cannot write " << output << "\n";
+      return 1;
+    }
+    write_trace(tl, out);
+    for (const auto& f : tl.files)
+      for (const auto& [from, to] : f.pid_map)
+        if (from != to) std::cout << f.path << ": pid " << from << " -> " << to << "\n";
+    std::cout << "wrote " << output << ": " << tl.events.size() << " events from " << files.size() << " file(s)\n";
+    return 0;
+  }
+  return 2;
+}
