@@ -1,0 +1,33 @@
+// nerve-bench: benchmarks of the nerve runtime. The subcommands register themselves
+// (see subcommand.hpp); this file only builds the command line and runs it.
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+
+#include "apps/bench/subcommand.hpp"
+
+namespace nerve::bench {
+std::vector<subcommand_entry>& subcommands() {
+  static std::vector<subcommand_entry> all;
+  return all;
+}
+}  // namespace nerve::bench
+
+int main(int argc, char** argv) {
+  CLI::App app{"Benchmarks of the nerve actor runtime. Results go to stdout (text or --json), progress to stderr."};
+  app.require_subcommand(1);
+  auto& subs = nerve::bench::subcommands();
+  std::sort(subs.begin(), subs.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  for (auto& s : subs) s.add(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", argv[0], e.what());
+    return 1;
+  }
+  return 0;
+}
