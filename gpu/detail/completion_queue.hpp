@@ -1,0 +1,65 @@
+#pragma once
+/// \file
+/// The completion machinery behind `stream::async_wait`: waiters, and the two
+/// queues (the per-device poller and the per-stream blocking waiters).
+
+#include "gpu/completion.hpp"
+#include "gpu/detail/backend.hpp"
+
+#include <boost/asio/any_io_executor.hpp>
+
+#include <memory>
+#include <system_error>
+
+namespace nerve::gpu::detail {
+
+/// Calls `work_counter::end` once when destroyed, unless empty. Move-only.
+class work_token {
+ public:
+  work_token() = default;
+  explicit work_token(const work_counter* c) : counter_(c && c->end ? c : nullptr) {}
+  work_token(work_token&& o) noexcept : counter_(std::exchange(o.counter_, nullptr)) {}
+  work_token& operator=(work_token&& o) noexcept {
+    if (this != &o) {
+      release();
+      counter_ = std::exchange(o.counter_, nullptr);
+    }
+    return *this;
+  }
+  ~work_token() { release(); }
+  void release() noexcept {
+    if (auto* c = std::exchange(counter_, nullptr)) c->end();
+  }
+
+ private:
+  const work_counter* counter_ = nullptr;  // owned by the device_core, which outlives every waiter
+};
+
+/// One registered wait: which event, where to post, what to call.
+struct waiter {
+  std::shared_ptr<stream_impl> stream;
+  std::shared_ptr<event_impl> event;
+  boost::asio::any_io_executor executor;
+  completion_handler handler;
+  work_token token;
+};
+
+/// Posts `handler(ec)` onto the waiter's executor, dropping the event and stream first.
+void deliver(waiter&& w, std::error_code ec);
+
+/// Where waiters go. Thread-safe.
+class completion_queue {
+ public:
+  virtual ~completion_queue() = default;
+  /// Takes a waiter; after `shutdown` it is cancelled at once.
+  virtual void submit(waiter&& w) = 0;
+  /// Cancels every pending waiter and joins the thread(s). Idempotent.
+  virtual void shutdown() noexcept = 0;
+  /// A backend's hint that an event may have completed (the stand-in calls it).
+  virtual void wake() noexcept {}
+};
+
+std::unique_ptr<completion_queue> make_poller(backend& b, const poller_options& o);
+std::unique_ptr<completion_queue> make_blocking_waiter(backend& b);
+
+}  // namespace nerve::gpu::detail

@@ -1,0 +1,117 @@
+#pragma once
+/// \file
+/// The float32 kernels a layer backend needs, as launchers on a stream. No CUDA
+/// types: pointers are device memory of the stream's device (host memory on the
+/// stand-in, where the same ops run as plain loops on the stream's worker, in
+/// order). A call only enqueues; errors of the launch itself throw `gpu::error`,
+/// errors of the work reach the stream's waiters.
+///
+/// Layouts: matrices row-major `rows × cols` (batch first); images NCHW.
+/// Every kernel is deterministic: reductions run in a fixed order, backward of
+/// pooling and col2im gather instead of scattering with atomics, so two runs give
+/// the same bits. Any thread may call, one at a time per stream.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace nerve::gpu {
+
+class stream;
+
+/// Pointwise activations.
+enum class activation {
+  relu,
+  leaky_relu,  ///< x > 0 ? x : alpha·x
+  sigmoid,
+  tanh,
+  gelu,        ///< exact: x·Φ(x) = 0.5·x·(1 + erf(x/√2)) (PyTorch's default)
+};
+
+/// y = f(x), n elements; y may equal x. `alpha` is the leaky slope.
+void activation_forward(stream& s, activation f, const float* x, float* y, std::size_t n, float alpha = 0.01f);
+
+/// dx = f'(x)·dy, n elements; dx may equal dy. Sigmoid and tanh read `y` (the
+/// forward output), the others read `x` (the forward input); pass both.
+void activation_backward(stream& s, activation f, const float* x, const float* y, const float* dy, float* dx,
+                         std::size_t n, float alpha = 0.01f);
+
+/// y[r][c] = x[r][c] + bias[c], then max(0, ·) when `relu`; y may equal x.
+void bias_add(stream& s, const float* x, const float* bias, float* y, std::size_t rows, std::size_t cols,
+              bool relu = false);
+
+/// out[c] = beta·out[c] + Σ_r x[r][c] (the bias gradient; beta = 1 accumulates).
+void column_sums(stream& s, const float* x, std::size_t rows, std::size_t cols, float* out, float beta = 0.0f);
+
+/// Softmax cross-entropy forward, one row per sample: probs = softmax(logits),
+/// loss[r] = logsumexp(logits[r]) − logits[r][label[r]], and *correct = the number
+/// of rows whose first arg-max equals the label (set, not accumulated).
+/// `probs` is kept for backward. Labels are int32 in [0, cols).
+void softmax_xent_forward(stream& s, const float* logits, const std::int32_t* labels, std::size_t rows,
+                          std::size_t cols, float* probs, float* loss, std::int32_t* correct);
+
+/// dlogits = scale·(probs − onehot(label)); scale is usually 1/batch.
+void softmax_xent_backward(stream& s, const float* probs, const std::int32_t* labels, std::size_t rows,
+                           std::size_t cols, float scale, float* dlogits);
+
+/// y += alpha·x.
+void axpy(stream& s, std::size_t n, float alpha, const float* x, float* y);
+/// x *= alpha.
+void scale(stream& s, std::size_t n, float alpha, float* x);
+/// x[i] = value.
+void fill(stream& s, std::size_t n, float value, float* x);
+
+/// SGD as PyTorch's: g' = g + wd·w; v = momentum·v + g'; step = nesterov ? g' + momentum·v : v
+/// (just g' without momentum); w −= lr·step. `velocity` may be null when momentum is 0.
+struct sgd_params {
+  float lr = 0.01f;
+  float momentum = 0.0f;
+  float weight_decay = 0.0f;
+  bool nesterov = false;
+};
+void sgd_update(stream& s, float* w, const float* g, float* velocity, std::size_t n, const sgd_params& p);
+
+/// Adam (decoupled = false: wd added to the gradient) and AdamW (decoupled = true:
+/// w *= 1 − lr·wd first), PyTorch's formulas with bias correction at `step` (1-based).
+struct adam_params {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  bool decoupled = false;
+  std::int64_t step = 1;
+};
+void adam_update(stream& s, float* w, const float* g, float* m, float* v, std::size_t n, const adam_params& p);
+
+/// A sliding window over NCHW images (convolution patches and pooling).
+struct window_geometry {
+  int batch = 1, channels = 1, height = 1, width = 1;
+  int kernel_h = 1, kernel_w = 1;
+  int pad_h = 0, pad_w = 0;
+  int stride_h = 1, stride_w = 1;
+  constexpr int out_h() const { return (height + 2 * pad_h - kernel_h) / stride_h + 1; }
+  constexpr int out_w() const { return (width + 2 * pad_w - kernel_w) / stride_w + 1; }
+  /// Rows of one image's patch matrix: channels·kernel_h·kernel_w.
+  constexpr std::size_t patch_rows() const { return std::size_t(channels) * kernel_h * kernel_w; }
+  /// Columns of one image's patch matrix: out_h·out_w.
+  constexpr std::size_t patch_cols() const { return std::size_t(out_h()) * out_w(); }
+};
+
+/// Patch matrices, one per image, stacked: col[n] is (C·kh·kw) × (oh·ow), row
+/// (c, i, j), column (y, x), zeros in the padding. Convolution is then
+/// Y_n = W(K × C·kh·kw) · col[n] (`gemm_strided_batched` with stride_a = 0).
+void im2col(stream& s, const float* x, const window_geometry& g, float* col);
+/// The adjoint of im2col: dx (overwritten) sums every patch entry that reads it.
+void col2im(stream& s, const float* col, const window_geometry& g, float* dx);
+
+/// Max pooling; argmax[n][c][y][x] is the index (h·W + w) in its input plane of
+/// the first maximum (padding never wins).
+void max_pool_forward(stream& s, const float* x, const window_geometry& g, float* y, std::int32_t* argmax);
+/// dx (overwritten) = the sum of dy over the windows whose argmax is that input.
+void max_pool_backward(stream& s, const float* dy, const std::int32_t* argmax, const window_geometry& g, float* dx);
+/// Average pooling, dividing by kernel_h·kernel_w (padding counted, PyTorch's default).
+void avg_pool_forward(stream& s, const float* x, const window_geometry& g, float* y);
+/// dx (overwritten) = Σ over windows containing it of dy / (kernel_h·kernel_w).
+void avg_pool_backward(stream& s, const float* dy, const window_geometry& g, float* dx);
+
+}  // namespace nerve::gpu

@@ -1,0 +1,116 @@
+// Pointwise kernels: activations, bias add, column sums, axpy/scale/fill.
+#include "gpu/kernels/grid.cuh"
+#include "gpu/kernels/launch.hpp"
+
+namespace nerve::gpu::cuda_kernels {
+namespace {
+
+constexpr float inv_sqrt2 = 0.70710678118654752440f;
+constexpr float inv_sqrt2pi = 0.39894228040143267794f;
+
+template <activation F>
+__global__ void act_fwd(const float* __restrict__ x, float* y, std::size_t n, float alpha) {
+  NERVE_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    if constexpr (F == activation::relu) y[i] = v > 0.0f ? v : 0.0f;
+    if constexpr (F == activation::leaky_relu) y[i] = v > 0.0f ? v : alpha * v;
+    if constexpr (F == activation::sigmoid) y[i] = 1.0f / (1.0f + expf(-v));
+    if constexpr (F == activation::tanh) y[i] = tanhf(v);
+    if constexpr (F == activation::gelu) y[i] = 0.5f * v * (1.0f + erff(v * inv_sqrt2));
+  }
+}
+
+template <activation F>
+__global__ void act_bwd(const float* __restrict__ x, const float* __restrict__ y, const float* dy, float* dx,
+                        std::size_t n, float alpha) {
+  NERVE_GRID_STRIDE(i, n) {
+    const float g = dy[i];
+    if constexpr (F == activation::relu) dx[i] = x[i] > 0.0f ? g : 0.0f;
+    if constexpr (F == activation::leaky_relu) dx[i] = x[i] > 0.0f ? g : alpha * g;
+    if constexpr (F == activation::sigmoid) dx[i] = g * y[i] * (1.0f - y[i]);
+    if constexpr (F == activation::tanh) dx[i] = g * (1.0f - y[i] * y[i]);
+    if constexpr (F == activation::gelu) {
+      const float v = x[i];
+      const float cdf = 0.5f * (1.0f + erff(v * inv_sqrt2));
+      const float pdf = inv_sqrt2pi * expf(-0.5f * v * v);
+      dx[i] = g * (cdf + v * pdf);
+    }
+  }
+}
+
+__global__ void bias_add_kernel(const float* x, const float* __restrict__ bias, float* y, std::size_t rows,
+                                std::size_t cols, bool relu) {
+  NERVE_GRID_STRIDE(i, rows * cols) {
+    const float v = x[i] + bias[std::size_t(i) % cols];
+    y[i] = relu && !(v > 0.0f) ? 0.0f : v;
+  }
+}
+
+// One thread per column walks the rows in order (coalesced across the warp,
+// deterministic); accumulates in double like the CPU twin.
+__global__ void column_sums_kernel(const float* __restrict__ x, std::size_t rows, std::size_t cols, float* out,
+                                   float beta) {
+  NERVE_GRID_STRIDE(c, cols) {
+    double acc = 0.0;
+    for (std::size_t r = 0; r < rows; ++r) acc += x[r * cols + c];
+    out[c] = beta == 0.0f ? float(acc) : float(acc + double(beta) * out[c]);
+  }
+}
+
+__global__ void axpy_kernel(std::size_t n, float alpha, const float* __restrict__ x, float* y) {
+  NERVE_GRID_STRIDE(i, n) y[i] += alpha * x[i];
+}
+__global__ void scale_kernel(std::size_t n, float alpha, float* x) {
+  NERVE_GRID_STRIDE(i, n) x[i] *= alpha;
+}
+__global__ void fill_kernel(std::size_t n, float value, float* x) {
+  NERVE_GRID_STRIDE(i, n) x[i] = value;
+}
+
+}  // namespace
+
+void activation_forward(cudaStream_t st, activation f, const float* x, float* y, std::size_t n, float alpha) {
+  const unsigned g = grid_for(n);
+  switch (f) {
+    case activation::relu: act_fwd<activation::relu><<<g, block_size, 0, st>>>(x, y, n, alpha); break;
+    case activation::leaky_relu: act_fwd<activation::leaky_relu><<<g, block_size, 0, st>>>(x, y, n, alpha); break;
+    case activation::sigmoid: act_fwd<activation::sigmoid><<<g, block_size, 0, st>>>(x, y, n, alpha); break;
+    case activation::tanh: act_fwd<activation::tanh><<<g, block_size, 0, st>>>(x, y, n, alpha); break;
+    case activation::gelu: act_fwd<activation::gelu><<<g, block_size, 0, st>>>(x, y, n, alpha); break;
+  }
+}
+
+void activation_backward(cudaStream_t st, activation f, const float* x, const float* y, const float* dy, float* dx,
+                         std::size_t n, float alpha) {
+  const unsigned g = grid_for(n);
+  switch (f) {
+    case activation::relu: act_bwd<activation::relu><<<g, block_size, 0, st>>>(x, y, dy, dx, n, alpha); break;
+    case activation::leaky_relu:
+      act_bwd<activation::leaky_relu><<<g, block_size, 0, st>>>(x, y, dy, dx, n, alpha);
+      break;
+    case activation::sigmoid: act_bwd<activation::sigmoid><<<g, block_size, 0, st>>>(x, y, dy, dx, n, alpha); break;
+    case activation::tanh: act_bwd<activation::tanh><<<g, block_size, 0, st>>>(x, y, dy, dx, n, alpha); break;
+    case activation::gelu: act_bwd<activation::gelu><<<g, block_size, 0, st>>>(x, y, dy, dx, n, alpha); break;
+  }
+}
+
+void bias_add(cudaStream_t st, const float* x, const float* bias, float* y, std::size_t rows, std::size_t cols,
+              bool relu) {
+  bias_add_kernel<<<grid_for(rows * cols), block_size, 0, st>>>(x, bias, y, rows, cols, relu);
+}
+
+void column_sums(cudaStream_t st, const float* x, std::size_t rows, std::size_t cols, float* out, float beta) {
+  column_sums_kernel<<<grid_for(cols), block_size, 0, st>>>(x, rows, cols, out, beta);
+}
+
+void axpy(cudaStream_t st, std::size_t n, float alpha, const float* x, float* y) {
+  axpy_kernel<<<grid_for(n), block_size, 0, st>>>(n, alpha, x, y);
+}
+void scale(cudaStream_t st, std::size_t n, float alpha, float* x) {
+  scale_kernel<<<grid_for(n), block_size, 0, st>>>(n, alpha, x);
+}
+void fill(cudaStream_t st, std::size_t n, float value, float* x) {
+  fill_kernel<<<grid_for(n), block_size, 0, st>>>(n, value, x);
+}
+
+}  // namespace nerve::gpu::cuda_kernels

@@ -1,0 +1,111 @@
+#pragma once
+/// \file
+/// Device memory, stream-ordered: allocation and free are enqueued on a stream
+/// (`cudaMallocAsync`/`cudaFreeAsync` from the device's pool, which keeps freed
+/// blocks cached for reuse), so neither blocks the calling loop. Pinned host
+/// memory for asynchronous copies. Any thread, one at a time per object.
+
+#include "gpu/stream.hpp"
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <vector>
+
+namespace nerve::gpu {
+
+class device;
+namespace detail {
+class device_core;
+}
+
+/// Bytes on a device, freed in stream order on the stream that owns it. Move-only.
+class device_buffer {
+ public:
+  device_buffer() = default;
+  /// Allocates `bytes` in stream order on `s`: usable by work enqueued on `s` after this.
+  device_buffer(stream& s, std::size_t bytes);
+  ~device_buffer() { reset(); }
+  device_buffer(device_buffer&& o) noexcept;
+  device_buffer& operator=(device_buffer&& o) noexcept;
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+
+  void* data() const noexcept { return data_; }
+  std::size_t bytes() const noexcept { return bytes_; }
+  bool empty() const noexcept { return data_ == nullptr; }
+  /// Frees in stream order on the owning stream (after the work enqueued on it).
+  void reset() noexcept;
+  /// Makes `s` the owning stream, e.g. when the buffer was handed to another
+  /// actor: that actor's stream waited on the producer's event, and the free
+  /// must come after *its* work.
+  void set_stream(const stream& s) noexcept { owner_ = s.shared_impl(); }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  std::shared_ptr<detail::stream_impl> owner_;
+};
+
+/// Shape of a tensor, outermost first.
+using shape_t = std::vector<std::size_t>;
+
+/// A float32 row-major tensor on a device: a buffer and its shape. Move-only.
+class device_tensor {
+ public:
+  device_tensor() = default;
+  device_tensor(stream& s, shape_t shape);
+
+  float* data() noexcept { return static_cast<float*>(buffer_.data()); }
+  const float* data() const noexcept { return static_cast<const float*>(buffer_.data()); }
+  const shape_t& shape() const noexcept { return shape_; }
+  /// Number of elements.
+  std::size_t size() const noexcept { return size_; }
+  std::size_t bytes() const noexcept { return size_ * sizeof(float); }
+  /// shape[0] (1 for a scalar): the batch.
+  std::size_t rows() const noexcept { return shape_.empty() ? 1 : shape_[0]; }
+  /// The product of the other dimensions: the row length of the 2-D view.
+  std::size_t cols() const noexcept { return rows() ? size_ / rows() : 0; }
+  device_buffer& buffer() noexcept { return buffer_; }
+
+ private:
+  device_buffer buffer_;
+  shape_t shape_;
+  std::size_t size_ = 0;
+};
+
+/// Page-locked host memory (`cudaMallocHost`; plain memory on the stand-in), the
+/// staging area of asynchronous copies. Allocating and freeing it can block:
+/// do it at setup, and reuse the buffer per micro-batch slot. Move-only.
+class pinned_buffer {
+ public:
+  pinned_buffer() = default;
+  pinned_buffer(device& d, std::size_t bytes);
+  ~pinned_buffer() { reset(); }
+  pinned_buffer(pinned_buffer&& o) noexcept;
+  pinned_buffer& operator=(pinned_buffer&& o) noexcept;
+  pinned_buffer(const pinned_buffer&) = delete;
+  pinned_buffer& operator=(const pinned_buffer&) = delete;
+
+  void* data() const noexcept { return data_; }
+  std::size_t bytes() const noexcept { return bytes_; }
+  template <class T>
+  std::span<T> as() const noexcept {
+    return {static_cast<T*>(data_), bytes_ / sizeof(T)};
+  }
+  void reset() noexcept;
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  std::shared_ptr<detail::device_core> core_;
+};
+
+/// Copies `bytes` from `src` to `dst` in stream order; host, pinned or device
+/// memory on either side. With pageable host memory CUDA may block: copy
+/// through a `pinned_buffer`. The source must stay alive until the copy is done.
+void copy_async(stream& s, void* dst, const void* src, std::size_t bytes);
+/// Sets `bytes` at `dst` (device memory) to zero in stream order.
+void fill_zero_async(stream& s, void* dst, std::size_t bytes);
+
+}  // namespace nerve::gpu

@@ -1,0 +1,347 @@
+#include "gpu/standin/standin_backend.hpp"
+
+#include "gpu/device.hpp"
+#include "gpu/standin/cpu_kernels.hpp"
+#include "gpu/status.hpp"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace nerve::gpu::detail {
+namespace {
+
+class standin;
+
+/// A fake event: completes when its stream's worker reaches the marker.
+class fake_event final : public event_impl {
+ public:
+  std::mutex m;
+  std::condition_variable cv;
+  std::uint64_t seq = 0;   // guarded by m: which record is current
+  bool done = true;        // guarded by m: a never-recorded event is complete, as in CUDA
+  std::error_code error;   // guarded by m
+};
+
+/// A fake stream: one worker thread runs the tasks in order. After a task
+/// throws, the stream has failed: later work is skipped and its events report
+/// the error (like a sticky CUDA error, but per stream).
+class fake_stream final : public stream_impl {
+ public:
+  struct task {
+    unique_function<void()> fn;
+    fake_event* marker = nullptr;  // set: complete this event (seq) instead of running fn
+    std::uint64_t seq = 0;
+    bool always = false;           // runs even after a failure (frees)
+  };
+
+  explicit fake_stream(standin& b) : backend_(b), worker_([this] { run(); }) {}
+
+  ~fake_stream() override {
+    {
+      std::lock_guard lk(m_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    worker_.join();  // the work already enqueued runs first, as on a GPU
+  }
+
+  void push(task t) {
+    {
+      std::lock_guard lk(m_);
+      q_.push_back(std::move(t));
+    }
+    cv_.notify_one();
+  }
+
+  /// Fails the stream from the worker (an awaited event failed).
+  void fail(std::error_code ec) {
+    if (!failed_) failed_ = ec;
+  }
+
+ private:
+  void run();
+
+  standin& backend_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<task> q_;        // guarded by m_
+  bool stop_ = false;         // guarded by m_
+  std::error_code failed_;    // worker thread only
+  std::thread worker_;        // last
+};
+
+class standin final : public backend {
+ public:
+  backend_kind kind() const noexcept override { return backend_kind::standin; }
+  std::string name() const override { return "cpu stand-in"; }
+  int ordinal() const noexcept override { return 0; }
+
+  void set_completion_hook(std::function<void()> hook) override { hook_ = std::move(hook); }
+
+  void interrupt_waits() noexcept override {
+    std::vector<fake_event*> events;
+    {
+      std::lock_guard lk(m_);
+      interrupted_.store(true, std::memory_order_release);
+      events = events_;
+    }
+    for (auto* e : events) {
+      std::lock_guard lk(e->m);  // so no waiter misses the flag between its check and its wait
+      e->cv.notify_all();
+    }
+  }
+
+  std::shared_ptr<stream_impl> create_stream(const stream_options&) override {
+    return std::make_shared<fake_stream>(*this);
+  }
+
+  void synchronize(stream_impl& s) override {
+    fake_event e;
+    record(e, s);
+    if (auto ec = wait_for(e, false)) throw error(ec, "stream::synchronize");
+  }
+
+  void enqueue_host(stream_impl& s, unique_function<void()> fn) override {
+    as_fake(s).push({std::move(fn), nullptr, 0, false});
+  }
+
+  event_impl* create_event() override {
+    auto* e = new fake_event;
+    std::lock_guard lk(m_);
+    events_.push_back(e);
+    return e;
+  }
+
+  void destroy_event(event_impl* e) noexcept override {
+    {
+      std::lock_guard lk(m_);
+      std::erase(events_, static_cast<fake_event*>(e));
+    }
+    delete static_cast<fake_event*>(e);
+  }
+
+  void record(event_impl& ei, stream_impl& s) override {
+    auto& e = static_cast<fake_event&>(ei);
+    std::uint64_t seq;
+    {
+      std::lock_guard lk(e.m);
+      seq = ++e.seq;
+      e.done = false;
+      e.error = {};
+    }
+    as_fake(s).push({nullptr, &e, seq, true});
+  }
+
+  event_state query(event_impl& ei) noexcept override {
+    auto& e = static_cast<fake_event&>(ei);
+    std::lock_guard lk(e.m);
+    return {e.done, e.error};
+  }
+
+  std::error_code wait(event_impl& ei) noexcept override { return wait_for(static_cast<fake_event&>(ei), true); }
+
+  /// Only the completion lanes' waits are interrupted at shutdown; a stream's own
+  /// work (and synchronize) runs to its end, as on a GPU.
+  std::error_code wait_for(fake_event& e, bool interruptible) noexcept {
+    std::unique_lock lk(e.m);
+    e.cv.wait(lk, [&] { return e.done || (interruptible && interrupted_.load(std::memory_order_acquire)); });
+    return e.done ? e.error : std::error_code(errc::cancelled);
+  }
+
+  void stream_wait(stream_impl& s, event_impl& ei) override {
+    auto* e = &static_cast<fake_event&>(ei);
+    std::uint64_t seq;
+    {
+      std::lock_guard lk(e->m);
+      seq = e->seq;
+    }
+    auto* fs = &as_fake(s);
+    // The worker blocks until that record of the event completes (a newer record
+    // means it did); its error fails this stream too.
+    fs->push({[this, e, seq, fs] {
+                std::unique_lock lk(e->m);
+                e->cv.wait(lk, [&] { return e->done || e->seq != seq; });
+                if (e->seq == seq && e->error) fs->fail(e->error);
+              },
+              nullptr, 0, false});
+  }
+
+  void* allocate(std::size_t bytes, stream_impl&) override {
+    void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+    if (!p) throw error(std::make_error_code(std::errc::not_enough_memory), "stand-in allocate");
+    return p;
+  }
+  void deallocate(void* p, stream_impl& s) noexcept override {
+    try {
+      as_fake(s).push({[p] { std::free(p); }, nullptr, 0, true});
+    } catch (...) {
+      // Out of memory while queueing the free: leaking is the safe answer.
+    }
+  }
+  void* allocate_pinned(std::size_t bytes) override {
+    void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+    if (!p) throw error(std::make_error_code(std::errc::not_enough_memory), "stand-in allocate_pinned");
+    return p;
+  }
+  void deallocate_pinned(void* p) noexcept override { std::free(p); }
+  void copy(void* dst, const void* src, std::size_t bytes, stream_impl& s) override {
+    run_on(s, [=] { std::memcpy(dst, src, bytes); });
+  }
+  void fill_zero(void* dst, std::size_t bytes, stream_impl& s) override {
+    run_on(s, [=] { std::memset(dst, 0, bytes); });
+  }
+
+  void gemm_strided_batched(stream_impl& s, transpose ta, transpose tb, int m, int n, int k, float alpha,
+                            const float* a, int lda, std::int64_t sa, const float* b, int ldb, std::int64_t sb,
+                            float beta, float* c, int ldc, std::int64_t sc, int batch) override {
+    run_on(s, [=] {
+      for (int i = 0; i < batch; ++i) cpu::gemm(ta, tb, m, n, k, alpha, a + i * sa, lda, b + i * sb, ldb, beta, c + i * sc, ldc);
+    });
+  }
+  void activation_forward(stream_impl& s, activation f, const float* x, float* y, std::size_t n,
+                          float alpha) override {
+    run_on(s, [=] { cpu::activation_forward(f, x, y, n, alpha); });
+  }
+  void activation_backward(stream_impl& s, activation f, const float* x, const float* y, const float* dy, float* dx,
+                           std::size_t n, float alpha) override {
+    run_on(s, [=] { cpu::activation_backward(f, x, y, dy, dx, n, alpha); });
+  }
+  void bias_add(stream_impl& s, const float* x, const float* bias, float* y, std::size_t rows, std::size_t cols,
+                bool relu) override {
+    run_on(s, [=] { cpu::bias_add(x, bias, y, rows, cols, relu); });
+  }
+  void column_sums(stream_impl& s, const float* x, std::size_t rows, std::size_t cols, float* out,
+                   float beta) override {
+    run_on(s, [=] { cpu::column_sums(x, rows, cols, out, beta); });
+  }
+  void softmax_xent_forward(stream_impl& s, const float* logits, const std::int32_t* labels, std::size_t rows,
+                            std::size_t cols, float* probs, float* loss, std::int32_t* correct) override {
+    run_on(s, [=] { cpu::softmax_xent_forward(logits, labels, rows, cols, probs, loss, correct); });
+  }
+  void softmax_xent_backward(stream_impl& s, const float* probs, const std::int32_t* labels, std::size_t rows,
+                             std::size_t cols, float scale, float* dlogits) override {
+    run_on(s, [=] { cpu::softmax_xent_backward(probs, labels, rows, cols, scale, dlogits); });
+  }
+  void axpy(stream_impl& s, std::size_t n, float alpha, const float* x, float* y) override {
+    run_on(s, [=] { cpu::axpy(n, alpha, x, y); });
+  }
+  void scale(stream_impl& s, std::size_t n, float alpha, float* x) override {
+    run_on(s, [=] { cpu::scale(n, alpha, x); });
+  }
+  void fill(stream_impl& s, std::size_t n, float value, float* x) override {
+    run_on(s, [=] { cpu::fill(n, value, x); });
+  }
+  void sgd_update(stream_impl& s, float* w, const float* g, float* velocity, std::size_t n,
+                  const sgd_params& p) override {
+    run_on(s, [=] { cpu::sgd_update(w, g, velocity, n, p); });
+  }
+  void adam_update(stream_impl& s, float* w, const float* g, float* m, float* v, std::size_t n,
+                   const adam_params& p) override {
+    run_on(s, [=] { cpu::adam_update(w, g, m, v, n, p); });
+  }
+  void im2col(stream_impl& s, const float* x, const window_geometry& g, float* col) override {
+    run_on(s, [=] { cpu::im2col(x, g, col); });
+  }
+  void col2im(stream_impl& s, const float* col, const window_geometry& g, float* dx) override {
+    run_on(s, [=] { cpu::col2im(col, g, dx); });
+  }
+  void max_pool_forward(stream_impl& s, const float* x, const window_geometry& g, float* y,
+                        std::int32_t* argmax) override {
+    run_on(s, [=] { cpu::max_pool_forward(x, g, y, argmax); });
+  }
+  void max_pool_backward(stream_impl& s, const float* dy, const std::int32_t* argmax, const window_geometry& g,
+                         float* dx) override {
+    run_on(s, [=] { cpu::max_pool_backward(dy, argmax, g, dx); });
+  }
+  void avg_pool_forward(stream_impl& s, const float* x, const window_geometry& g, float* y) override {
+    run_on(s, [=] { cpu::avg_pool_forward(x, g, y); });
+  }
+  void avg_pool_backward(stream_impl& s, const float* dy, const window_geometry& g, float* dx) override {
+    run_on(s, [=] { cpu::avg_pool_backward(dy, g, dx); });
+  }
+
+  void enqueue_fault(stream_impl& s) override {
+    run_on(s, [] { throw std::runtime_error("stand-in fault planted by gpu::testing::enqueue_fault"); });
+  }
+
+  void enqueue_gate(stream_impl& s, volatile std::int32_t* flag) override {
+    auto* f = const_cast<std::int32_t*>(flag);
+    run_on(s, [this, f] {
+      std::unique_lock lk(gate_m_);
+      gate_cv_.wait(lk, [&] {
+        return std::atomic_ref<std::int32_t>(*f).load(std::memory_order_acquire) != 0;
+      });
+    });
+  }
+
+  void open_gate(std::int32_t* flag) noexcept override {
+    {
+      std::lock_guard lk(gate_m_);
+      std::atomic_ref<std::int32_t>(*flag).store(1, std::memory_order_release);
+    }
+    gate_cv_.notify_all();
+  }
+
+  /// Called by a worker after an event completed.
+  void completed() {
+    if (hook_) hook_();
+  }
+
+ private:
+  static fake_stream& as_fake(stream_impl& s) { return static_cast<fake_stream&>(s); }
+  template <class F>
+  void run_on(stream_impl& s, F&& f) {
+    as_fake(s).push({unique_function<void()>(std::forward<F>(f)), nullptr, 0, false});
+  }
+
+  std::function<void()> hook_;  // set before any stream exists
+  std::mutex m_;
+  std::vector<fake_event*> events_;  // guarded by m_
+  std::atomic<bool> interrupted_{false};
+  std::mutex gate_m_;
+  std::condition_variable gate_cv_;
+};
+
+void fake_stream::run() {
+  std::unique_lock lk(m_);
+  for (;;) {
+    cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
+    if (q_.empty()) break;  // stop, drained
+    task t = std::move(q_.front());
+    q_.pop_front();
+    lk.unlock();
+    if (t.marker) {
+      {
+        // Notify under the lock: a waiter may destroy the event as soon as it sees it done.
+        std::lock_guard el(t.marker->m);
+        if (t.marker->seq == t.seq) {
+          t.marker->done = true;
+          t.marker->error = failed_;
+        }
+        t.marker->cv.notify_all();
+      }
+      backend_.completed();
+    } else if (!failed_ || t.always) {
+      try {
+        t.fn();
+      } catch (...) {
+        failed_ = errc::stream_failed;
+      }
+    }
+    t = {};  // captures are released on the worker, in order
+    lk.lock();
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<backend> make_standin_backend() { return std::make_unique<standin>(); }
+
+}  // namespace nerve::gpu::detail

@@ -1,0 +1,39 @@
+#pragma once
+/// \file
+/// Test-only entry points: a fault planted on purpose and a gate that holds a
+/// stream until the host opens it. Not for production code.
+
+#include "gpu/memory.hpp"
+#include "gpu/stream.hpp"
+
+namespace nerve::gpu::testing {
+
+/// Makes the work on `s` fail from here on: on a GPU a kernel writes to an
+/// illegal address (`cudaErrorIllegalAddress`, sticky: the whole device context
+/// fails, every later event of every stream reports it); on the stand-in a host
+/// function throws and the stream reports `errc::stream_failed`.
+void enqueue_fault(stream& s);
+
+/// Holds the work enqueued after `enqueue(s)` until `open()`: a one-thread
+/// kernel spinning on pinned host memory on a GPU, a blocked worker on the
+/// stand-in. The destructor opens it, so nothing stays stuck. Thread-safe.
+class gate {
+ public:
+  explicit gate(device& d);
+  ~gate();
+  gate(const gate&) = delete;
+  gate& operator=(const gate&) = delete;
+
+  /// Later work on `s` waits until the gate opens.
+  void enqueue(stream& s);
+  /// Opens the gate (work behind it runs) and returns at once.
+  void open() noexcept;
+  /// Closes it again for the next `enqueue` (only when nothing waits on it).
+  void close() noexcept;
+
+ private:
+  pinned_buffer flag_;
+  detail::backend* backend_;
+};
+
+}  // namespace nerve::gpu::testing
