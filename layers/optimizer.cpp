@@ -15,25 +15,41 @@ basic_sgd<Scalar>::basic_sgd(sgd_options o) : basic_optimizer<Scalar>(o.lr), o_(
 template <class Scalar>
 void basic_sgd<Scalar>::update(const parameter_ref& p) {
   auto w = p.value->matrix().array();
-  // d_p = grad (+ wd·p): a temporary only when PyTorch makes one.
-  typename basic_tensor<Scalar>::matrix_type d = p.grad->matrix();
-  if (o_.weight_decay != 0) d.array() += Scalar(o_.weight_decay) * w;
-  if (o_.momentum != 0) {
-    auto it = momentum_.find(p.name);
-    if (it == momentum_.end()) {
-      it = momentum_.emplace(p.name, basic_tensor<Scalar>(typename basic_tensor<Scalar>::matrix_type(d),
-                                                          p.value->sample_shape()))
-               .first;
-    } else {
-      auto b = it->second.matrix().array();
-      b = b * Scalar(o_.momentum) + Scalar(1 - o_.dampening) * d.array();
-    }
-    if (o_.nesterov)
-      d.array() += Scalar(o_.momentum) * it->second.matrix().array();
+  const auto g = p.grad->matrix().array();
+  const Scalar lr = Scalar(-this->lr());
+  if (o_.momentum == 0) {
+    // No state: one pass, no temporary (the common case; PyTorch's arithmetic is the same).
+    if (o_.weight_decay == 0)
+      w += lr * g;
     else
-      d = it->second.matrix();
+      w += lr * (g + Scalar(o_.weight_decay) * w);
+    return;
   }
-  w += Scalar(-this->lr()) * d.array();
+  auto it = momentum_.find(p.name);
+  if (it == momentum_.end()) {
+    // First step: buf = d_p (a clone, as torch.clone(d_p)).
+    basic_tensor<Scalar> buf(p.value->batch(), p.value->sample_shape());
+    if (o_.weight_decay == 0)
+      buf.matrix().array() = g;
+    else
+      buf.matrix().array() = g + Scalar(o_.weight_decay) * w;
+    it = momentum_.emplace(p.name, std::move(buf)).first;
+  } else {
+    auto b = it->second.matrix().array();
+    if (o_.weight_decay == 0)
+      b = b * Scalar(o_.momentum) + Scalar(1 - o_.dampening) * g;
+    else
+      b = b * Scalar(o_.momentum) + Scalar(1 - o_.dampening) * (g + Scalar(o_.weight_decay) * w);
+  }
+  const auto b = it->second.matrix().array();
+  if (o_.nesterov) {
+    if (o_.weight_decay == 0)
+      w += lr * (g + Scalar(o_.momentum) * b);
+    else
+      w += lr * ((g + Scalar(o_.weight_decay) * w) + Scalar(o_.momentum) * b);
+  } else {
+    w += lr * b;
+  }
 }
 
 template <class Scalar>
