@@ -29,9 +29,10 @@ lanes=$(sed -n 's/.*: \([0-9]*\) lanes.*/\1/p' "$work/html.txt")
 
 flags=(--headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking
        --disable-component-update --disable-sync --user-data-dir="$profile" --virtual-time-budget=5000 --window-size=1400,900)
-timeout 60 "$browser" "${flags[@]}" --dump-dom "file://$work/page.html" > "$work/dom.html" 2> "$work/chromium.log" || {
+# One launch: the DOM after the page ran (with its status element) and a screenshot.
+timeout 60 "$browser" "${flags[@]}" --screenshot="$work/page.png" --dump-dom "file://$work/page.html" \
+  > "$work/dom.html" 2> "$work/chromium.log" || {
   echo "FAIL: chromium exited with $? (log: $work/chromium.log)"; tail -5 "$work/chromium.log"; exit 1; }
-timeout 60 "$browser" "${flags[@]}" --screenshot="$work/page.png" "file://$work/page.html" 2>> "$work/chromium.log" >/dev/null || true
 
 status=$(sed -n 's/.*<pre id="nerve-status">\([^<]*\)<\/pre>.*/\1/p' "$work/dom.html")
 echo "page status: $status"
