@@ -6,6 +6,10 @@
 #include <atomic>
 #include <stdexcept>
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
 #if NERVE_HAS_OPENBLAS
 #include <cblas.h>
 extern "C" void openblas_set_num_threads(int);
@@ -34,7 +38,7 @@ int init_threads() {
   // event loops until someone asks for more.
   int expected = 0;
   if (threads_.compare_exchange_strong(expected, 1)) {
-    Eigen::setNbThreads(1);
+    Eigen::setNbThreads(1);  // always: see eigen_gemm for how products use several threads
 #if NERVE_HAS_OPENBLAS
     openblas_set_num_threads(1);
 #endif
@@ -66,8 +70,9 @@ void eigen_product(Scalar alpha, const A& a, const B& b, Scalar beta, map<Scalar
 }
 
 template <class Scalar>
-void eigen_gemm(trans ta, trans tb, std::int64_t m, std::int64_t n, std::int64_t k, Scalar alpha, const Scalar* a,
-                std::int64_t lda, const Scalar* b, std::int64_t ldb, Scalar beta, Scalar* c, std::int64_t ldc) {
+void eigen_gemm_serial(trans ta, trans tb, std::int64_t m, std::int64_t n, std::int64_t k, Scalar alpha,
+                       const Scalar* a, std::int64_t lda, const Scalar* b, std::int64_t ldb, Scalar beta, Scalar* c,
+                       std::int64_t ldc) {
   // Stored shapes: A is (ta ? k×m : m×k), B is (tb ? n×k : k×n).
   const_map<Scalar> A(a, ta == trans::yes ? k : m, ta == trans::yes ? m : k, Eigen::OuterStride<>(lda));
   const_map<Scalar> B(b, tb == trans::yes ? n : k, tb == trans::yes ? k : n, Eigen::OuterStride<>(ldb));
@@ -76,6 +81,45 @@ void eigen_gemm(trans ta, trans tb, std::int64_t m, std::int64_t n, std::int64_t
   else if (ta == trans::no) eigen_product(alpha, A, B.transpose(), beta, C);
   else if (tb == trans::no) eigen_product(alpha, A.transpose(), B, beta, C);
   else eigen_product(alpha, A.transpose(), B.transpose(), beta, C);
+}
+
+// Several threads: the output is cut into one block of rows (or columns) per
+// thread and each block is an independent single-threaded Eigen product. Eigen's
+// own parallel GEMM shares packed panels between threads and busy-waits for its
+// partners (GeneralMatrixMatrix.h: `while(info[i].sync!=k) {}`); on a machine
+// with more runnable threads than cores a descheduled partner stalls it for a
+// whole time slice — measured here as a 20x slower mlp epoch. Independent blocks
+// only meet at the end of the parallel region and degrade gracefully; on a quiet
+// machine they cost only the duplicated packing of the shared operand.
+template <class Scalar>
+void eigen_gemm(trans ta, trans tb, std::int64_t m, std::int64_t n, std::int64_t k, Scalar alpha, const Scalar* a,
+                std::int64_t lda, const Scalar* b, std::int64_t ldb, Scalar beta, Scalar* c, std::int64_t ldc,
+                int threads) {
+#if defined(_OPENMP)
+  constexpr std::int64_t min_flops_per_thread = std::int64_t{1} << 20;
+  const std::int64_t split_dim = std::max(m, n);
+  int parts = static_cast<int>(std::min<std::int64_t>(threads, split_dim / 16));
+  parts = static_cast<int>(std::min<std::int64_t>(parts, (m * n * k) / min_flops_per_thread));
+  if (parts > 1) {
+    const bool by_rows = m >= n;
+    // Blocks of a multiple of 16 rows/columns so every block keeps full vector width.
+    const std::int64_t block = ((split_dim + parts - 1) / parts + 15) / 16 * 16;
+#pragma omp parallel for num_threads(parts) schedule(static, 1)
+    for (int p = 0; p < parts; ++p) {
+      const std::int64_t first = p * block, count = std::min(block, split_dim - first);
+      if (count <= 0) continue;
+      if (by_rows) {
+        const Scalar* ap = ta == trans::yes ? a + first : a + first * lda;
+        eigen_gemm_serial(ta, tb, count, n, k, alpha, ap, lda, b, ldb, beta, c + first * ldc, ldc);
+      } else {
+        const Scalar* bp = tb == trans::yes ? b + first * ldb : b + first;
+        eigen_gemm_serial(ta, tb, m, count, k, alpha, a, lda, bp, ldb, beta, c + first, ldc);
+      }
+    }
+    return;
+  }
+#endif
+  eigen_gemm_serial(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace
@@ -93,7 +137,7 @@ std::string_view to_string(gemm_engine engine) noexcept { return engine == gemm_
 void set_gemm_threads(int threads) {
   threads = std::max(1, threads);
   threads_.store(threads);
-  Eigen::setNbThreads(threads);
+  Eigen::setNbThreads(1);
 #if NERVE_HAS_OPENBLAS
   openblas_set_num_threads(threads);
 #endif
@@ -121,7 +165,7 @@ void gemm(trans ta, trans tb, std::int64_t m, std::int64_t n, std::int64_t k, Sc
     return;
   }
 #endif
-  eigen_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  eigen_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, threads_.load(std::memory_order_relaxed));
 }
 
 template void gemm<float>(trans, trans, std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,
