@@ -80,7 +80,14 @@ class generator {
     }
   }
 
-  std::string actor_name(std::int32_t s, std::int32_t k) const { return "s" + std::to_string(s) + ".fc" + std::to_string(k); }
+  std::string actor_name(std::int32_t s, std::int32_t k) const {
+    // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on "s" + std::to_string(...).
+    std::string name("s");
+    name += std::to_string(s);
+    name += ".fc";
+    name += std::to_string(k);
+    return name;
+  }
 
   nlohmann::json nerve_block() const {
     using json = nlohmann::json;
