@@ -6,9 +6,12 @@
 #include <atomic>
 #include <stdexcept>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #if NERVE_HAS_OPENBLAS
 #include <cblas.h>
@@ -69,6 +72,76 @@ void eigen_product(Scalar alpha, const A& a, const B& b, Scalar beta, map<Scalar
   }
 }
 
+// Helpers for multi-threaded products. They spin (yielding) for a while after
+// each product and then sleep, so back-to-back products of a training step find
+// them awake, as OpenBLAS's own pool does; OpenMP's workers went to sleep
+// between products and each wake-up on a loaded machine waited a time slice
+// (an mlp step took 24 ms instead of 1). One caller at a time: a product that
+// finds the pool busy (another loop's actor) runs on its own thread.
+class block_pool {
+ public:
+  static block_pool& instance() {
+    static block_pool* pool = new block_pool();  // never destroyed: helpers may be asleep at exit
+    return *pool;
+  }
+
+  /// Runs job(0) … job(parts − 1), part 0 on the caller; false if the pool is busy.
+  bool run(int parts, const std::function<void(int)>& job) {
+    std::unique_lock busy(caller_, std::try_to_lock);
+    if (!busy.owns_lock()) return false;
+    while (static_cast<int>(helpers_.size()) < parts - 1) {
+      const int id = static_cast<int>(helpers_.size()) + 1;
+      helpers_.emplace_back([this, id] { serve(id); });
+    }
+    {
+      std::lock_guard lock(mutex_);
+      job_ = &job;
+      parts_ = parts;
+      remaining_.store(parts - 1, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    wake_.notify_all();
+    job(0);
+    while (remaining_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+    return true;
+  }
+
+ private:
+  block_pool() = default;
+
+  void serve(int id) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      const auto spin_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+      while (generation_.load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < spin_until)
+        std::this_thread::yield();
+      if (generation_.load(std::memory_order_acquire) == seen) {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+      }
+      seen = generation_.load(std::memory_order_acquire);
+      const std::function<void(int)>* job;
+      int parts;
+      {
+        std::lock_guard lock(mutex_);
+        job = job_;
+        parts = parts_;
+      }
+      if (id < parts) (*job)(id);
+      remaining_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+
+  std::mutex caller_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<std::thread> helpers_;
+  std::atomic<std::uint64_t> generation_{0};
+  std::atomic<int> remaining_{0};
+  const std::function<void(int)>* job_ = nullptr;
+  int parts_ = 0;
+};
+
 template <class Scalar>
 void eigen_gemm_serial(trans ta, trans tb, std::int64_t m, std::int64_t n, std::int64_t k, Scalar alpha,
                        const Scalar* a, std::int64_t lda, const Scalar* b, std::int64_t ldb, Scalar beta, Scalar* c,
@@ -89,13 +162,12 @@ void eigen_gemm_serial(trans ta, trans tb, std::int64_t m, std::int64_t n, std::
 // partners (GeneralMatrixMatrix.h: `while(info[i].sync!=k) {}`); on a machine
 // with more runnable threads than cores a descheduled partner stalls it for a
 // whole time slice — measured here as a 20x slower mlp epoch. Independent blocks
-// only meet at the end of the parallel region and degrade gracefully; on a quiet
-// machine they cost only the duplicated packing of the shared operand.
+// only meet at the end (see block_pool); on a quiet machine they cost only the
+// duplicated packing of the shared operand.
 template <class Scalar>
 void eigen_gemm(trans ta, trans tb, std::int64_t m, std::int64_t n, std::int64_t k, Scalar alpha, const Scalar* a,
                 std::int64_t lda, const Scalar* b, std::int64_t ldb, Scalar beta, Scalar* c, std::int64_t ldc,
                 int threads) {
-#if defined(_OPENMP)
   constexpr std::int64_t min_flops_per_thread = std::int64_t{1} << 20;
   const std::int64_t split_dim = std::max(m, n);
   int parts = static_cast<int>(std::min<std::int64_t>(threads, split_dim / 16));
@@ -104,10 +176,9 @@ void eigen_gemm(trans ta, trans tb, std::int64_t m, std::int64_t n, std::int64_t
     const bool by_rows = m >= n;
     // Blocks of a multiple of 16 rows/columns so every block keeps full vector width.
     const std::int64_t block = ((split_dim + parts - 1) / parts + 15) / 16 * 16;
-#pragma omp parallel for num_threads(parts) schedule(static, 1)
-    for (int p = 0; p < parts; ++p) {
+    const std::function<void(int)> job = [&](int p) {
       const std::int64_t first = p * block, count = std::min(block, split_dim - first);
-      if (count <= 0) continue;
+      if (count <= 0) return;
       if (by_rows) {
         const Scalar* ap = ta == trans::yes ? a + first : a + first * lda;
         eigen_gemm_serial(ta, tb, count, n, k, alpha, ap, lda, b, ldb, beta, c + first * ldc, ldc);
@@ -115,10 +186,9 @@ void eigen_gemm(trans ta, trans tb, std::int64_t m, std::int64_t n, std::int64_t
         const Scalar* bp = tb == trans::yes ? b + first * ldb : b + first;
         eigen_gemm_serial(ta, tb, m, count, k, alpha, a, lda, bp, ldb, beta, c + first, ldc);
       }
-    }
-    return;
+    };
+    if (block_pool::instance().run(parts, job)) return;
   }
-#endif
   eigen_gemm_serial(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
