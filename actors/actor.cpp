@@ -24,7 +24,14 @@ struct actor::pending_request {
   std::unique_ptr<boost::asio::steady_timer> timer;
 };
 
-actor::actor(std::string name) : name_(std::move(name)) {}
+actor::actor(std::string name) : name_(std::move(name)) {
+  ready_link_.owner = this;
+  ready_link_.run = [](void* owner, bool discard) noexcept {
+    auto* a = static_cast<actor*>(owner);
+    if (!discard) a->drain();
+    detail::release(a);  // the reference schedule() took
+  };
+}
 
 actor::~actor() {
   // Whatever is still queued (the runtime was destroyed before the actor drained) is freed here.
@@ -88,7 +95,10 @@ void actor::commit(std::unique_ptr<envelope> e) noexcept {
 }
 
 void actor::schedule() {
-  boost::asio::post(loop_->io, [self = address(this)] { self.get()->drain(); });
+  // Once per wake-up (pending_ went 0 -> 1, or a drain left work behind): the actor is in
+  // its loop's ready queue at most once. The reference keeps it alive until it has run.
+  detail::retain(this);
+  loop_->schedule(&ready_link_);
 }
 
 envelope* actor::pop() noexcept {
@@ -302,6 +312,12 @@ void actor::throw_send_error(send_status s, const address& to, std::string_view 
     throw send_error(s, "actor '" + name_ + "' sent '" + std::string(kind) + "' to stopped actor '" + std::string(to.name()) + "'");
   throw send_error(s, "actor '" + name_ + "' sent '" + std::string(kind) + "' to actor '" + std::string(to.name()) +
                           "' whose mailbox is full (capacity " + std::to_string(to.get()->capacity()) + ")");
+}
+
+void actor::check_reply_type(const type_tag* expected, const type_tag* given) const {
+  if (expected != nullptr && expected != given)  // null: the requester takes any answer
+    throw wiring_error("actor '" + name_ + "' answers a request with '" + std::string(given->name) +
+                       "' but the requester waits for '" + std::string(expected->name) + "'");
 }
 
 void actor::when_writable(const address& to, std::function<void()> f) {

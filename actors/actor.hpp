@@ -72,6 +72,45 @@ struct closure {
   std::function<void()> fn;
 };
 
+/// The answer to a request, to be given later (after a GPU completion, after other
+/// actors answered). Obtained in the request's handler with `actor::defer_reply<R>()`.
+/// Movable; deliver or fail it once, from any thread. Destroyed unanswered, it fails the
+/// request with a `wiring_error` so the requester never waits forever.
+template <class R>
+class deferred_reply {
+ public:
+  deferred_reply() = default;
+  explicit deferred_reply(std::unique_ptr<reply_sink_base> s) : sink_(std::move(s)) {}
+  deferred_reply(deferred_reply&&) noexcept = default;
+  deferred_reply& operator=(deferred_reply&& o) noexcept {
+    abandon();
+    sink_ = std::move(o.sink_);
+    return *this;
+  }
+  ~deferred_reply() { abandon(); }
+  /// True when there is a requester waiting (the message was a request and not answered yet).
+  explicit operator bool() const noexcept { return sink_ != nullptr; }
+  template <class V = R>
+    requires(!std::is_void_v<V>)
+  void deliver(V value) {
+    if (sink_) std::exchange(sink_, nullptr)->deliver(&value);
+  }
+  void deliver()
+    requires std::is_void_v<R>
+  {
+    if (sink_) std::exchange(sink_, nullptr)->deliver(nullptr);
+  }
+  void fail(std::exception_ptr e) {
+    if (sink_) std::exchange(sink_, nullptr)->fail(std::move(e));
+  }
+
+ private:
+  void abandon() {
+    if (sink_) std::exchange(sink_, nullptr)->fail(std::make_exception_ptr(wiring_error("a deferred reply was dropped unanswered")));
+  }
+  std::unique_ptr<reply_sink_base> sink_;
+};
+
 class actor {
  public:
   /// `name` shows in errors and traces; empty gives "actor-<id>".
@@ -100,8 +139,35 @@ class actor {
   template <class T>
   send_status try_tell(T&& msg, lane where = lane::normal, actor_id from = 0);
 
+  // ---- sending: from this actor's own handlers (its loop) only ----
+
+  /// Sends `msg` to `to`, as this actor. Throws `send_error` if the receiver stopped, or if its mailbox is
+  /// full (use `try_send` + `when_writable` where a full mailbox is an expected condition).
+  template <class T>
+  void send(const address& to, T&& msg, lane where = lane::normal);
+  /// Sends without throwing; on `full`/`closed` `msg` is untouched.
+  template <class T>
+  [[nodiscard]] send_status try_send(const address& to, T&& msg, lane where = lane::normal);
+  /// Runs `f` on this actor's loop once `to` has room in its normal lane (or has stopped).
+  void when_writable(const address& to, std::function<void()> f);
+
+  /// Sends `msg` as a request; `on_reply(result<R>)` runs on this actor's loop with the
+  /// receiver's answer, its error, or a `request_timeout` after `timeout`. Exactly once.
+  template <class R, class T, class F>
+  void request(const address& to, T&& msg, std::chrono::nanoseconds timeout, F&& on_reply);
+
+  /// Runs `f` later on this actor's loop, in its context (through the urgent lane).
+  void post(std::function<void()> f);
+
   /// This actor's address.
   address self() noexcept { return address(this); }
+  /// True when this actor has a handler for message kind `tag`. For wiring-time checks:
+  /// call after spawn, before messages flow (handlers are registered in constructors).
+  bool accepts(const type_tag* tag) const noexcept {
+    for (auto& h : handlers_)
+      if (h.tag == tag) return true;
+    return false;
+  }
   /// The runtime this actor belongs to.
   runtime& system() const noexcept { return *rt_; }
   /// The executor of this actor's loop (for timers, GPU completions). Handlers posted
@@ -120,29 +186,21 @@ class actor {
   /// Runs last on the actor's loop, after it stops or fails (not after the runtime is destroyed).
   virtual void on_stop() {}
 
-  /// Sends `msg` to `to`. Throws `send_error` if the receiver stopped, or if its mailbox is
-  /// full (use `try_send` + `when_writable` where a full mailbox is an expected condition).
-  template <class T>
-  void send(const address& to, T&& msg, lane where = lane::normal);
-  /// Sends without throwing; on `full`/`closed` `msg` is untouched.
-  template <class T>
-  [[nodiscard]] send_status try_send(const address& to, T&& msg, lane where = lane::normal);
-  /// Runs `f` on this actor's loop once `to` has room in its normal lane (or has stopped).
-  void when_writable(const address& to, std::function<void()> f);
-
-  /// Sends `msg` as a request; `on_reply(result<R>)` runs on this actor's loop with the
-  /// receiver's answer, its error, or a `request_timeout` after `timeout`. Exactly once.
-  template <class R, class T, class F>
-  void request(const address& to, T&& msg, std::chrono::nanoseconds timeout, F&& on_reply);
-
-  /// Runs `f` later on this actor's loop, in its context (through the urgent lane).
-  void post(std::function<void()> f);
-
   /// Stops this actor after the current handler: the mailbox closes, queued messages are
   /// dropped (requests among them get an error), `on_stop` runs.
   void stop();
   /// Fails this actor with `error` as if a handler had thrown it.
   void fail(std::exception_ptr error);
+
+  /// In a handler: takes over the answer to the request being handled, to give it later.
+  /// Empty when the message is not a request. Throws `wiring_error` if the requester
+  /// waits for another type than R.
+  template <class R>
+  deferred_reply<R> defer_reply() {
+    if (!current_ || !current_->reply) return {};
+    check_reply_type(current_->reply->expects, tag_of<R>());
+    return deferred_reply<R>(std::move(current_->reply));
+  }
 
   /// The sender of the message being handled (0 when sent from outside any actor).
   actor_id sender() const noexcept { return current_ ? current_->sender : 0; }
@@ -191,6 +249,7 @@ class actor {
                      std::chrono::nanoseconds timeout,
                      std::function<void(std::shared_ptr<void>, std::exception_ptr)> cb);
   [[noreturn]] void throw_send_error(send_status s, const address& to, std::string_view kind) const;
+  void check_reply_type(const type_tag* expected, const type_tag* given) const;
 
   // -- producer-side hot fields
   alignas(64) std::atomic<std::int64_t> pending_{0};
@@ -199,6 +258,7 @@ class actor {
   std::atomic<bool> has_space_waiters_{false};
   detail::mpsc_queue urgent_;
   detail::mpsc_queue normal_;
+  detail::ready_link ready_link_;  // this actor's entry in its loop's ready queue (queued at most once)
   // -- identity
   std::atomic<std::uint32_t> refs_{0};
   actor_id id_ = 0;
@@ -224,7 +284,7 @@ class actor {
 /// Delivers the answer to a request back to the requesting actor as a `response`.
 template <class R>
 struct actor_reply_sink final : reply_sink_base {
-  actor_reply_sink(address to, std::uint64_t id) : to_(std::move(to)), id_(id) {}
+  actor_reply_sink(address to, std::uint64_t id) : reply_sink_base(tag_of<R>()), to_(std::move(to)), id_(id) {}
   void deliver(void* v) override {
     response r{.id = id_, .value = nullptr, .error = nullptr};
     if constexpr (!std::is_void_v<R>) r.value = std::make_shared<R>(std::move(*static_cast<R*>(v)));
@@ -254,15 +314,21 @@ send_status actor::try_tell(T&& msg, lane where, actor_id from) {
 template <class T, class F>
 void actor::on(F&& f) {
   using M = std::remove_cvref_t<T>;
-  handler_fn fn = [fn = std::forward<F>(f)](envelope& e) mutable {
+  handler_fn fn = [this, fn = std::forward<F>(f)](envelope& e) mutable {
     M& m = *static_cast<M*>(e.payload());
     using R = std::invoke_result_t<decltype(fn)&, M&>;
     if constexpr (std::is_void_v<R>) {
-      fn(m);
-      if (e.reply) std::exchange(e.reply, nullptr)->deliver(nullptr);
+      fn(m);  // may have taken the reply with defer_reply()
+      if (e.reply) {
+        check_reply_type(e.reply->expects, tag_of<void>());
+        std::exchange(e.reply, nullptr)->deliver(nullptr);
+      }
     } else {
       R r = fn(m);
-      if (e.reply) std::exchange(e.reply, nullptr)->deliver(&r);
+      if (e.reply) {
+        check_reply_type(e.reply->expects, tag_of<R>());
+        std::exchange(e.reply, nullptr)->deliver(&r);
+      }
     }
   };
   for (auto& h : handlers_) {

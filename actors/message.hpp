@@ -120,7 +120,10 @@ std::unique_ptr<envelope> make_envelope(T&& msg, actor_id sender, lane where) {
 /// Where the answer to a request goes: to the requesting actor's mailbox, or to a
 /// promise held by a thread outside the runtime. Exactly one of deliver/fail is called.
 struct reply_sink_base {
+  explicit reply_sink_base(const type_tag* expected) : expects(expected) {}
   virtual ~reply_sink_base() = default;
+  /// The reply type the requester waits for (checked against the handler's return type).
+  const type_tag* expects;
   /// The handler's return value, type-erased as a pointer to an R.
   virtual void deliver(void* value) = 0;
   /// The request could not be answered (the receiver failed, stopped, or has no such handler).

@@ -75,7 +75,9 @@ class runtime {
   /// Like `spawn`, on loop `loop`.
   template <class A, class... Args>
   address spawn_on(unsigned loop, Args&&... args) {
-    return spawn_with<A>(spawn_options{.loop = loop}, std::forward<Args>(args)...);
+    spawn_options o;
+    o.loop = loop;
+    return spawn_with<A>(std::move(o), std::forward<Args>(args)...);
   }
   template <class A, class... Args>
   address spawn_with(spawn_options opts, Args&&... args) {
@@ -102,12 +104,12 @@ class runtime {
   /// Sends `msg`; the future is ready once its handler has run (or holds its error).
   template <class T>
   std::future<void> submit(const address& to, T msg) {
-    return ask<void>(to, std::move(msg), std::chrono::nanoseconds::max());
+    return ask<void>(to, std::move(msg), std::chrono::nanoseconds::max(), true);
   }
   /// A request from outside: the future holds the handler's return value (type R), or
   /// `request_timeout` after `timeout`, or the receiver's error.
   template <class R, class T>
-  std::future<R> ask(const address& to, T msg, std::chrono::nanoseconds timeout);
+  std::future<R> ask(const address& to, T msg, std::chrono::nanoseconds timeout, bool any_reply = false);
 
   /// Stops an actor (urgent lane: after the handler running now, before queued messages).
   void stop(const address& a);
@@ -216,7 +218,9 @@ struct promise_sink final : reply_sink_base {
     std::promise<R> promise;
     std::atomic<bool> done{false};
   };
-  explicit promise_sink(std::shared_ptr<state> s) : s_(std::move(s)) {}
+  /// `any_reply`: the requester only waits for the handler to run, whatever it returns.
+  explicit promise_sink(std::shared_ptr<state> s, bool any_reply = false)
+      : reply_sink_base(any_reply ? nullptr : tag_of<R>()), s_(std::move(s)) {}
   void deliver(void* v) override {
     if (s_->done.exchange(true)) return;
     if constexpr (std::is_void_v<R>) s_->promise.set_value();
@@ -230,13 +234,13 @@ struct promise_sink final : reply_sink_base {
 }  // namespace detail
 
 template <class R, class T>
-std::future<R> runtime::ask(const address& to, T msg, std::chrono::nanoseconds timeout) {
+std::future<R> runtime::ask(const address& to, T msg, std::chrono::nanoseconds timeout, bool any_reply) {
   using sink = detail::promise_sink<R>;
   auto st = std::make_shared<typename sink::state>();
   auto fut = st->promise.get_future();
   auto e = make_envelope(std::move(msg), 0, lane::normal);
   e->bytes = payload_bytes_of(static_cast<typed_envelope<T>&>(*e).value);
-  e->reply = std::make_unique<sink>(st);
+  e->reply = std::make_unique<sink>(st, any_reply);
   auto s = to.get()->enqueue(e);
   if (s != send_status::ok) {
     try {

@@ -1,8 +1,10 @@
 # Warnings and sanitizers for every target of ours, linked PRIVATE.
 add_library(nerve_warnings INTERFACE)
 add_library(nerve::warnings ALIAS nerve_warnings)
+# -Wno-missing-field-initializers: leaving members of an options struct at their defaults in a
+# designated initializer is the point of C++20 options structs, not a mistake.
 target_compile_options(nerve_warnings INTERFACE
-  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wno-unused-parameter>)
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wno-unused-parameter -Wno-missing-field-initializers>)
 
 if(NERVE_SANITIZE STREQUAL "address")
   set(_san -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)

@@ -8,6 +8,9 @@
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+
+#include "actors/detail/mpsc_queue.hpp"
 
 namespace nerve::actors {
 class runtime;
@@ -16,7 +19,17 @@ class recorder;
 
 namespace nerve::actors::detail {
 
+struct loop_state;
+/// The loop the calling thread runs, or nullptr on a thread outside every runtime.
+/// Set while a worker thread runs its loop and while a manual-mode runtime is stepped.
+inline thread_local loop_state* current_loop = nullptr;
+
 /// One event loop: an io_context run by one thread (or stepped by hand in manual mode).
+///
+/// Actors with messages to handle wait in `ready`, a lock-free MPSC queue the loop thread
+/// drains between io_context handlers (timers, posted closures). Scheduling an actor is a
+/// push plus, only when the loop thread is asleep in the io_context, one post to wake it:
+/// no mutex and no system call while the loop is busy or spinning.
 /// `sent` and `handled` are written only by this loop's thread and read by
 /// `runtime::synchronize()` (Mattern's counting: quiescent when the sum of handled,
 /// read first, equals the sum of sent, read after).
@@ -29,7 +42,39 @@ struct loop_state {
   alignas(64) std::atomic<std::uint64_t> sent{0};
   std::atomic<std::uint64_t> handled{0};
   std::atomic<std::uint64_t> actors{0};  ///< placed here, for placement policies
+  alignas(64) mpsc_queue ready;           ///< actors to drain; pushed from any thread
+  alignas(64) std::atomic<bool> sleeping{false};  ///< the loop thread blocks (or is about to) in io.run_one()
 
+  loop_state(const loop_state&) = delete;
+  loop_state& operator=(const loop_state&) = delete;
+  ~loop_state() {
+    while (auto* n = ready.pop()) {
+      auto* l = static_cast<ready_link*>(n);
+      l->run(l->owner, true);
+    }
+  }
+
+  /// Any thread: queues `l` to run on this loop and wakes the loop if it sleeps.
+  void schedule(ready_link* l) {
+    ready.push(l);
+    if (current_loop == this) return;  // the loop thread itself is awake
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with the fence in the loop's sleep path
+    if (sleeping.load(std::memory_order_relaxed) && sleeping.exchange(false, std::memory_order_acq_rel))
+      boost::asio::post(io, [] {});  // run_one() returns; the loop goes back to `ready`
+  }
+
+  /// Loop thread: runs up to `max` ready entries; returns how many ran.
+  std::size_t run_ready(std::size_t max) {
+    std::size_t n = 0;
+    while (n < max) {
+      auto* node = ready.pop();
+      if (!node) break;
+      auto* l = static_cast<ready_link*>(node);
+      l->run(l->owner, false);
+      ++n;
+    }
+    return n;
+  }
   /// Single-writer increments: no read-modify-write needed.
   void count_sent(std::uint64_t n = 1) noexcept {
     sent.store(sent.load(std::memory_order_relaxed) + n, std::memory_order_release);
@@ -39,8 +84,16 @@ struct loop_state {
   }
 };
 
-/// The loop the calling thread runs, or nullptr on a thread outside every runtime.
-/// Set while a worker thread runs its loop and while a manual-mode runtime is stepped.
-inline thread_local loop_state* current_loop = nullptr;
+/// A sequentially consistent full fence. ThreadSanitizer does not model
+/// `atomic_thread_fence`, so under TSan the same ordering comes from a seq_cst
+/// read-modify-write on one shared atomic (slower, but TSan then sees it).
+inline void full_fence() noexcept {
+#if defined(__SANITIZE_THREAD__)
+  static std::atomic<int> fence_word{0};
+  fence_word.fetch_add(0, std::memory_order_seq_cst);
+#else
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+}
 
 }  // namespace nerve::actors::detail

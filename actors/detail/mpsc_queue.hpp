@@ -14,6 +14,14 @@ struct mpsc_node {
   std::atomic<mpsc_node*> next{nullptr};
 };
 
+/// An entry of a loop's ready queue (one per actor, embedded in it): popping it runs
+/// `run(owner, false)` (the actor's drain); a loop destroyed with it still queued calls
+/// `run(owner, true)` (release only).
+struct ready_link : mpsc_node {
+  void (*run)(void* owner, bool discard) noexcept = nullptr;
+  void* owner = nullptr;
+};
+
 class mpsc_queue {
  public:
   mpsc_queue() noexcept : head_(&stub_), tail_(&stub_) {}
@@ -26,6 +34,12 @@ class mpsc_queue {
     mpsc_node* prev = head_.exchange(n, std::memory_order_acq_rel);
     prev->next.store(n, std::memory_order_release);
   }
+
+  /// Consumer only. True when nothing was pushed that has not been popped; a push that is
+  /// half done counts as non-empty. With a seq_cst fence between a consumer's store and
+  /// this read (and between a producer's push and its read of that store), at least one
+  /// of the two sees the other: the loop's sleep protocol relies on it.
+  bool empty() const noexcept { return tail_ == &stub_ && head_.load(std::memory_order_relaxed) == &stub_; }
 
   /// Consumer only. Returns nullptr when empty or while a push is half done.
   mpsc_node* pop() noexcept {

@@ -31,7 +31,7 @@ struct client : actor {
   address srv;
   std::promise<std::string> outcome;
   int answers = 0;
-  explicit client(address s) : actor("client"), srv(std::move(s)) {
+  explicit client(address server) : actor("client"), srv(std::move(server)) {
     on<square>([this](square& s) {
       request<int>(srv, square{s.x}, 5s, [this](result<int> r) {
         ++answers;
@@ -102,5 +102,61 @@ TEST_SUITE("actors.request") {
     auto f = rt.ask<int>(m, square{2}, 5s);
     CHECK_THROWS_WITH_AS(f.get(), "actor 'mute' has no handler for message 'square'", wiring_error);
     CHECK_THROWS_AS(rt.synchronize(), actor_failure);
+  }
+}
+
+namespace {
+struct later {
+  int x;
+};
+struct release {};
+/// Answers `later` requests only when told to (a deferred reply).
+struct procrastinator : actor {
+  std::vector<deferred_reply<int>> owed;
+  std::vector<int> xs;
+  procrastinator() : actor("procrastinator") {
+    on<later>([this](later& l) {
+      owed.push_back(defer_reply<int>());
+      xs.push_back(l.x);
+    });
+    on<release>([this](release&) {
+      for (std::size_t i = 0; i < owed.size(); ++i) owed[i].deliver(xs[i] + 1);
+      owed.clear();
+    });
+    on<square>([](square& s) { return std::to_string(s.x); });  // a string, not an int
+  }
+};
+}  // namespace
+
+TEST_SUITE("actors.request") {
+  TEST_CASE("a handler can answer later with a deferred reply") {
+    runtime rt({.loops = 2});
+    auto p = rt.spawn<procrastinator>();
+    auto a = rt.ask<int>(p, later{1}, 5s);
+    auto b = rt.ask<int>(p, later{2}, 5s);
+    rt.synchronize();
+    CHECK(a.wait_for(0s) == std::future_status::timeout);  // not answered yet
+    rt.send(p, release{});
+    CHECK(a.get() == 2);
+    CHECK(b.get() == 3);
+  }
+
+  TEST_CASE("an answer of the wrong type is a wiring error, and submit takes any answer") {
+    runtime rt({.loops = 1});
+    auto p = rt.spawn<procrastinator>();
+    rt.submit(p, square{4}).get();  // returns a string; submit only waits for the handler
+    auto f = rt.ask<int>(p, square{4}, 5s);
+    CHECK_THROWS_WITH_AS(f.get(), "actor 'procrastinator' answers a request with 'basic_string<char>' but the requester waits for 'int'",
+                         wiring_error);
+  }
+
+  TEST_CASE("a deferred reply dropped unanswered fails the request instead of hanging") {
+    runtime rt({.loops = 1});
+    auto p = rt.spawn<procrastinator>();
+    auto a = rt.ask<int>(p, later{1}, 5s);
+    rt.synchronize();
+    rt.shutdown();
+    p = address{};  // the last reference: the actor and the replies it owes are destroyed
+    CHECK_THROWS_AS(a.get(), wiring_error);
   }
 }

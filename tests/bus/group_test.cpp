@@ -22,7 +22,7 @@ struct member : actor {
   std::vector<int> got;
   std::vector<std::vector<float>> sums;
   std::vector<std::uint64_t> keys;
-  explicit member(int r) : actor("member-" + std::to_string(r)), rank(r) {
+  explicit member(int r_) : actor("member-" + std::to_string(r_)), rank(r_) {
     on<part>([this](part& p) { got.push_back(p.value); });
     on<ask_rank>([this](ask_rank&) { return rank * 10; });
     on<reduced>([this](reduced& r) {
