@@ -17,6 +17,13 @@ struct basic_targets {
   std::vector<std::int32_t> labels;
   basic_tensor<Scalar> values;
 
+  /// Number of samples described (labels or rows of values).
+  std::int64_t size() const noexcept {
+    return labels.empty() ? values.batch() : static_cast<std::int64_t>(labels.size());
+  }
+  /// An explicit deep copy (like `basic_tensor::clone`).
+  basic_targets clone() const { return slice(0, size()); }
+
   /// Samples `[first, first + count)` (a micro-batch), copied.
   basic_targets slice(std::int64_t first, std::int64_t count) const {
     basic_targets t;

@@ -1,0 +1,120 @@
+#include "layers/layer_actor.hpp"
+
+#include <stdexcept>
+
+namespace nerve::layers {
+
+layer_actor::layer_actor(graph::node_type& n, std::uint32_t index, std::unique_ptr<optimizer> opt)
+    : actor(n.name), node_(n), index_(index), opt_(std::move(opt)) {
+  if (!node_.layer) throw std::invalid_argument("layer_actor: node '" + node_.name + "' is a graph input, not a layer");
+  on<forward_msg>([this](forward_msg& m) { on_forward(m); });
+  on<backward_msg>([this](backward_msg& m) { on_backward(m); });
+}
+
+void layer_actor::on_forward(forward_msg& m) {
+  auto& lay = *node_.layer;
+  const auto n_in = node_.inputs.size();
+  if (m.port >= n_in)
+    throw std::invalid_argument("layer '" + node_.name + "': forward into port " + std::to_string(m.port) + " of " +
+                                std::to_string(n_in));
+  if (m.train && m.step != step_) {  // first micro-batch of a new step
+    if (backwards_done_ != 0 || !pending_w_.empty())
+      throw std::logic_error("layer '" + node_.name + "': step " + std::to_string(m.step) + " began before step " +
+                             std::to_string(step_) + " finished its backward");
+    step_ = m.step;
+  }
+  if (m.train) {
+    step_micro_batches_ = m.micro_batches;
+    if (m.lr >= 0 && opt_) opt_->set_lr(m.lr);
+  }
+
+  auto& st = mbs_[m.micro_batch];
+  if (st.forwarded)
+    throw std::logic_error("layer '" + node_.name + "': micro-batch " + std::to_string(m.micro_batch) +
+                           " forwarded twice");
+  if (st.inputs.empty()) st.inputs.resize(n_in);
+  if (!st.inputs[m.port].empty() || st.inputs_got >= n_in)
+    throw std::logic_error("layer '" + node_.name + "': input " + std::to_string(m.port) + " of micro-batch " +
+                           std::to_string(m.micro_batch) + " arrived twice");
+  st.inputs[m.port] = std::move(m.x);
+  if (++st.inputs_got < n_in) return;  // fan-in: wait for the other inputs of this micro-batch
+
+  lay.set_training(m.train);
+  auto r = lay.forward(std::move(st.inputs), forward_context{static_cast<std::uint64_t>(m.micro_batch), m.step});
+  for (auto& hook : node_.forward_hooks) hook(hook_context{node_.name, static_cast<std::uint64_t>(m.micro_batch)}, r.output);
+  st.inputs.clear();
+  st.forwarded = true;
+  if (m.train) {
+    bytes_ += r.stash.payload_bytes();
+    st.st = std::move(r.stash);
+    st.grads.resize(w_.consumers.size());
+    peak_stashed_ = std::max(peak_stashed_, mbs_.size());
+    peak_bytes_ = std::max(peak_bytes_, bytes_);
+  } else {
+    mbs_.erase(m.micro_batch);  // evaluation keeps nothing
+  }
+  const auto edges = w_.consumers.size();
+  for (std::size_t e = 0; e < edges; ++e) {
+    forward_msg out{m.micro_batch, m.step, w_.consumer_ports[e], m.micro_batches, m.train, m.lr,
+                    e + 1 == edges ? std::move(r.output) : r.output.clone()};
+    send(w_.consumers[e], std::move(out));
+  }
+}
+
+void layer_actor::on_backward(backward_msg& m) {
+  auto it = mbs_.find(m.micro_batch);
+  if (it == mbs_.end() || !it->second.forwarded)
+    throw std::logic_error("layer '" + node_.name + "': backward of micro-batch " + std::to_string(m.micro_batch) +
+                           " without its forward");
+  auto& st = it->second;
+  if (m.edge >= st.grads.size() || !st.grads[m.edge].empty())
+    throw std::logic_error("layer '" + node_.name + "': gradient on edge " + std::to_string(m.edge) +
+                           " of micro-batch " + std::to_string(m.micro_batch) + " unexpected or repeated");
+  st.grads[m.edge] = std::move(m.grad);
+  if (++st.grads_got < st.grads.size()) return;  // fan-out: wait for every consumer's gradient
+
+  // Sum in the direct executor's order (consumers in reverse topological order), so the
+  // result is the same bits.
+  tensor dy = std::move(st.grads[w_.grad_order[0]]);
+  for (std::size_t k = 1; k < w_.grad_order.size(); ++k) dy += st.grads[w_.grad_order[k]];
+  st.grads.clear();
+
+  auto& lay = *node_.layer;
+  input_mask wanted = 0;
+  for (std::size_t k = 0; k < w_.producers.size(); ++k)
+    if (w_.producers[k]) wanted |= input_mask{1} << k;
+  auto g = lay.backward_input(st.st, dy, wanted);  // B
+  for (auto& hook : node_.backward_hooks) hook(hook_context{node_.name, static_cast<std::uint64_t>(m.micro_batch)}, g, dy);
+  for (std::size_t k = 0; k < w_.producers.size(); ++k) {
+    if (!(wanted & (input_mask{1} << k)) || g[k].empty()) continue;
+    send(w_.producers[k], backward_msg{m.micro_batch, m.step, w_.producer_edges[k], std::move(g[k])});
+  }
+
+  // W, in micro-batch order: accumulation order decides the bits of the gradient sum.
+  bytes_ -= st.st.payload_bytes();
+  pending_w_.emplace(m.micro_batch, pending_weight{std::move(st.st), std::move(dy)});
+  mbs_.erase(it);
+  finish_weight_grads();
+}
+
+void layer_actor::finish_weight_grads() {
+  auto& lay = *node_.layer;
+  const bool params = lay.has_parameters();
+  for (auto it = pending_w_.find(next_w_); it != pending_w_.end(); it = pending_w_.find(next_w_)) {
+    if (params) lay.backward_weight(it->second.st, it->second.grad);
+    pending_w_.erase(it);
+    ++next_w_;
+    ++backwards_done_;
+  }
+  if (backwards_done_ < step_micro_batches_) return;
+  if (params) {
+    auto ps = lay.parameters();
+    opt_->step(ps);
+    lay.zero_grad();
+  }
+  backwards_done_ = 0;
+  next_w_ = 0;
+  send(w_.coordinator, node_done{step_, index_});
+}
+
+}  // namespace nerve::layers

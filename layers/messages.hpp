@@ -1,0 +1,70 @@
+#pragma once
+/// \file
+/// The messages that flow between layer actors: activations forward, gradients backward,
+/// targets into the loss, and the reports the coordinator collects.
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "layers/loss.hpp"
+#include "layers/tensor.hpp"
+
+namespace nerve::layers {
+
+/// Activations of one micro-batch into input `port` of a layer actor.
+struct forward_msg {
+  static constexpr std::string_view kind = "forward";
+  std::int64_t micro_batch = 0;
+  std::uint64_t step = 0;
+  std::uint32_t port = 0;
+  std::uint32_t micro_batches = 1;  ///< in this step: a node steps its optimizer after that many backwards
+  bool train = true;                ///< false: evaluation, no stash, no backward
+  double lr = -1;                   ///< the step's learning rate (negative: unchanged)
+  tensor x;
+  std::size_t payload_bytes() const noexcept { return x.payload_bytes(); }
+};
+
+/// The gradient of the loss with respect to one consumer edge of a node's output.
+struct backward_msg {
+  static constexpr std::string_view kind = "backward";
+  std::int64_t micro_batch = 0;
+  std::uint64_t step = 0;
+  std::uint32_t edge = 0;  ///< which consumer edge of the receiving node it came back along
+  tensor grad;
+  std::size_t payload_bytes() const noexcept { return grad.payload_bytes(); }
+};
+
+/// The targets of one micro-batch, for the loss actor. `scale` is the micro-batch's share
+/// of the mini-batch (nᵢ/N): the loss gradient is scaled by it, so the accumulated
+/// gradients are those of the mini-batch mean.
+struct targets_msg {
+  static constexpr std::string_view kind = "targets";
+  std::int64_t micro_batch = 0;
+  std::uint64_t step = 0;
+  bool train = true;
+  bool want_output = false;  ///< send the network output back in the report (predict)
+  double share = 1.0;
+  targets t;
+};
+
+/// The loss actor's report of one micro-batch.
+struct loss_report {
+  static constexpr std::string_view kind = "loss";
+  std::int64_t micro_batch = 0;
+  std::uint64_t step = 0;
+  double loss = 0;
+  double share = 1.0;
+  std::int64_t correct = 0;
+  std::int64_t samples = 0;
+  tensor output;  ///< only when asked for
+};
+
+/// A layer actor finished every backward of step `step` and applied its optimizer.
+struct node_done {
+  static constexpr std::string_view kind = "node_done";
+  std::uint64_t step = 0;
+  std::uint32_t node = 0;
+};
+
+}  // namespace nerve::layers

@@ -1,0 +1,82 @@
+#pragma once
+/// \file
+/// `network`: runs a graph as actors, one `layer_actor` per layer node, on a runtime.
+///
+/// ```
+///   train_step ──► coordinator ──forward──► fc1 ──► relu1 ──► fc2 ──► loss
+///        ▲              ▲  └────targets─────────────────────────────────┘ │
+///        └── future ────┴──── node_done (each layer) ◄─backward─ ... ◄────┘
+/// ```
+/// The coordinator splits a mini-batch into micro-batches (the same split as the direct
+/// executor), sends each one's input to the graph's first layers and its targets to the
+/// loss actor, and answers the step once the loss of every micro-batch is in and every
+/// layer has applied its optimizer. The weights after a step are bitwise those of
+/// `direct_executor::train_step` on the same graph, data and optimizer settings.
+///
+/// Thread-safety: `network`'s members may be called from any thread outside the runtime's
+/// loops; steps run one after the other (a second request waits for the first).
+
+#include <functional>
+#include <future>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "actors/runtime.hpp"
+#include "layers/executor.hpp"
+#include "layers/graph.hpp"
+#include "layers/layer_actor.hpp"
+#include "layers/loss.hpp"
+#include "layers/optimizer.hpp"
+
+namespace nerve::layers {
+
+/// Makes one optimizer per layer actor (each layer steps its own parameters).
+using optimizer_factory = std::function<std::unique_ptr<optimizer>()>;
+
+/// Where the network's actors go.
+struct network_options {
+  /// Loop of each graph node, by node index (graph inputs ignored). Empty: `placement`.
+  std::vector<unsigned> loops;
+  /// Without `loops`: false puts every actor on `first_loop`; true spreads layers over the
+  /// runtime's loops round-robin in topological order (independent branches then run at once).
+  bool spread = false;
+  unsigned first_loop = 0;
+  /// The coordinator and loss actors' loop (default: `first_loop`).
+  int control_loop = -1;
+};
+
+class network {
+ public:
+  /// Spawns the actors for `g` (which must outlive the network) on `rt`.
+  network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> criterion, optimizer_factory make_optimizer,
+          network_options options = {});
+  /// Stops the network's actors.
+  ~network();
+  network(const network&) = delete;
+  network& operator=(const network&) = delete;
+
+  /// One optimizer step over `input` split into `micro_batches` micro-batches.
+  /// `lr` (when not negative) becomes every layer's learning rate from this step on.
+  std::future<step_result> train_step(tensor input, targets t, std::size_t micro_batches = 1, std::uint64_t step = 0,
+                                      double lr = -1);
+  /// Loss and correct count of a batch, in evaluation mode (no stash, no update).
+  std::future<step_result> evaluate(tensor input, targets t);
+  /// The network's output for a batch, in evaluation mode.
+  std::future<tensor> predict(tensor input);
+
+  /// The actor running node `name`.
+  actors::address actor_of(std::string_view name) const;
+  /// Every layer actor, in node order (graph inputs skipped).
+  std::vector<actors::address> layer_actors() const;
+  graph& model() noexcept { return graph_; }
+  actors::runtime& system() noexcept { return rt_; }
+
+ private:
+  actors::runtime& rt_;
+  graph& graph_;
+  std::vector<actors::address> node_actors_;  // by node index; empty for graph inputs
+  actors::address coordinator_, loss_;
+};
+
+}  // namespace nerve::layers

@@ -1,0 +1,184 @@
+// The actor executor against the direct one: the same graph, data and optimizer must give
+// bitwise the same weights and losses.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "actors/runtime.hpp"
+#include "layers/activation.hpp"
+#include "layers/executor.hpp"
+#include "layers/join.hpp"
+#include "layers/linear.hpp"
+#include "layers/network.hpp"
+#include "layers/presets.hpp"
+
+using namespace nerve;
+using namespace nerve::layers;
+
+namespace {
+
+tensor random_batch(std::int64_t n, shape s, std::uint64_t seed) {
+  tensor t(n, std::move(s));
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (std::int64_t i = 0; i < t.size(); ++i) t.data()[i] = u(rng);
+  return t;
+}
+
+targets random_labels(std::int64_t n, int classes, std::uint64_t seed) {
+  targets t;
+  std::mt19937_64 rng(seed);
+  for (std::int64_t i = 0; i < n; ++i) t.labels.push_back(static_cast<std::int32_t>(rng() % classes));
+  return t;
+}
+
+bool same_bits(graph& a, graph& b) {
+  auto pa = a.parameters();
+  auto pb = b.parameters();
+  if (pa.size() != pb.size()) return false;
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    if (pa[i].name != pb[i].name || pa[i].value->size() != pb[i].value->size()) return false;
+    if (std::memcmp(pa[i].value->data(), pb[i].value->data(), pa[i].value->size() * sizeof(float)) != 0) return false;
+  }
+  return true;
+}
+
+optimizer_factory sgd_factory(sgd_options o) {
+  return [o] { return std::make_unique<sgd>(o); };
+}
+
+/// Runs `steps` steps of `model` both ways and compares bits after every step.
+void check_parity(std::string_view model, std::size_t micro_batches, bool spread, unsigned loops) {
+  auto direct_graph = make_preset(model, 7);
+  auto actor_graph = make_preset(model, 7);
+  REQUIRE(same_bits(direct_graph, actor_graph));
+  const sgd_options o{0.05, 0.9, 0.0, 1e-4, true};
+  sgd direct_opt(o);
+  direct_executor direct(direct_graph);
+  auto criterion = std::make_shared<cross_entropy>();
+
+  actors::runtime rt({.loops = loops});
+  network net(rt, actor_graph, criterion, sgd_factory(o), network_options{.spread = spread});
+  const shape in = direct_graph.nodes()[direct_graph.inputs()[0]].output_shape;
+  for (std::uint64_t step = 0; step < 3; ++step) {
+    auto x = random_batch(24, in, 100 + step);
+    auto y = random_labels(24, 10, 200 + step);
+    auto want = direct.train_step(x.clone(), y, *criterion, direct_opt, micro_batches, step);
+    auto got = net.train_step(std::move(x), y.clone(), micro_batches, step).get();
+    CHECK(got.loss == want.loss);  // bitwise: the same sums in the same order
+    CHECK(got.correct == want.correct);
+    CHECK(got.samples == want.samples);
+    REQUIRE(same_bits(direct_graph, actor_graph));
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("layers.network") {
+  TEST_CASE("an actor-run training step gives bitwise the weights of the direct executor") {
+    for (std::string_view model : {"mlp", "resmlp", "lenet"}) {
+      for (std::size_t m : {1u, 3u}) {
+        for (bool spread : {false, true}) {
+          CAPTURE(model);
+          CAPTURE(m);
+          CAPTURE(spread);
+          check_parity(model, m, spread, 2);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("evaluate and predict match the direct executor and change nothing") {
+    auto g1 = make_preset("mlp", 3);
+    auto g2 = make_preset("mlp", 3);
+    direct_executor direct(g1);
+    auto criterion = std::make_shared<cross_entropy>();
+    actors::runtime rt({.loops = 2});
+    network net(rt, g2, criterion, sgd_factory({0.1}));
+    auto x = random_batch(10, shape{784}, 5);
+    auto y = random_labels(10, 10, 6);
+    auto want = direct.evaluate(x.clone(), y, *criterion);
+    auto got = net.evaluate(x.clone(), y.clone()).get();
+    CHECK(got.loss == want.loss);
+    CHECK(got.correct == want.correct);
+    auto out = net.predict(x.clone()).get();
+    auto ref = direct.predict(x.clone());
+    REQUIRE(out.batch() == 10);
+    CHECK(std::memcmp(out.data(), ref.data(), ref.size() * sizeof(float)) == 0);
+    CHECK(same_bits(g1, g2));
+  }
+
+  TEST_CASE("a bad split is an error in the future, and the network goes on") {
+    auto g = make_preset("mlp", 1);
+    actors::runtime rt({.loops = 1});
+    network net(rt, g, std::make_shared<cross_entropy>(), sgd_factory({0.1}));
+    auto bad = net.train_step(random_batch(2, shape{784}, 1), random_labels(2, 10, 1), 3);
+    CHECK_THROWS_WITH_AS(bad.get(), "network: cannot split a batch of 2 into 3 micro-batches", std::invalid_argument);
+    auto ok = net.train_step(random_batch(4, shape{784}, 1), random_labels(4, 10, 1), 2).get();
+    CHECK(ok.samples == 4);
+  }
+
+  TEST_CASE("a layer that throws ends the run with its error") {
+    auto g = make_preset("mlp", 1);
+    g.register_forward_hook("fc2", [](const hook_context& c, tensor&) {
+      if (c.micro_batch == 1) throw std::runtime_error("bad activation in micro-batch 1");
+    });
+    actors::runtime rt({.loops = 2});
+    network net(rt, g, std::make_shared<cross_entropy>(), sgd_factory({0.1}), network_options{.spread = true});
+    auto f = net.train_step(random_batch(8, shape{784}, 1), random_labels(8, 10, 1), 4);
+    CHECK_THROWS_WITH_AS(rt.synchronize(), "actor 'fc2' failed: bad activation in micro-batch 1", actors::actor_failure);
+    CHECK_THROWS(f.get());  // the step's answer is an error, not a hang
+  }
+
+  TEST_CASE("independent branches of a DAG run at the same time on different loops") {
+    // input ─► a ─┐
+    //       └─► b ─┴─► add ─► out
+    auto build = [] {
+      graph_builder b;
+      b.input("input", shape{64});
+      b.add("a", linear(64, 64), {"input"});
+      b.add("b", linear(64, 64), {"input"});
+      b.add("add", nerve::layers::add(), {"a", "b"});
+      b.add("out", linear(64, 10), {"add"});
+      return b.build(1);
+    };
+    // Each branch's hook waits (bounded) for the other branch to be inside its forward too.
+    auto run = [&](std::vector<unsigned> loops) {
+      auto g = build();
+      std::atomic<int> inside{0};
+      std::atomic<bool> met{false};
+      auto hook = [&](const hook_context&, tensor&) {
+        inside.fetch_add(1);
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+        while (inside.load() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+        if (inside.load() >= 2) met = true;
+        inside.fetch_sub(1);  // out again: a branch that runs later does not meet this one
+      };
+      g.register_forward_hook("a", hook);
+      g.register_forward_hook("b", hook);
+      actors::runtime rt({.loops = 2});
+      network net(rt, g, std::make_shared<cross_entropy>(), sgd_factory({0.1}), network_options{.loops = loops});
+      net.train_step(random_batch(4, shape{64}, 1), random_labels(4, 10, 2)).get();
+      return met.load();
+    };
+    // node order: input, a, b, add, out
+    CHECK(run({0, 0, 1, 0, 0}));        // a and b on different loops: both inside at once
+    CHECK_FALSE(run({0, 0, 0, 0, 0}));  // the control: one loop runs them one after the other
+  }
+
+  TEST_CASE("same seed and threads: bitwise-identical losses run to run") {
+    auto once = [] {
+      auto g = make_preset("resmlp", 11);
+      actors::runtime rt({.loops = 2});
+      network net(rt, g, std::make_shared<cross_entropy>(), sgd_factory({0.05, 0.9}), network_options{.spread = true});
+      std::vector<double> losses;
+      for (std::uint64_t s = 0; s < 4; ++s)
+        losses.push_back(net.train_step(random_batch(16, shape{784}, s), random_labels(16, 10, s), 2, s).get().loss);
+      return losses;
+    };
+    CHECK(once() == once());
+  }
+}
