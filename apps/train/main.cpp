@@ -1,0 +1,153 @@
+// nerve-train: train a preset network on Fashion-MNIST with its layers running as actors.
+//
+//   loader ──batch──► coordinator ──forward──► fc1 ─► relu1 ─► fc2 ─► loss
+//                          ▲                    ◄──── backward ────────┘
+//                          └──────── node_done (every layer, after its optimizer step)
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "layers/presets.hpp"
+#include "layers/trainer.hpp"
+
+using namespace nerve::layers;
+
+namespace {
+
+/// A progress bar on stderr: redrawn in place on a terminal, a line per quarter otherwise.
+class progress_bar {
+ public:
+  explicit progress_bar(bool quiet) : quiet_(quiet), tty_(isatty(STDERR_FILENO) != 0) {}
+  void operator()(const train_progress& p) {
+    if (quiet_) return;
+    const int pct = static_cast<int>(100.0 * double(p.batch) / double(p.batches));
+    if (tty_) {
+      if (pct == last_ && p.batch != p.batches) return;
+      const int width = 30, fill = pct * width / 100;
+      std::fprintf(stderr, "\repoch %d [%.*s%*s] %3d%%  loss %.4f  %.0f samples/s ", p.epoch, fill,
+                   "==============================", width - fill, "", pct, p.loss, p.samples_per_s);
+      if (p.batch == p.batches) std::fprintf(stderr, "\r%*s\r", 90, "");
+    } else if (pct / 25 != last_ / 25 || p.batch == 1) {
+      std::fprintf(stderr, "epoch %d: %3d%% (%zu/%zu batches), loss %.4f, %.0f samples/s\n", p.epoch, pct, p.batch,
+                   p.batches, p.loss, p.samples_per_s);
+    }
+    last_ = pct;
+    if (p.batch == p.batches) last_ = -1;
+  }
+
+ private:
+  bool quiet_, tty_;
+  int last_ = -1;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"nerve-train: train a network on Fashion-MNIST, each layer an actor on an event loop"};
+  std::string model = "mlp";
+  app.add_option("--model", model, "Preset: mlp, deep-mlp, lenet, resmlp");
+  // Parse the model first so its defaults can be shown and then overridden.
+  train_options o;
+  int epochs = -1;
+  long long steps = -1;
+  long long batch = -1;
+  double lr = -1, momentum = -1, weight_decay = -1;
+  std::string optimizer, schedule = "none", data = "/usr/share/datasets/fashion-mnist", init, save, trace;
+  unsigned threads = 1;
+  unsigned long long seed = 0;
+  std::size_t micro = 1;
+  bool no_shuffle = false, json = false, spread = false, nesterov = false, quiet = false, no_eval = false;
+  app.add_option("--epochs", epochs, "Epochs (default: the preset's)");
+  app.add_option("--steps", steps, "Stop after N optimizer steps");
+  app.add_option("--batch", batch, "Mini-batch size (default: the preset's)");
+  app.add_option("--microbatches", micro, "Split each batch into M micro-batches (gradients accumulate)");
+  app.add_option("--lr", lr, "Learning rate (default: the preset's)");
+  app.add_option("--optimizer", optimizer, "sgd, adam or adamw (default: sgd)");
+  app.add_option("--momentum", momentum, "SGD momentum (default: the preset's)");
+  app.add_flag("--nesterov", nesterov, "Nesterov momentum");
+  app.add_option("--weight-decay", weight_decay, "Weight decay (L2 for sgd/adam, decoupled for adamw)");
+  app.add_option("--schedule", schedule, "Learning-rate schedule: none, step, cosine");
+  app.add_option("--threads", threads, "Event loops, and threads per matrix product");
+  app.add_flag("--spread", spread, "Spread layer actors over the loops (default: all on one loop)");
+  app.add_option("--seed", seed, "Seed for initialisation and shuffling");
+  app.add_flag("--no-shuffle", no_shuffle, "Batches in file order");
+  app.add_option("--data", data, "Directory with the Fashion-MNIST IDX files");
+  app.add_option("--init", init, "Start from these weights (safetensors)");
+  app.add_option("--save", save, "Write the final weights here (safetensors, PyTorch names)");
+  app.add_option("--trace", trace, "Record every message and write a Chrome trace here");
+  app.add_flag("--no-eval", no_eval, "Skip the test-set evaluation after each epoch");
+  app.add_flag("--json", json, "Print one JSON object with the results on stdout");
+  app.add_flag("--quiet", quiet, "No progress bar");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    o = preset_defaults(model);
+    if (epochs >= 0) o.epochs = epochs;
+    if (steps >= 0) o.steps = steps;
+    if (batch > 0) o.batch = static_cast<std::size_t>(batch);
+    if (lr >= 0) o.lr = lr;
+    if (!optimizer.empty()) o.optimizer = optimizer;
+    if (momentum >= 0) o.momentum = momentum;
+    if (weight_decay >= 0) o.weight_decay = weight_decay;
+    o.nesterov = nesterov;
+    o.micro_batches = micro;
+    o.schedule = schedule;
+    o.threads = threads;
+    o.spread = spread;
+    o.seed = seed;
+    o.shuffle = !no_shuffle;
+    o.data = data;
+    o.init = init;
+    o.save = save;
+    o.trace = trace;
+    o.evaluate = !no_eval;
+
+    if (!json)
+      std::printf("nerve-train: %s, %d epochs, batch %zu, %s lr %g%s, %u thread%s\n", o.model.c_str(), o.epochs, o.batch,
+                  o.optimizer.c_str(), o.lr, o.momentum > 0 ? (" momentum " + std::to_string(o.momentum)).c_str() : "",
+                  o.threads, o.threads == 1 ? "" : "s");
+    progress_bar bar(quiet);
+    auto report = train(
+        o, [&](const train_progress& p) { bar(p); },
+        [&](const epoch_stats& e) {
+          if (!json)
+            std::printf("epoch %2d  train loss %.4f  train acc %6.2f%%  test acc %6.2f%%  %6.2f s  %8.0f samples/s\n",
+                        e.epoch, e.train_loss, 100 * e.train_accuracy, 100 * e.test_accuracy, e.seconds,
+                        e.samples_per_s);
+          std::fflush(stdout);
+        });
+    if (json) {
+      nlohmann::json j;
+      j["model"] = o.model;
+      j["parameters"] = report.parameters;
+      j["steps"] = report.steps;
+      j["batch"] = o.batch;
+      j["optimizer"] = o.optimizer;
+      j["lr"] = o.lr;
+      j["threads"] = o.threads;
+      j["seed"] = o.seed;
+      j["epochs"] = nlohmann::json::array();
+      for (auto& e : report.epochs)
+        j["epochs"].push_back({{"epoch", e.epoch},
+                               {"steps", e.steps},
+                               {"train_loss", e.train_loss},
+                               {"train_accuracy", e.train_accuracy},
+                               {"test_loss", e.test_loss},
+                               {"test_accuracy", e.test_accuracy},
+                               {"seconds", e.seconds},
+                               {"samples_per_s", e.samples_per_s}});
+      std::cout << j.dump(2) << "\n";
+    } else {
+      if (!o.save.empty()) std::printf("weights written to %s\n", o.save.c_str());
+      if (!o.trace.empty()) std::printf("trace written to %s\n", o.trace.c_str());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "nerve-train: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
