@@ -42,7 +42,7 @@ void run_loop(detail::loop_state& l) {
     }
     if (work) continue;
     l.sleeping.store(true, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with the fence in loop_state::schedule
+    detail::full_fence();  // pairs with the fence in loop_state::schedule
     if (!l.ready.empty()) {
       l.sleeping.store(false, std::memory_order_relaxed);
       continue;

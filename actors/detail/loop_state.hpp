@@ -19,6 +19,18 @@ class recorder;
 
 namespace nerve::actors::detail {
 
+/// A sequentially consistent full fence. ThreadSanitizer does not model
+/// `atomic_thread_fence`, so under TSan the same ordering comes from a seq_cst
+/// read-modify-write on one shared atomic (slower, but TSan then sees it).
+inline void full_fence() noexcept {
+#if defined(__SANITIZE_THREAD__)
+  static std::atomic<int> fence_word{0};
+  fence_word.fetch_add(0, std::memory_order_seq_cst);
+#else
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+}
+
 struct loop_state;
 /// The loop the calling thread runs, or nullptr on a thread outside every runtime.
 /// Set while a worker thread runs its loop and while a manual-mode runtime is stepped.
@@ -58,7 +70,7 @@ struct loop_state {
   void schedule(ready_link* l) {
     ready.push(l);
     if (current_loop == this) return;  // the loop thread itself is awake
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with the fence in the loop's sleep path
+    full_fence();  // pairs with the fence in the loop's sleep path
     if (sleeping.load(std::memory_order_relaxed) && sleeping.exchange(false, std::memory_order_acq_rel))
       boost::asio::post(io, [] {});  // run_one() returns; the loop goes back to `ready`
   }
@@ -84,16 +96,5 @@ struct loop_state {
   }
 };
 
-/// A sequentially consistent full fence. ThreadSanitizer does not model
-/// `atomic_thread_fence`, so under TSan the same ordering comes from a seq_cst
-/// read-modify-write on one shared atomic (slower, but TSan then sees it).
-inline void full_fence() noexcept {
-#if defined(__SANITIZE_THREAD__)
-  static std::atomic<int> fence_word{0};
-  fence_word.fetch_add(0, std::memory_order_seq_cst);
-#else
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-#endif
-}
 
 }  // namespace nerve::actors::detail
