@@ -8,7 +8,7 @@
 
 namespace nerve::gpu::testing {
 
-void enqueue_fault(stream& s) { s.impl().core->impl->enqueue_fault(s.impl()); }
+void enqueue_fault(stream& s, fault_kind kind) { s.impl().core->impl->enqueue_fault(s.impl(), static_cast<int>(kind)); }
 
 gate::gate(device& d) : flag_(d, 64), backend_(d.core().impl.get()) {
   std::atomic_ref<std::int32_t>(*static_cast<std::int32_t*>(flag_.data())).store(0, std::memory_order_release);

@@ -8,11 +8,18 @@
 
 namespace nerve::gpu::testing {
 
-/// Makes the work on `s` fail from here on: on a GPU a kernel writes to an
-/// illegal address (`cudaErrorIllegalAddress`, sticky: the whole device context
-/// fails, every later event of every stream reports it); on the stand-in a host
-/// function throws and the stream reports `errc::stream_failed`.
-void enqueue_fault(stream& s);
+/// How a planted GPU fault fails (all are sticky: the whole device context
+/// fails, every later event of every stream reports the error).
+enum class fault_kind {
+  global_address,  ///< a store to global address 0x10: cudaErrorIllegalAddress
+  shared_address,  ///< a store far outside shared memory: cudaErrorIllegalAddress
+  trap,            ///< `__trap()`: cudaErrorLaunchFailure
+};
+
+/// Makes the work on `s` fail from here on: on a GPU a kernel faults as `kind`
+/// says; on the stand-in a host function throws and the stream reports
+/// `errc::stream_failed`.
+void enqueue_fault(stream& s, fault_kind kind = fault_kind::global_address);
 
 /// Holds the work enqueued after `enqueue(s)` until `open()`: a one-thread
 /// kernel spinning on pinned host memory on a GPU, a blocked worker on the

@@ -237,7 +237,7 @@ class cuda_backend final : public backend {
   void avg_pool_backward(stream_impl& s, const float* dy, const window_geometry& g, float* dx) override {
     NERVE_LAUNCH(avg_pool_backward(native(s), dy, g, dx));
   }
-  void enqueue_fault(stream_impl& s) override { NERVE_LAUNCH(fault(native(s))); }
+  void enqueue_fault(stream_impl& s, int kind) override { NERVE_LAUNCH(fault(native(s), kind)); }
   void enqueue_gate(stream_impl& s, volatile std::int32_t* flag) override {
     use_device();
     void* device_flag = nullptr;

@@ -125,9 +125,9 @@ class backend {
   virtual void avg_pool_forward(stream_impl& s, const float* x, const window_geometry& g, float* y) = 0;
   virtual void avg_pool_backward(stream_impl& s, const float* dy, const window_geometry& g, float* dx) = 0;
 
-  /// Test-only: makes the work on `s` fail from here on (a kernel writing to an
-  /// illegal address on a GPU; a throwing host function on the stand-in).
-  virtual void enqueue_fault(stream_impl& s) = 0;
+  /// Test-only: makes the work on `s` fail from here on (a faulting kernel of
+  /// `testing::fault_kind` `kind` on a GPU; a throwing host function on the stand-in).
+  virtual void enqueue_fault(stream_impl& s, int kind) = 0;
   /// Test-only: later work on `s` waits until `*flag` (pinned host memory) is non-zero.
   virtual void enqueue_gate(stream_impl& s, volatile std::int32_t* flag) = 0;
   /// Test-only: opens a gate (stores 1 into the flag, which is pinned host memory).

@@ -40,8 +40,9 @@ void max_pool_backward(cudaStream_t st, const float* dy, const std::int32_t* arg
 void avg_pool_forward(cudaStream_t st, const float* x, const window_geometry& g, float* y);
 void avg_pool_backward(cudaStream_t st, const float* dy, const window_geometry& g, float* dx);
 
-/// Test-only: a one-thread kernel writing to an illegal address.
-void fault(cudaStream_t st);
+/// Test-only: a one-thread kernel that faults: 0 stores to global address 0x10,
+/// 1 stores far outside shared memory, 2 traps.
+void fault(cudaStream_t st, int kind);
 /// Test-only: a one-thread kernel spinning until *flag (mapped pinned memory) is non-zero.
 void gate(cudaStream_t st, volatile std::int32_t* device_flag);
 

@@ -267,7 +267,7 @@ class standin final : public backend {
     run_on(s, [=] { cpu::avg_pool_backward(dy, g, dx); });
   }
 
-  void enqueue_fault(stream_impl& s) override {
+  void enqueue_fault(stream_impl& s, int) override {
     run_on(s, [] { throw std::runtime_error("stand-in fault planted by gpu::testing::enqueue_fault"); });
   }
 

@@ -1,0 +1,126 @@
+// A kernel that faults on purpose: every pending waiter, on every stream of the
+// device (the error is sticky for the context), gets the CUDA error by name,
+// within a second; nothing hangs or aborts. One fault per process:
+//   NERVE_GPU_FAULT_MODE=poller|blocking   the waiting backend
+//   NERVE_GPU_FAULT_KIND=global|shared|trap the planted fault (gpu::testing::fault_kind)
+// A watchdog turns a hang into a reported failure (with the events' states)
+// instead of a CTest timeout.
+#include "gpu/kernels.hpp"
+#include "gpu/status.hpp"
+#include "gpu/testing.hpp"
+#include "tests/gpu/gpu_fixture.hpp"
+#include "tests/gpu/loops.hpp"
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+using namespace nerve;
+using namespace nerve::gpu::test;
+
+namespace {
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string(fallback);
+}
+
+}  // namespace
+
+TEST_SUITE("gpu.device.fault") {
+  TEST_CASE("a faulting kernel reaches every pending waiter as a named CUDA error") {
+    const std::string mode_name = env_or("NERVE_GPU_FAULT_MODE", "poller");
+    const std::string kind_name = env_or("NERVE_GPU_FAULT_KIND", "global");
+    const auto mode = mode_name == "blocking" ? gpu::wait_mode::blocking : gpu::wait_mode::poller;
+    const auto kind = kind_name == "shared" ? gpu::testing::fault_kind::shared_address
+                      : kind_name == "trap" ? gpu::testing::fault_kind::trap
+                                            : gpu::testing::fault_kind::global_address;
+    const std::string expected = kind == gpu::testing::fault_kind::trap ? "cudaErrorLaunchFailure"
+                                                                        : "cudaErrorIllegalAddress";
+    std::fprintf(stderr, "fault test: backend %s, fault %s, expecting %s\n", mode_name.c_str(), kind_name.c_str(),
+                 expected.c_str());
+    loop_thread loop;
+    gpu::device dev(cuda_options(mode));
+    gpu::testing::gate gate(dev);
+    auto bad = dev.create_stream(), other = dev.create_stream();
+    constexpr std::size_t n = 1 << 16;
+    gpu::device_buffer buf(other, n * sizeof(float));
+    gate.enqueue(bad);
+    gate.enqueue(other);
+
+    std::mutex m;
+    std::condition_variable cv;
+    std::vector<std::error_code> bad_codes, other_codes;
+    constexpr int per_stream = 8;
+    int answered = 0;
+    std::chrono::steady_clock::time_point last;
+    auto into = [&](std::vector<std::error_code>& v) {
+      return [&, pv = &v](std::error_code ec) {
+        {
+          std::lock_guard lk(m);
+          pv->push_back(ec);
+          last = std::chrono::steady_clock::now();
+          ++answered;
+        }
+        cv.notify_all();
+      };
+    };
+    gpu::testing::enqueue_fault(bad, kind);
+    const gpu::event after_fault = bad.record();
+    for (int i = 0; i < per_stream; ++i) {
+      bad.async_wait(loop.executor(), into(bad_codes));
+      // The other stream keeps working after the gate until the context dies.
+      gpu::fill(other, n, float(i), static_cast<float*>(buf.data()));
+      other.async_wait(loop.executor(), into(other_codes));
+    }
+    const auto opened = std::chrono::steady_clock::now();
+    gate.open();
+    {
+      std::unique_lock lk(m);
+      if (!cv.wait_for(lk, std::chrono::seconds(20), [&] { return answered == 2 * per_stream; })) {
+        std::fprintf(stderr, "fault test: HUNG: %d of %d waiters answered after 20 s; event after the fault: %s\n",
+                     answered, 2 * per_stream,
+                     after_fault.ready() ? after_fault.status().message().c_str() : "still pending");
+        std::fflush(stderr);
+        std::_Exit(3);  // the device may be wedged: do not run destructors that would wait on it
+      }
+    }
+    const auto took = std::chrono::duration<double>(last - opened).count();
+    std::fprintf(stderr, "fault test: all waiters answered %.3f ms after the gate opened\n", took * 1e3);
+    CHECK(took < 1.0);
+
+    std::lock_guard lk(m);
+    REQUIRE(bad_codes.size() == per_stream);
+    for (auto& ec : bad_codes) {
+      CHECK(ec.category() == gpu::cuda_category());
+      CHECK(ec.message().find(expected) != std::string::npos);
+    }
+    std::fprintf(stderr, "fault test: the waiters got: %s\n", bad_codes.front().message().c_str());
+    // The other stream's waiters each get success (done before the fault) or the same error.
+    REQUIRE(other_codes.size() == per_stream);
+    int other_failed = 0;
+    for (auto& ec : other_codes) {
+      CHECK((!ec || ec.message().find(expected) != std::string::npos));
+      other_failed += ec ? 1 : 0;
+    }
+    std::fprintf(stderr, "fault test: %d of %d waiters on the other stream got the error\n", other_failed,
+                 per_stream);
+
+    // Later calls fail at once with the error named, the call, file and line.
+    try {
+      gpu::fill(other, n, 1.0f, static_cast<float*>(buf.data()));
+      other.synchronize();
+      FAIL("the context survived the fault");
+    } catch (const gpu::error& e) {
+      std::fprintf(stderr, "fault test: a later call throws: %s\n", e.what());
+      CHECK(std::string(e.what()).find(expected) != std::string::npos);
+      CHECK(e.line() > 0);
+    }
+    dev.shutdown();
+  }
+}
