@@ -1,0 +1,135 @@
+#include "layers/pipeline/partition.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <random>
+#include <stdexcept>
+
+#include "layers/pipeline/piece.hpp"
+
+namespace nerve::pipeline {
+
+std::vector<std::size_t> layer_order(const layers::graph& g) {
+  std::vector<std::size_t> v;
+  for (std::size_t i : g.order())
+    if (!g.nodes()[i].is_input()) v.push_back(i);
+  return v;
+}
+
+namespace {
+
+void check_count(std::size_t layers, std::size_t pieces) {
+  if (pieces == 0) throw std::invalid_argument("partition: 0 stages");
+  if (layers < pieces)
+    throw std::invalid_argument("partition: cannot cut " + std::to_string(layers) + " layers into " +
+                                std::to_string(pieces) + " pieces: at least one stage would be empty");
+}
+
+}  // namespace
+
+partition partition_at(const layers::graph& g, const std::vector<std::string>& first_layers) {
+  const auto order = layer_order(g);
+  std::vector<std::size_t> cuts{0};
+  for (const auto& name : first_layers) {
+    const std::size_t node = g.index_of(name);  // throws for an unknown name
+    auto it = std::find(order.begin(), order.end(), node);
+    if (it == order.end()) throw std::invalid_argument("partition: '" + name + "' is a graph input, not a layer");
+    const auto pos = static_cast<std::size_t>(it - order.begin());
+    if (pos <= cuts.back())
+      throw std::invalid_argument("partition: cutting before '" + name + "' leaves stage " +
+                                  std::to_string(cuts.size() - 1) + " empty (split points must follow the layer order)");
+    cuts.push_back(pos);
+  }
+  cuts.push_back(order.size());
+  partition p;
+  for (std::size_t k = 0; k + 1 < cuts.size(); ++k) p.emplace_back(order.begin() + long(cuts[k]), order.begin() + long(cuts[k + 1]));
+  return p;
+}
+
+partition partition_by_cost(const layers::graph& g, const std::vector<double>& layer_costs, std::size_t pieces) {
+  const auto order = layer_order(g);
+  const std::size_t n = order.size();
+  if (layer_costs.size() != n)
+    throw std::invalid_argument("partition: " + std::to_string(layer_costs.size()) + " costs for " +
+                                std::to_string(n) + " layers");
+  check_count(n, pieces);
+  std::vector<double> prefix(n + 1, 0);
+  for (std::size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + layer_costs[i];
+  // best[k][i]: smallest maximum piece cost for the first i layers in k pieces; cut[k][i] the last cut.
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(pieces + 1, std::vector<double>(n + 1, inf));
+  std::vector<std::vector<std::size_t>> cut(pieces + 1, std::vector<std::size_t>(n + 1, 0));
+  best[0][0] = 0;
+  for (std::size_t k = 1; k <= pieces; ++k)
+    for (std::size_t i = k; i <= n; ++i)
+      for (std::size_t j = k - 1; j < i; ++j) {
+        const double c = std::max(best[k - 1][j], prefix[i] - prefix[j]);
+        if (c < best[k][i] - 1e-12 * std::abs(c)) best[k][i] = c, cut[k][i] = j;
+      }
+  std::vector<std::size_t> cuts{n};
+  for (std::size_t k = pieces, i = n; k > 0; --k) cuts.push_back(i = cut[k][i]);
+  std::reverse(cuts.begin(), cuts.end());
+  partition p;
+  for (std::size_t k = 0; k + 1 < cuts.size(); ++k) p.emplace_back(order.begin() + long(cuts[k]), order.begin() + long(cuts[k + 1]));
+  return p;
+}
+
+partition partition_by_parameters(layers::graph& g, std::size_t pieces) {
+  const auto order = layer_order(g);
+  std::vector<double> costs;
+  for (std::size_t i : order) {
+    double c = 0;
+    for (auto& prm : g.nodes()[i].layer->parameters()) c += double(prm.value->size());
+    costs.push_back(std::max(c, 1.0));
+  }
+  return partition_by_cost(g, costs, pieces);
+}
+
+std::vector<double> profile_layers(layers::graph& g, std::int64_t batch, int repeats, std::uint64_t seed) {
+  const auto order = layer_order(g);
+  partition whole{order};
+  piece_executor exec(g, whole, 0);
+  std::vector<std::vector<double>> samples(order.size());
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist;
+  for (int r = 0; r <= repeats; ++r) {
+    std::vector<layers::tensor> in;
+    for (std::size_t k : g.inputs()) {
+      layers::tensor t(batch, g.nodes()[k].output_shape);
+      for (std::int64_t i = 0; i < t.size(); ++i) t.data()[i] = dist(rng);
+      in.push_back(std::move(t));
+    }
+    std::vector<double> t_layer(order.size(), 0);
+    exec.zero_grad();
+    exec.set_timer(&t_layer);
+    auto out = exec.forward(0, std::move(in), {});
+    std::vector<layers::tensor> dy;
+    dy.push_back(layers::tensor::constant(out[0].batch(), out[0].sample_shape(), 1.0f / float(out[0].size())));
+    exec.backward_input(0, std::move(dy));
+    exec.backward_weight(0);
+    exec.set_timer(nullptr);
+    if (r > 0)
+      for (std::size_t i = 0; i < order.size(); ++i) samples[i].push_back(t_layer[i]);
+  }
+  g.zero_grad();
+  std::vector<double> med;
+  for (auto& s : samples) {
+    std::sort(s.begin(), s.end());
+    med.push_back(s.empty() ? 0 : s[s.size() / 2]);
+  }
+  return med;
+}
+
+std::string to_string(const layers::graph& g, const partition& p) {
+  std::string s;
+  for (std::size_t k = 0; k < p.size(); ++k) {
+    if (k) s += " | ";
+    s += "[";
+    for (std::size_t i = 0; i < p[k].size(); ++i) s += (i ? " " : "") + g.nodes()[p[k][i]].name;
+    s += "]";
+  }
+  return s;
+}
+
+}  // namespace nerve::pipeline

@@ -1,0 +1,537 @@
+#include "layers/pipeline/pipeline.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "layers/pipeline/piece.hpp"
+
+namespace nerve::pipeline {
+
+namespace {
+
+using layers::tensor;
+
+/// The tensors of one micro-batch into piece `piece` (forward).
+struct activation_msg {
+  static constexpr std::string_view kind = "activation";
+  std::int64_t micro_batch = 0;
+  std::uint32_t piece = 0;
+  std::vector<tensor> x;
+  std::size_t payload_bytes() const noexcept {
+    std::size_t b = 0;
+    for (auto& t : x) b += t.payload_bytes();
+    return b;
+  }
+};
+
+/// The gradients of one micro-batch into piece `piece` (backward).
+struct gradient_msg {
+  static constexpr std::string_view kind = "gradient";
+  std::int64_t micro_batch = 0;
+  std::uint32_t piece = 0;
+  std::vector<tensor> g;
+  std::size_t payload_bytes() const noexcept {
+    std::size_t b = 0;
+    for (auto& t : g) b += t.payload_bytes();
+    return b;
+  }
+};
+
+/// Starts a step on a stage (a request; the stage answers with its `stage_report`).
+struct step_msg {
+  static constexpr std::string_view kind = "pipeline_step";
+  std::uint64_t step = 0;
+  double lr = -1;
+  std::int64_t t0_ns = 0;  ///< the step's start on the recorder clock
+  std::shared_ptr<const std::vector<actors::address>> stages;
+  std::vector<tensor> inputs;           ///< stage 0: one per micro-batch
+  std::vector<layers::targets> targets;  ///< the last stage: one per micro-batch
+  std::vector<double> shares;            ///< the last stage: nᵢ/N per micro-batch
+};
+
+/// Another stage failed: end the step with `error` and stop.
+struct abort_msg {
+  static constexpr std::string_view kind = "abort";
+  std::uint32_t from = 0;
+  std::exception_ptr error;
+};
+
+struct stage_report {
+  std::vector<double> losses;  // last stage: per micro-batch
+  std::vector<std::int64_t> correct;
+  std::int64_t begin_ns = 0, end_ns = 0;
+  std::int64_t busy_ns = 0, input_wait_ns = 0, backpressure_ns = 0;
+  std::size_t peak_stashed = 0, peak_bytes = 0;
+  std::vector<timed_action> actions;  // seconds from the step's t0
+};
+
+const char* op_name(op o) { return o == op::F ? "F" : o == op::B ? "B" : "W"; }
+
+constexpr std::uint32_t stage_track_base = 2000000;
+
+}  // namespace
+
+/// Runs one stage: its pieces, its action list (or the emergent policy), its optimizer.
+class stage_actor : public actors::actor {
+ public:
+  struct config {
+    std::uint32_t stage = 0;
+    const ::nerve::pipeline::schedule* plan = nullptr;
+    std::vector<std::unique_ptr<piece_executor>> chunks;  // by chunk
+    std::unique_ptr<layers::optimizer> opt;
+    std::shared_ptr<const layers::loss> criterion;
+    bool emergent = false;
+    std::uint32_t credits = 1;
+  };
+
+  explicit stage_actor(config c) : actor("stage " + std::to_string(c.stage)), c_(std::move(c)) {
+    S_ = c_.plan->stages;
+    P_ = c_.plan->pieces();
+    on<step_msg>([this](step_msg& m) { guarded([&] { on_step(m); }); });
+    on<activation_msg>([this](activation_msg& m) {
+      guarded([&] {
+        acts_[{m.micro_batch, m.piece}] = std::move(m.x);
+        advance();
+      });
+    });
+    on<gradient_msg>([this](gradient_msg& m) {
+      guarded([&] {
+        grads_[{m.micro_batch, m.piece}] = std::move(m.g);
+        advance();
+      });
+    });
+    on<abort_msg>([this](abort_msg& m) {
+      if (reply_) reply_.fail(m.error);
+      stop();
+    });
+  }
+
+ private:
+  using key = std::pair<std::int64_t, std::uint32_t>;  // (micro-batch, piece)
+
+  template <class F>
+  void guarded(F&& f) {
+    if (failed_) return;
+    try {
+      f();
+    } catch (...) {
+      failed_ = true;
+      auto e = std::current_exception();
+      if (reply_) reply_.fail(e);
+      // Every other stage ends its step with an abort and stops; so does this one.
+      if (stages_)
+        for (std::uint32_t s = 0; s < stages_->size(); ++s)
+          if (s != c_.stage) (void)try_send((*stages_)[s], abort_msg{c_.stage, e}, actors::lane::urgent);
+      stop();
+    }
+  }
+
+  std::int64_t now() { return system().trace().now(); }
+
+  void on_step(step_msg& m) {
+    reply_ = defer_reply<stage_report>();
+    stages_ = m.stages;
+    step_ = m.step;
+    t0_ = m.t0_ns;
+    inputs_ = std::move(m.inputs);
+    targets_ = std::move(m.targets);
+    shares_ = std::move(m.shares);
+    if (m.lr >= 0) c_.opt->set_lr(m.lr);
+    for (auto& p : c_.chunks) p->zero_grad();
+    rep_ = stage_report{};
+    rep_.begin_ns = now();
+    const std::uint32_t M = c_.plan->micro_batches;
+    rep_.losses.assign(M, 0);
+    rep_.correct.assign(M, 0);
+    cursor_ = 0;
+    waiting_ = false;
+    next_f_ = 0;
+    in_flight_ = 0;
+    active_ = true;
+    advance();
+  }
+
+  bool have_input(const action& a, std::uint32_t p) const {
+    if (a.op == op::F) return p == 0 ? a.micro_batch < inputs_.size() : acts_.count({a.micro_batch, p}) > 0;
+    if (a.op == op::B) return grads_.count({a.micro_batch, p}) > 0;
+    return true;
+  }
+
+  /// The next action the emergent policy allows, if any: a B whose gradient is in
+  /// (lowest micro-batch first), else an F whose input is in while credits last.
+  std::optional<action> emergent_next(bool& blocked_by_credits) {
+    blocked_by_credits = false;
+    for (auto& [k, g] : grads_) return action{op::B, std::uint32_t(k.first), 0};
+    const std::uint32_t M = c_.plan->micro_batches;
+    if (next_f_ < M && have_input(action{op::F, next_f_, 0}, c_.stage)) {
+      if (in_flight_ < c_.credits) return action{op::F, next_f_, 0};
+      blocked_by_credits = true;
+    }
+    return std::nullopt;
+  }
+
+  void advance() {
+    if (!active_) return;  // an activation that came before this stage's step_msg waits in acts_
+    const auto& list = c_.plan->actions[c_.stage];
+    const std::uint32_t M = c_.plan->micro_batches;
+    const std::size_t total = c_.emergent ? std::size_t(M) * 2 : list.size();
+    while (cursor_ < total) {
+      action a;
+      bool credit_block = false;
+      if (c_.emergent) {
+        auto n = emergent_next(credit_block);
+        if (!n) {
+          block(credit_block);
+          return;
+        }
+        a = *n;
+      } else {
+        a = list[cursor_];
+        if (!have_input(a, c_.plan->piece(c_.stage, a.chunk))) {
+          block(false);
+          return;
+        }
+      }
+      unblock();
+      run(a);
+      ++cursor_;
+    }
+    finish();
+  }
+
+  void block(bool credits) {
+    if (waiting_) return;
+    waiting_ = true;
+    wait_credits_ = credits;
+    wait_since_ = now();
+  }
+  void unblock() {
+    if (!waiting_) return;
+    waiting_ = false;
+    const auto t = now();
+    (wait_credits_ ? rep_.backpressure_ns : rep_.input_wait_ns) += t - wait_since_;
+    auto& rec = system().trace();
+    if (rec.enabled())
+      rec.span(stage_track_base + c_.stage, "idle", "idle", wait_since_, t, -1,
+               wait_credits_ ? "backpressure" : "input", int(c_.stage));
+  }
+
+  void send_to_piece(std::uint32_t piece, std::int64_t mb, std::vector<tensor> v, bool forward) {
+    const std::uint32_t dest = piece % S_;
+    if (dest == c_.stage) {  // the next chunk lives here: no message
+      (forward ? acts_ : grads_)[{mb, piece}] = std::move(v);
+      return;
+    }
+    if (forward) send((*stages_)[dest], activation_msg{mb, piece, std::move(v)});
+    else
+      send((*stages_)[dest], gradient_msg{mb, piece, std::move(v)},
+           c_.emergent ? actors::lane::urgent : actors::lane::normal);  // backward first
+  }
+
+  void run(const action& a) {
+    const auto start = now();
+    const std::uint32_t p = c_.plan->piece(c_.stage, a.chunk);
+    auto& exec = *c_.chunks[a.chunk];
+    const std::int64_t mb = a.micro_batch;
+    switch (a.op) {
+      case op::F: {
+        std::vector<tensor> in;
+        if (p == 0) in.push_back(std::move(inputs_[a.micro_batch]));
+        else {
+          auto it = acts_.find({mb, p});
+          in = std::move(it->second);
+          acts_.erase(it);
+        }
+        auto out = exec.forward(a.micro_batch, std::move(in), layers::forward_context{a.micro_batch, step_});
+        if (p + 1 < P_) {
+          send_to_piece(p + 1, mb, std::move(out), true);
+        } else {
+          auto r = c_.criterion->forward(out.at(0), targets_.at(a.micro_batch));
+          rep_.losses[a.micro_batch] = r.loss;
+          rep_.correct[a.micro_batch] = r.correct;
+          std::vector<tensor> g;
+          g.push_back(c_.criterion->backward(r.stash, float(shares_.at(a.micro_batch))));
+          grads_[{mb, p}] = std::move(g);
+        }
+        if (c_.emergent) ++next_f_, ++in_flight_;
+        break;
+      }
+      case op::B: {
+        auto it = grads_.find({mb, p});
+        auto g = std::move(it->second);
+        grads_.erase(it);
+        auto gin = exec.backward_input(a.micro_batch, std::move(g));
+        if (!c_.plan->split_backward) exec.backward_weight(a.micro_batch);
+        if (p > 0) send_to_piece(p - 1, mb, std::move(gin), false);
+        if (c_.emergent) --in_flight_;
+        break;
+      }
+      case op::W: exec.backward_weight(a.micro_batch); break;
+    }
+    std::size_t held = 0, bytes = 0;
+    for (auto& c : c_.chunks) held += c->stashed(), bytes += c->stash_bytes();
+    rep_.peak_stashed = std::max(rep_.peak_stashed, held);
+    rep_.peak_bytes = std::max(rep_.peak_bytes, bytes);
+    const auto end = now();
+    rep_.busy_ns += end - start;
+    rep_.actions.push_back({a, double(start - t0_) * 1e-9, double(end - t0_) * 1e-9});
+    auto& rec = system().trace();
+    if (rec.enabled())
+      rec.span(stage_track_base + c_.stage, "action", op_name(a.op), start, end, mb, nullptr, int(c_.stage),
+               c_.emergent ? -1 : int(cursor_), a.chunk);
+  }
+
+  void finish() {
+    const auto start = now();
+    std::vector<layers::parameter_ref> params;
+    for (auto& c : c_.chunks)
+      for (auto& p : c->parameters()) params.push_back(std::move(p));
+    c_.opt->step(params);
+    rep_.end_ns = now();
+    rep_.busy_ns += rep_.end_ns - start;
+    inputs_.clear();
+    active_ = false;
+    if (reply_) reply_.deliver(std::move(rep_));
+  }
+
+  config c_;
+  std::uint32_t S_ = 1, P_ = 1;
+  std::shared_ptr<const std::vector<actors::address>> stages_;
+  actors::deferred_reply<stage_report> reply_;
+  stage_report rep_;
+  std::uint64_t step_ = 0;
+  std::int64_t t0_ = 0;
+  std::vector<tensor> inputs_;
+  std::vector<layers::targets> targets_;
+  std::vector<double> shares_;
+  std::map<key, std::vector<tensor>> acts_, grads_;
+  std::size_t cursor_ = 0;
+  bool active_ = false, waiting_ = false, wait_credits_ = false, failed_ = false;
+  std::int64_t wait_since_ = 0;
+  // Emergent mode.
+  std::uint32_t next_f_ = 0, in_flight_ = 0;
+};
+
+pipeline::pipeline(actors::runtime& rt, layers::graph& g, partition pieces, schedule plan,
+                   std::shared_ptr<const layers::loss> criterion, layers::optimizer_factory make_optimizer,
+                   pipeline_options options)
+    : rt_(rt), g_(g), pieces_(std::move(pieces)), plan_(std::move(plan)), options_(std::move(options)) {
+  if (options_.emergent) {
+    if (plan_.chunks != 1 || plan_.split_backward)
+      throw std::invalid_argument("pipeline: emergent mode runs one chunk per stage and a whole backward");
+  } else {
+    validate(plan_);
+  }
+  if (pieces_.size() != plan_.pieces())
+    throw std::invalid_argument("pipeline: the schedule has " + std::to_string(plan_.stages) + " stages × " +
+                                std::to_string(plan_.chunks) + " chunks = " + std::to_string(plan_.pieces()) +
+                                " pieces, the partition " + std::to_string(pieces_.size()));
+  if (g.inputs().size() != 1) throw std::invalid_argument("pipeline: the graph must have exactly one input");
+  if (!options_.loops.empty() && options_.loops.size() != plan_.stages)
+    throw std::invalid_argument("pipeline: " + std::to_string(options_.loops.size()) + " loops given for " +
+                                std::to_string(plan_.stages) + " stages");
+  std::vector<stage_actor::config> configs(plan_.stages);
+  for (std::uint32_t s = 0; s < plan_.stages; ++s) {
+    auto& c = configs[s];
+    c.stage = s;
+    c.plan = &plan_;
+    for (std::uint32_t k = 0; k < plan_.chunks; ++k)
+      c.chunks.push_back(std::make_unique<piece_executor>(g, pieces_, plan_.piece(s, k)));
+    c.opt = make_optimizer();
+    c.criterion = criterion;
+    c.emergent = options_.emergent;
+    c.credits = options_.credits ? options_.credits : plan_.stages - s;
+  }
+  for (std::uint32_t s = 0; s < plan_.stages; ++s) {
+    actors::spawn_options so;
+    so.loop = options_.loops.empty() ? s % rt.loop_count() : options_.loops[s];
+    // Every message of a step fits: nothing is refused for room in scheduled mode.
+    so.capacity = std::size_t(4) * plan_.micro_batches * plan_.chunks + 16;
+    stages_.push_back(rt.spawn_with<stage_actor>(so, std::move(configs[s])));
+    rt.annotate(stages_.back().id(), int(s), "pipeline");
+  }
+  metrics_.resize(plan_.stages);
+  reset_metrics();
+}
+
+pipeline::~pipeline() {
+  for (auto& a : stages_)
+    if (!a.stopped()) rt_.stop(a);
+}
+
+bool pipeline::stopped() const noexcept {
+  for (auto& a : stages_)
+    if (!a.stopped()) return false;
+  return true;
+}
+
+void pipeline::reset_metrics() {
+  for (std::uint32_t s = 0; s < metrics_.size(); ++s) metrics_[s] = stage_metrics{s};
+}
+
+layers::step_result pipeline::train_step(layers::tensor input, const layers::targets& t, std::uint64_t step, double lr) {
+  if (failed_) throw std::logic_error("pipeline: a previous step failed; the stages are stopped");
+  const std::int64_t n = input.batch();
+  const std::uint32_t M = plan_.micro_batches;
+  if (n < std::int64_t(M))
+    throw std::invalid_argument("pipeline: cannot split a batch of " + std::to_string(n) + " into " +
+                                std::to_string(M) + " micro-batches");
+  if (t.size() != n)
+    throw std::invalid_argument("pipeline: " + std::to_string(t.size()) + " targets for a batch of " + std::to_string(n));
+  auto addrs = std::make_shared<const std::vector<actors::address>>(stages_);
+  std::vector<step_msg> msgs(plan_.stages);
+  std::int64_t first = 0;
+  for (std::uint32_t m = 0; m < M; ++m) {
+    const std::int64_t count = n / std::int64_t(M) + (std::int64_t(m) < n % std::int64_t(M));
+    msgs[0].inputs.push_back(M == 1 ? std::move(input) : input.slice(first, count));
+    msgs[plan_.stages - 1].targets.push_back(M == 1 ? t.clone() : t.slice(first, count));
+    msgs[plan_.stages - 1].shares.push_back(double(count) / double(n));
+    first += count;
+  }
+  const auto t0 = rt_.trace().now();
+  std::vector<std::future<stage_report>> futures(plan_.stages);
+  // Last stage first: a stage's first message of the step is then usually its step_msg.
+  for (std::uint32_t s = plan_.stages; s-- > 0;) {
+    msgs[s].step = step;
+    msgs[s].lr = lr;
+    msgs[s].t0_ns = t0;
+    msgs[s].stages = addrs;
+    futures[s] = rt_.ask<stage_report>(stages_[s], std::move(msgs[s]), std::chrono::nanoseconds::max());
+  }
+  std::vector<stage_report> reports(plan_.stages);
+  // A failing stage fails every stage's step with its own error (see abort_msg).
+  std::exception_ptr first_error;
+  for (std::uint32_t s = 0; s < plan_.stages; ++s) {
+    try {
+      reports[s] = futures[s].get();
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  if (first_error) {
+    failed_ = true;
+    for (auto& a : stages_)
+      if (!a.stopped()) rt_.stop(a);
+    std::rethrow_exception(first_error);
+  }
+  const auto t1 = rt_.trace().now();
+  const double wall = double(t1 - t0) * 1e-9;
+  layers::step_result result;
+  result.samples = n;
+  const auto& last = reports.back();
+  first = 0;
+  for (std::uint32_t m = 0; m < M; ++m) {
+    const std::int64_t count = n / std::int64_t(M) + (std::int64_t(m) < n % std::int64_t(M));
+    const double share = double(count) / double(n);
+    result.loss += share * last.losses[m];  // the direct executor's expression, so the same rounding
+    result.correct += last.correct[m];
+  }
+  last_step_.assign(plan_.stages, {});
+  for (std::uint32_t s = 0; s < plan_.stages; ++s) {
+    auto& r = reports[s];
+    auto& x = metrics_[s];
+    const double busy = double(r.busy_ns) * 1e-9;
+    const double waited = double(r.input_wait_ns) * 1e-9;
+    const double bp = double(r.backpressure_ns) * 1e-9;
+    x.busy_s += busy;
+    x.idle_s += std::max(0.0, wall - busy);
+    x.idle_input_s += waited;
+    x.idle_backpressure_s += bp;
+    x.idle_optimizer_s += std::max(0.0, wall - busy - waited - bp);
+    x.wall_s += wall;
+    ++x.steps;
+    x.actions += std::int64_t(r.actions.size());
+    x.peak_stashed = std::max(x.peak_stashed, r.peak_stashed);
+    x.peak_stash_bytes = std::max(x.peak_stash_bytes, r.peak_bytes);
+    last_step_[s] = std::move(r.actions);
+    auto& rec = rt_.trace();
+    if (rec.enabled()) {
+      // The wait before the first action and after the optimizer: the step barrier.
+      if (r.begin_ns > t0) rec.span(stage_track_base + s, "idle", "idle", t0, r.begin_ns, -1, "optimizer", int(s));
+      if (t1 > r.end_ns) rec.span(stage_track_base + s, "idle", "idle", r.end_ns, t1, -1, "optimizer", int(s));
+    }
+  }
+  if (rt_.trace().enabled()) rt_.trace().span(0, "step", "step", t0, t1, -1, nullptr, -1, -1, std::int64_t(step));
+  return result;
+}
+
+nlohmann::json pipeline::trace_metadata() const {
+  nlohmann::json stages = nlohmann::json::array();
+  for (std::uint32_t s = 0; s < plan_.stages; ++s) {
+    nlohmann::json ids = nlohmann::json::array();
+    ids.push_back(stages_[s].id());
+    stages.push_back({{"stage", s}, {"actors", ids}, {"loop", stages_[s].loop()}, {"device", "cpu"}});
+  }
+  nlohmann::json actions = nlohmann::json::array();
+  for (const auto& l : plan_.actions) {
+    nlohmann::json row = nlohmann::json::array();
+    if (!options_.emergent)
+      for (const auto& a : l) row.push_back({{"op", std::string(1, char(a.op))}, {"mb", a.micro_batch}, {"chunk", a.chunk}});
+    actions.push_back(row);
+  }
+  return {{"stages", stages},
+          {"schedule",
+           {{"name", options_.emergent ? std::string("emergent") : plan_.name},
+            {"stages", plan_.stages},
+            {"microbatches", plan_.micro_batches},
+            {"chunks", plan_.chunks},
+            {"actions", actions}}}};
+}
+
+void write_trace(actors::runtime& rt, const pipeline& p, const std::string& path) {
+  rt.write_trace(path, p.trace_metadata());
+  // Name the stage tracks (the recorder names actor tracks only).
+  std::ifstream in(path);
+  auto j = nlohmann::json::parse(in);
+  in.close();
+  auto& ev = j["traceEvents"];
+  for (std::uint32_t s = 0; s < p.plan().stages; ++s) {
+    ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 0}, {"tid", stage_track_base + s},
+                  {"args", {{"name", "stage " + std::to_string(s)}}}});
+    ev.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", 0}, {"tid", stage_track_base + s},
+                  {"args", {{"sort_index", -100 + int(s)}}}});
+  }
+  std::ofstream out(path);
+  out << j.dump();
+  if (!out) throw std::runtime_error("pipeline: cannot write the trace to " + path);
+}
+
+std::string measured_table(const pipeline& p, std::size_t columns) {
+  const auto& steps = p.last_step();
+  double end = 0;
+  for (auto& l : steps)
+    for (auto& a : l) end = std::max(end, a.end);
+  std::ostringstream o;
+  if (end <= 0) return "";
+  const bool chunks = p.plan().chunks > 1;
+  o << "measured (last step, " << std::fixed;
+  o.precision(2);
+  o << end * 1e3 << " ms; one column = " << end * 1e3 / double(columns)
+    << " ms; capitals mark where an action starts, '.' = idle):\n";
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    std::string row(columns, '.');
+    for (auto& a : steps[s]) {
+      auto c0 = std::size_t(a.start / end * double(columns));
+      auto c1 = std::max(c0 + 1, std::size_t(a.end / end * double(columns) + 0.5));
+      c1 = std::min(c1, columns);
+      const char lower = char(std::tolower(char(a.a.op)));
+      for (std::size_t c = c0; c < c1; ++c) row[c] = lower;
+      if (c0 < columns) row[c0] = char(a.a.op);
+    }
+    o << "stage " << s << " |" << row << "|\n";
+  }
+  o << "order:\n";
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    o << "stage " << s << " |";
+    for (auto& a : steps[s]) o << ' ' << to_string(a.a, chunks);
+    o << '\n';
+  }
+  return o.str();
+}
+
+}  // namespace nerve::pipeline

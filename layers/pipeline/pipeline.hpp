@@ -1,0 +1,131 @@
+#pragma once
+/// \file
+/// `pipeline`: pipeline-parallel training — one stage actor per stage, each on its own
+/// loop, running its list of a `schedule` on the pieces (model chunks) it owns.
+///
+/// ```
+///   train_step ──step──► stage 0 ──activation──► stage 1 ──activation──► … stage S-1 ─► loss
+///        ▲                  ▲ ◄──gradient──────────┘ ◄──gradient────────────┘
+///        └── reports ◄──────┴── each stage, after its optimizer step
+/// ```
+/// Micro-batches travel between stages as messages that move their tensors. Each stage
+/// runs its actions in order: an F waits for its activation, a B for its gradient (the
+/// loss gradient on the last piece, computed right after its F), a W for nothing. After
+/// its last action a stage steps its own optimizer over its own parameters. The weights
+/// after a step are bitwise those of `direct_executor::train_step` with the same
+/// micro-batches (see piece.hpp for the summation order that makes it so).
+///
+/// `emergent` mode runs no list: per-edge credits bound the micro-batches a stage lets
+/// into the next one, and gradients (sent on the urgent lane) run before forwards.
+///
+/// Thread safety: `train_step` and the accessors are called from one thread outside the
+/// runtime's loops; a step returns once every stage reported.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "actors/runtime.hpp"
+#include "layers/executor.hpp"
+#include "layers/network.hpp"
+#include "layers/pipeline/partition.hpp"
+#include "layers/pipeline/schedule.hpp"
+
+namespace nerve::pipeline {
+
+/// Figures of one stage, summed over the steps since construction or `reset_metrics`.
+struct stage_metrics {
+  std::uint32_t stage = 0;
+  /// Seconds running actions (and the loss, and the optimizer).
+  double busy_s = 0;
+  /// Seconds of the steps' wall time the stage was not busy, and why:
+  double idle_s = 0;
+  double idle_input_s = 0;         ///< waiting for an activation or a gradient
+  double idle_backpressure_s = 0;  ///< waiting for credits of the next stage (emergent mode)
+  double idle_optimizer_s = 0;     ///< before its first action and after its optimizer step, until the step ended
+  /// Wall time of the steps.
+  double wall_s = 0;
+  std::int64_t steps = 0;
+  /// `idle_s / wall_s`.
+  double bubble_fraction() const noexcept { return wall_s > 0 ? idle_s / wall_s : 0; }
+  /// Most micro-batch·chunks held between F and the end of W at once, and their bytes.
+  std::size_t peak_stashed = 0;
+  std::size_t peak_stash_bytes = 0;
+  std::int64_t actions = 0;
+};
+
+/// One action as it ran, times in seconds from the step's start.
+struct timed_action {
+  action a;
+  double start = 0, end = 0;
+};
+
+struct pipeline_options {
+  /// Loop of each stage; empty: stage s on loop `s % loop_count`.
+  std::vector<unsigned> loops;
+  /// Emergent mode: no schedule list (the schedule's counts still give S, M, chunks).
+  bool emergent = false;
+  /// Emergent mode: micro-batches a stage may have in the next stage (per edge) at once;
+  /// 0: S - s for stage s, 1F1B's bound.
+  std::uint32_t credits = 0;
+};
+
+class stage_actor;
+
+class pipeline {
+ public:
+  /// Spawns one stage actor per stage of `plan` on `rt`. `pieces` has
+  /// `plan.stages * plan.chunks` entries (piece p = chunk p / S of stage p % S).
+  /// Validates the plan (throws `schedule_error`) and the pieces.
+  pipeline(actors::runtime& rt, layers::graph& g, partition pieces, schedule plan,
+           std::shared_ptr<const layers::loss> criterion, layers::optimizer_factory make_optimizer,
+           pipeline_options options = {});
+  /// Stops the stage actors.
+  ~pipeline();
+  pipeline(const pipeline&) = delete;
+  pipeline& operator=(const pipeline&) = delete;
+
+  /// One optimizer step over `input` split into the plan's M micro-batches (the direct
+  /// executor's split). `lr` (when not negative) becomes the learning rate. Throws the
+  /// first error of a stage (a layer's exception), after which every stage is stopped
+  /// and the pipeline refuses further steps.
+  layers::step_result train_step(layers::tensor input, const layers::targets& t, std::uint64_t step = 0,
+                                 double lr = -1);
+
+  const schedule& plan() const noexcept { return plan_; }
+  const partition& pieces() const noexcept { return pieces_; }
+  /// Per-stage figures since construction or `reset_metrics`.
+  std::vector<stage_metrics> metrics() const { return metrics_; }
+  void reset_metrics();
+  /// The actions of the last step as they ran, per stage (the measured schedule).
+  const std::vector<std::vector<timed_action>>& last_step() const noexcept { return last_step_; }
+  /// The stage actors, by stage.
+  const std::vector<actors::address>& stage_actors() const noexcept { return stages_; }
+  /// True once every stage actor stopped (after a failure, or never while running).
+  bool stopped() const noexcept;
+  /// `nerve.stages` and `nerve.schedule` for `runtime::write_trace` (docs/trace-format.md).
+  nlohmann::json trace_metadata() const;
+
+ private:
+  actors::runtime& rt_;
+  layers::graph& g_;
+  partition pieces_;
+  schedule plan_;
+  pipeline_options options_;
+  std::vector<actors::address> stages_;
+  std::vector<stage_metrics> metrics_;
+  std::vector<std::vector<timed_action>> last_step_;
+  bool failed_ = false;
+};
+
+/// Writes `rt`'s trace with the pipeline's metadata, and names the stage tracks
+/// (tid 2000000 + stage) so viewers show one lane per stage.
+void write_trace(actors::runtime& rt, const pipeline& p, const std::string& path);
+
+/// The measured timeline of `p.last_step()` as a stage × time table of `columns` columns.
+std::string measured_table(const pipeline& p, std::size_t columns = 80);
+
+}  // namespace nerve::pipeline
