@@ -1,0 +1,326 @@
+// nerve-pipeline: train a preset network on Fashion-MNIST cut into pipeline stages, each
+// stage an actor on its own event loop, micro-batches flowing between them as messages.
+//
+//   batch ──split──► stage 0 ──activations──► stage 1 ──► … ──► stage S-1 ─► loss
+//                      ▲ ◄──────gradients──────────┘ ◄──────────────┘
+//                      └─ each stage steps its own optimizer once per mini-batch
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <future>
+#include <iostream>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "layers/data/batcher.hpp"
+#include "layers/data/dataset.hpp"
+#include "layers/gemm.hpp"
+#include "layers/lr_schedule.hpp"
+#include "layers/pipeline/pipeline.hpp"
+#include "layers/presets.hpp"
+#include "layers/trainer.hpp"
+
+using namespace nerve;
+namespace np = nerve::pipeline;
+namespace nl = nerve::layers;
+
+namespace {
+
+/// A progress bar on stderr: redrawn in place on a terminal, a line per quarter otherwise.
+class progress_bar {
+ public:
+  explicit progress_bar(bool quiet) : quiet_(quiet), tty_(isatty(STDERR_FILENO) != 0) {}
+  void operator()(int epoch, std::size_t batch, std::size_t batches, double loss, double samples_per_s) {
+    if (quiet_) return;
+    const int pct = static_cast<int>(100.0 * double(batch) / double(batches));
+    if (tty_) {
+      if (pct == last_ && batch != batches) return;
+      const int width = 30, fill = pct * width / 100;
+      std::fprintf(stderr, "\repoch %d [%.*s%*s] %3d%%  loss %.4f  %.0f samples/s ", epoch, fill,
+                   "==============================", width - fill, "", pct, loss, samples_per_s);
+      if (batch == batches) std::fprintf(stderr, "\r%*s\r", 90, "");
+    } else if (pct / 25 != last_ / 25 || batch == 1) {
+      std::fprintf(stderr, "epoch %d: %3d%% (%zu/%zu batches), loss %.4f, %.0f samples/s\n", epoch, pct, batch,
+                   batches, loss, samples_per_s);
+    }
+    last_ = pct;
+    if (batch == batches) last_ = -1;
+  }
+
+ private:
+  bool quiet_, tty_;
+  int last_ = -1;
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> v;
+  std::stringstream in(s);
+  std::string w;
+  while (std::getline(in, w, ','))
+    if (!w.empty()) v.push_back(w);
+  return v;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"nerve-pipeline: pipeline-parallel training on Fashion-MNIST, one event loop per stage"};
+  std::string model = "deep-mlp", schedule_name = "1f1b", partition = "params", data = "/usr/share/datasets/fashion-mnist";
+  std::string init, save, trace, load_schedule_file, write_schedule_file;
+  std::uint32_t stages = 2, micro = 8, chunks = 2, replicas = 1, credits = 0;
+  unsigned threads = 0;
+  int epochs = -1;
+  long long steps = -1, batch = -1;
+  double lr = -1, momentum = -1;
+  unsigned long long seed = 0;
+  bool no_shuffle = false, json = false, print_schedule = false, quiet = false, no_eval = false;
+  app.add_option("--model", model, "Preset: mlp, deep-mlp, lenet, resmlp")->capture_default_str();
+  app.add_option("--stages", stages, "Pipeline stages (S)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--microbatches", micro, "Micro-batches per mini-batch (M)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--schedule", schedule_name, "gpipe, 1f1b, interleaved, zb-h1 or emergent")->capture_default_str();
+  app.add_option("--chunks", chunks, "Model chunks per stage for interleaved (v)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--credits", credits, "emergent: micro-batches in flight per stage (0: S - s, 1F1B's bound)");
+  app.add_option("--replicas", replicas, "Data-parallel replicas of the pipeline (only 1 for now)")->capture_default_str();
+  app.add_option("--partition", partition,
+                 "params (balance parameters), cost (profile, then balance time), or the first layer of each stage "
+                 "after the first, comma-separated (fc3 or fc2,fc4)")
+      ->capture_default_str();
+  app.add_option("--schedule-file", load_schedule_file, "Run the schedule in this file (text form; see --write-schedule)");
+  app.add_option("--write-schedule", write_schedule_file, "Write the planned schedule to this file");
+  app.add_option("--epochs", epochs, "Epochs (default: the preset's)");
+  app.add_option("--steps", steps, "Stop after N optimizer steps");
+  app.add_option("--batch", batch, "Mini-batch size; it splits into the micro-batches (default: the preset's)");
+  app.add_option("--lr", lr, "Learning rate (default: the preset's)");
+  app.add_option("--momentum", momentum, "SGD momentum (default: the preset's)");
+  app.add_option("--threads", threads, "Event loops (default: one per stage)");
+  app.add_option("--seed", seed, "Seed for initialisation and shuffling");
+  app.add_flag("--no-shuffle", no_shuffle, "Batches in file order");
+  app.add_option("--data", data, "Directory with the Fashion-MNIST IDX files")->capture_default_str();
+  app.add_option("--init", init, "Start from these weights (safetensors)");
+  app.add_option("--save", save, "Write the final weights here (safetensors, PyTorch names)");
+  app.add_option("--trace", trace, "Record every message, stage action and idle span; write a Chrome trace here");
+  app.add_flag("--print-schedule", print_schedule, "Print the planned schedule (stage x time and stage x step) and exit");
+  app.add_flag("--no-eval", no_eval, "Skip the test-set evaluation after each epoch");
+  app.add_flag("--json", json, "Print one JSON object with the results on stdout");
+  app.add_flag("--quiet", quiet, "No progress bar");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (replicas != 1)
+      throw std::invalid_argument("--replicas " + std::to_string(replicas) +
+                                  ": data-parallel replicas are not implemented yet (only 1)");
+    const bool emergent = schedule_name == "emergent";
+    np::schedule plan;
+    if (!load_schedule_file.empty()) {
+      plan = np::load_schedule(load_schedule_file);
+      np::validate(plan);
+      stages = plan.stages;
+      micro = plan.micro_batches;
+      chunks = plan.chunks;
+    } else {
+      if (schedule_name != "interleaved") chunks = 1;
+      plan = np::make_schedule(emergent ? "1f1b" : schedule_name, stages, micro, chunks);
+    }
+    if (!write_schedule_file.empty()) np::save_schedule(plan, write_schedule_file);
+    if (print_schedule) {
+      if (emergent)
+        std::printf("emergent: no list; per-edge credits and backward-first priority. With S-s credits on stage s "
+                    "it runs as 1f1b:\n");
+      std::printf("%s\n%s", np::to_table(plan).c_str(), np::to_step_table(plan).c_str());
+      std::printf("bubble theory: %.1f%%\n", 100 * np::bubble_theory(plan));
+      return 0;
+    }
+
+    auto o = nl::preset_defaults(model);
+    if (epochs >= 0) o.epochs = epochs;
+    if (steps >= 0) o.steps = steps;
+    if (batch > 0) o.batch = static_cast<std::size_t>(batch);
+    if (lr >= 0) o.lr = lr;
+    if (momentum >= 0) o.momentum = momentum;
+    o.seed = seed;
+    if (o.batch < micro)
+      throw std::invalid_argument("--batch " + std::to_string(o.batch) + " cannot split into " + std::to_string(micro) +
+                                  " micro-batches");
+    if (threads == 0) threads = stages;
+
+    auto g = nl::make_preset(model, seed);
+    if (!init.empty()) nl::load_weights(g, init);
+    np::partition pieces;
+    const std::size_t n_pieces = plan.pieces();
+    nl::set_gemm_threads(1);  // one product thread per stage loop
+    if (partition == "params") pieces = np::partition_by_parameters(g, n_pieces);
+    else if (partition == "cost")
+      pieces = np::partition_by_cost(g, np::profile_layers(g, std::int64_t(o.batch / micro), 3, seed), n_pieces);
+    else {
+      pieces = np::partition_at(g, split_list(partition));
+      if (pieces.size() != n_pieces)
+        throw std::invalid_argument("--partition '" + partition + "' makes " + std::to_string(pieces.size()) +
+                                    " pieces; the schedule needs " + std::to_string(n_pieces));
+    }
+
+    auto train_set = std::make_shared<const data::dataset>(data::load_fashion_mnist(data, data::split::train));
+    std::shared_ptr<const data::dataset> test_set;
+    if (!no_eval) test_set = std::make_shared<const data::dataset>(data::load_fashion_mnist(data, data::split::test));
+    const auto sample = g.nodes()[g.inputs()[0]].output_shape;
+    if (std::size_t(sample.numel()) != train_set->features())
+      throw std::invalid_argument("model '" + model + "' takes samples of " + sample.to_string() + " but the data has " +
+                                  std::to_string(train_set->features()) + " features");
+
+    actors::runtime rt({.loops = threads, .record = !trace.empty()});
+    np::pipeline_options po;
+    po.emergent = emergent;
+    po.credits = credits;
+    for (std::uint32_t s = 0; s < stages; ++s) po.loops.push_back(s % threads);
+    np::pipeline pipe(rt, g, pieces, plan, std::make_shared<nl::cross_entropy>(), nl::make_optimizer_factory(o), po);
+
+    if (!json)
+      std::printf("nerve-pipeline: %s, %u stages, %s, %u micro-batches of ~%zu (batch %zu), %s lr %g, %u loops\n"
+                  "pieces: %s\n",
+                  model.c_str(), stages, emergent ? "emergent" : plan.name.c_str(), micro, o.batch / micro, o.batch,
+                  o.optimizer.c_str(), o.lr, threads, np::to_string(g, pieces).c_str());
+
+    data::batcher batches(train_set->size(), data::batcher_options{o.batch, !no_shuffle, seed, false});
+    const std::size_t per_epoch = batches.batches_per_epoch();
+    const int n_epochs = o.steps >= 0 ? int((o.steps + std::int64_t(per_epoch) - 1) / std::int64_t(per_epoch)) : o.epochs;
+    const std::int64_t total_steps = o.steps >= 0 ? o.steps : std::int64_t(per_epoch) * n_epochs;
+    auto make = [&](std::size_t b) {
+      auto bt = batches.make_batch(*train_set, b);
+      nl::tensor x(std::int64_t(bt.rows), sample);
+      std::copy(bt.images.begin(), bt.images.end(), x.data());
+      nl::targets y;
+      y.labels = std::move(bt.labels);
+      return std::make_pair(std::move(x), std::move(y));
+    };
+    progress_bar bar(quiet || json);
+    nlohmann::json epochs_json = nlohmann::json::array();
+    std::int64_t step = 0, trained = 0;
+    double train_seconds = 0;
+    for (int epoch = 0; epoch < std::max(n_epochs, 1) && step < total_steps; ++epoch) {
+      batches.set_epoch(std::uint64_t(epoch));
+      const auto t0 = std::chrono::steady_clock::now();
+      double loss_sum = 0, epoch_train_s = 0;
+      std::int64_t correct = 0, seen = 0;
+      auto next = std::async(std::launch::async, make, std::size_t(0));
+      for (std::size_t b = 0; b < per_epoch && step < total_steps; ++b) {
+        auto [x, y] = next.get();
+        if (b + 1 < per_epoch && step + 1 < total_steps) next = std::async(std::launch::async, make, b + 1);
+        if (x.batch() < std::int64_t(micro)) continue;  // a last batch smaller than M
+        const auto s0 = std::chrono::steady_clock::now();
+        auto r = pipe.train_step(std::move(x), y, std::uint64_t(step), o.lr);
+        epoch_train_s += seconds_since(s0);
+        ++step;
+        loss_sum += r.loss * double(r.samples);
+        correct += r.correct;
+        seen += r.samples;
+        bar(epoch + 1, b + 1, per_epoch, loss_sum / double(seen), double(seen) / epoch_train_s);
+      }
+      if (next.valid()) next.wait();
+      train_seconds += epoch_train_s;
+      trained += seen;
+      double test_acc = 0, test_loss = 0;
+      if (test_set) {
+        nl::set_gemm_threads(int(threads));  // the stages are idle between steps
+        nl::direct_executor exec(g);
+        nl::cross_entropy ce;
+        std::int64_t tc = 0;
+        for (std::size_t first = 0; first < test_set->size(); first += 1000) {
+          const auto rows = std::min<std::size_t>(1000, test_set->size() - first);
+          auto v = test_set->rows(first, rows);
+          nl::tensor x(std::int64_t(rows), sample);
+          std::copy(v.begin(), v.end(), x.data());
+          nl::targets y;
+          y.labels.assign(test_set->labels.begin() + std::ptrdiff_t(first),
+                          test_set->labels.begin() + std::ptrdiff_t(first + rows));
+          auto r = exec.evaluate(std::move(x), y, ce);
+          test_loss += r.loss * double(r.samples);
+          tc += r.correct;
+        }
+        nl::set_gemm_threads(1);
+        test_loss /= double(test_set->size());
+        test_acc = double(tc) / double(test_set->size());
+      }
+      const double secs = seconds_since(t0);
+      const double sps = epoch_train_s > 0 ? double(seen) / epoch_train_s : 0;
+      epochs_json.push_back({{"epoch", epoch + 1},
+                             {"train_loss", seen ? loss_sum / double(seen) : 0},
+                             {"train_accuracy", seen ? double(correct) / double(seen) : 0},
+                             {"test_loss", test_loss},
+                             {"test_accuracy", test_acc},
+                             {"seconds", secs},
+                             {"samples_per_s", sps}});
+      if (!json) {
+        std::printf("epoch %2d  train loss %.4f  train acc %6.2f%%", epoch + 1, seen ? loss_sum / double(seen) : 0,
+                    seen ? 100.0 * double(correct) / double(seen) : 0);
+        if (test_set) std::printf("  test acc %6.2f%%", 100 * test_acc);
+        std::printf("  %6.2f s  %8.0f samples/s\n", secs, sps);
+        std::fflush(stdout);
+      }
+    }
+    rt.synchronize();
+    if (!trace.empty()) np::write_trace(rt, pipe, trace);
+    if (!save.empty()) nl::save_weights(g, save, model);
+
+    const double theory = np::bubble_theory(plan);
+    const auto metrics = pipe.metrics();
+    if (json) {
+      nlohmann::json j;
+      j["model"] = model;
+      j["schedule"] = emergent ? "emergent" : plan.name;
+      j["stages"] = stages;
+      j["microbatches"] = micro;
+      j["chunks"] = plan.chunks;
+      j["replicas"] = replicas;
+      j["batch"] = o.batch;
+      j["lr"] = o.lr;
+      j["threads"] = threads;
+      j["seed"] = seed;
+      j["steps"] = step;
+      j["pieces"] = np::to_string(g, pieces);
+      j["samples_per_s"] = train_seconds > 0 ? double(trained) / train_seconds : 0;
+      j["epochs"] = epochs_json;
+      j["stages_detail"] = nlohmann::json::array();
+      for (std::size_t s = 0; s < metrics.size(); ++s) {
+        const auto& m = metrics[s];
+        j["stages_detail"].push_back({{"stage", m.stage},
+                                      {"busy_s", m.busy_s},
+                                      {"idle_s", m.idle_s},
+                                      {"idle_input_s", m.idle_input_s},
+                                      {"idle_backpressure_s", m.idle_backpressure_s},
+                                      {"idle_optimizer_s", m.idle_optimizer_s},
+                                      {"bubble_fraction", m.bubble_fraction()},
+                                      {"bubble_theory", theory},
+                                      {"peak_stashed_microbatches", m.peak_stashed},
+                                      {"peak_stash_bytes", m.peak_stash_bytes}});
+      }
+      j["per_stage"] = j["stages_detail"];
+      j.erase("stages_detail");
+      if (!trace.empty()) j["trace"] = trace;
+      std::cout << j.dump(2) << "\n";
+    } else {
+      std::printf("\n%-6s %10s %10s %10s %10s %10s %8s %8s %8s %10s\n", "stage", "busy s", "idle s", "input s",
+                  "backpr. s", "optim. s", "bubble", "theory", "peak mb", "peak MiB");
+      for (const auto& m : metrics)
+        std::printf("%-6u %10.3f %10.3f %10.3f %10.3f %10.3f %7.1f%% %7.1f%% %8zu %10.2f\n", m.stage, m.busy_s,
+                    m.idle_s, m.idle_input_s, m.idle_backpressure_s, m.idle_optimizer_s, 100 * m.bubble_fraction(),
+                    100 * theory, m.peak_stashed, double(m.peak_stash_bytes) / (1 << 20));
+      std::printf("\nplanned (%s):\n%s\n%s", emergent ? "emergent runs without a list; 1f1b shown" : plan.name.c_str(),
+                  np::to_table(plan).c_str(), np::measured_table(pipe).c_str());
+      std::printf("%.0f samples/s over %lld steps\n", train_seconds > 0 ? double(trained) / train_seconds : 0,
+                  static_cast<long long>(step));
+      if (!save.empty()) std::printf("weights written to %s\n", save.c_str());
+      if (!trace.empty()) std::printf("trace written to %s\n", trace.c_str());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "nerve-pipeline: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
