@@ -88,7 +88,10 @@ int main(int argc, char** argv) {
   app.add_option("--schedule", schedule_name, "gpipe, 1f1b, interleaved, zb-h1 or emergent")->capture_default_str();
   app.add_option("--chunks", chunks, "Model chunks per stage for interleaved (v)")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--credits", credits, "emergent: micro-batches in flight per stage (0: S - s, 1F1B's bound)");
-  app.add_option("--replicas", replicas, "Data-parallel replicas of the pipeline (only 1 for now)")->capture_default_str();
+  app.add_option("--replicas", replicas,
+                 "Data-parallel replicas of the pipeline (R): the batch splits over them, gradients are all-reduced "
+                 "per layer")
+      ->capture_default_str();
   app.add_option("--partition", partition,
                  "params (balance parameters), cost (profile, then balance time), or the first layer of each stage "
                  "after the first, comma-separated (fc3 or fc2,fc4)")
@@ -114,9 +117,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    if (replicas != 1)
-      throw std::invalid_argument("--replicas " + std::to_string(replicas) +
-                                  ": data-parallel replicas are not implemented yet (only 1)");
+    if (replicas == 0) throw std::invalid_argument("--replicas must be at least 1");
     const bool emergent = schedule_name == "emergent";
     np::schedule plan;
     if (!load_schedule_file.empty()) {
@@ -146,19 +147,26 @@ int main(int argc, char** argv) {
     if (lr >= 0) o.lr = lr;
     if (momentum >= 0) o.momentum = momentum;
     o.seed = seed;
-    if (o.batch < micro)
-      throw std::invalid_argument("--batch " + std::to_string(o.batch) + " cannot split into " + std::to_string(micro) +
-                                  " micro-batches");
-    if (threads == 0) threads = stages;
+    if (o.batch < std::size_t(micro) * replicas)
+      throw std::invalid_argument("--batch " + std::to_string(o.batch) + " cannot split into " +
+                                  std::to_string(replicas) + " x " + std::to_string(micro) + " micro-batches");
+    if (threads == 0) threads = stages * replicas;
 
-    auto g = nl::make_preset(model, seed);
-    if (!init.empty()) nl::load_weights(g, init);
+    std::vector<nl::graph> graphs;
+    for (std::uint32_t r = 0; r < replicas; ++r) {
+      graphs.push_back(nl::make_preset(model, seed));
+      if (!init.empty()) nl::load_weights(graphs.back(), init);
+    }
+    std::vector<nl::graph*> replica_graphs;
+    for (auto& rg : graphs) replica_graphs.push_back(&rg);
+    auto& g = graphs[0];
     np::partition pieces;
     const std::size_t n_pieces = plan.pieces();
     nl::set_gemm_threads(1);  // one product thread per stage loop
     if (partition == "params") pieces = np::partition_by_parameters(g, n_pieces);
     else if (partition == "cost")
-      pieces = np::partition_by_cost(g, np::profile_layers(g, std::int64_t(o.batch / micro), 3, seed), n_pieces);
+      pieces = np::partition_by_cost(g, np::profile_layers(g, std::int64_t(o.batch / micro / replicas), 3, seed),
+                                     n_pieces);
     else {
       pieces = np::partition_at(g, split_list(partition));
       if (pieces.size() != n_pieces)
@@ -178,14 +186,16 @@ int main(int argc, char** argv) {
     np::pipeline_options po;
     po.emergent = emergent;
     po.credits = credits;
-    for (std::uint32_t s = 0; s < stages; ++s) po.loops.push_back(s % threads);
-    np::pipeline pipe(rt, g, pieces, plan, std::make_shared<nl::cross_entropy>(), nl::make_optimizer_factory(o), po);
+    for (std::uint32_t s = 0; s < stages * replicas; ++s) po.loops.push_back(s % threads);
+    np::pipeline pipe(rt, replica_graphs, pieces, plan, std::make_shared<nl::cross_entropy>(),
+                      nl::make_optimizer_factory(o), po);
 
     if (!json)
-      std::printf("nerve-pipeline: %s, %u stages, %s, %u micro-batches of ~%zu (batch %zu), %s lr %g, %u loops\n"
-                  "pieces: %s\n",
-                  model.c_str(), stages, emergent ? "emergent" : plan.name.c_str(), micro, o.batch / micro, o.batch,
-                  o.optimizer.c_str(), o.lr, threads, np::to_string(g, pieces).c_str());
+      std::printf("nerve-pipeline: %s, %u stages x %u replica%s, %s, %u micro-batches of ~%zu (batch %zu), %s lr %g, "
+                  "%u loops\npieces: %s\n",
+                  model.c_str(), stages, replicas, replicas == 1 ? "" : "s", emergent ? "emergent" : plan.name.c_str(),
+                  micro, o.batch / micro / replicas, o.batch, o.optimizer.c_str(), o.lr, threads,
+                  np::to_string(g, pieces).c_str());
 
     data::batcher batches(train_set->size(), data::batcher_options{o.batch, !no_shuffle, seed, false});
     const std::size_t per_epoch = batches.batches_per_epoch();
@@ -212,7 +222,7 @@ int main(int argc, char** argv) {
       for (std::size_t b = 0; b < per_epoch && step < total_steps; ++b) {
         auto [x, y] = next.get();
         if (b + 1 < per_epoch && step + 1 < total_steps) next = std::async(std::launch::async, make, b + 1);
-        if (x.batch() < std::int64_t(micro)) continue;  // a last batch smaller than M
+        if (x.batch() < std::int64_t(micro) * replicas) continue;  // a last batch smaller than R x M
         const auto s0 = std::chrono::steady_clock::now();
         auto r = pipe.train_step(std::move(x), y, std::uint64_t(step), o.lr);
         epoch_train_s += seconds_since(s0);

@@ -19,6 +19,7 @@
 /// share a layer.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -39,6 +40,8 @@ class piece_executor {
   /// Node indices whose tensors go out (forward) and whose gradients come in.
   const std::vector<std::size_t>& output_nodes() const noexcept { return out_; }
   const std::vector<std::size_t>& nodes() const noexcept { return nodes_; }
+  /// The graph's nodes (index with `nodes()`).
+  std::vector<layers::node>& graph_nodes() noexcept { return g_.nodes(); }
 
   /// Forward of micro-batch `mb`: tensors of `input_nodes()` in, of `output_nodes()` out.
   std::vector<tensor> forward(std::uint64_t mb, std::vector<tensor> inputs, const layers::forward_context& ctx);
@@ -60,6 +63,9 @@ class piece_executor {
 
   /// Adds each layer's forward+B+W seconds to `(*t)[i]` (i: position in `nodes()`); null: off.
   void set_timer(std::vector<double>* t) noexcept { timer_ = t; }
+  /// Called after the W of the layer at position `i` of `nodes()` for micro-batch `mb`
+  /// (data parallelism starts a layer's all-reduce after its last micro-batch's W).
+  void set_weight_observer(std::function<void(std::size_t i, std::uint64_t mb)> f) { on_weight_ = std::move(f); }
 
  private:
   struct held {
@@ -68,7 +74,7 @@ class piece_executor {
     bool b_done = false, w_due = false;
     std::size_t bytes = 0;
   };
-  void run_weight(held& h);
+  void run_weight(held& h, std::uint64_t mb);
 
   layers::graph& g_;
   std::vector<std::size_t> nodes_, in_, out_;
@@ -78,6 +84,7 @@ class piece_executor {
   std::uint64_t next_w_ = 0;
   std::size_t bytes_ = 0;
   std::vector<double>* timer_ = nullptr;
+  std::function<void(std::size_t, std::uint64_t)> on_weight_;
 };
 
 }  // namespace nerve::pipeline

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bus/all_reduce.hpp"
 #include "layers/pipeline/piece.hpp"
 
 namespace nerve::pipeline {
@@ -48,10 +49,13 @@ struct step_msg {
   std::uint64_t step = 0;
   double lr = -1;
   std::int64_t t0_ns = 0;  ///< the step's start on the recorder clock
+  /// Every stage actor of every replica: replica r's stage s at r * S + s.
   std::shared_ptr<const std::vector<actors::address>> stages;
+  std::uint32_t replica = 0, replicas = 1;
+  actors::address reducer;               ///< data parallelism: this stage's all-reduce
   std::vector<tensor> inputs;           ///< stage 0: one per micro-batch
   std::vector<layers::targets> targets;  ///< the last stage: one per micro-batch
-  std::vector<double> shares;            ///< the last stage: nᵢ/N per micro-batch
+  std::vector<double> shares;            ///< the last stage: nᵢ/N per micro-batch (N: all replicas' samples)
 };
 
 /// Another stage failed: end the step with `error` and stop.
@@ -105,6 +109,27 @@ class stage_actor : public actors::actor {
         advance();
       });
     });
+    on<bus::reduced>([this](bus::reduced& m) {
+      guarded([&] {
+        reduced_[m.key % buckets_.size()] = std::move(m.sum);
+        ++reduced_count_;
+        if (actions_done_ && reduced_count_ == buckets_.size()) finish();
+      });
+    });
+    // Data parallelism: one bucket per layer with parameters, all-reduced as soon as the
+    // last micro-batch's W of that layer ran (while the W and B of other layers go on).
+    bucket_of_.resize(c_.chunks.size());
+    for (std::uint32_t k = 0; k < c_.chunks.size(); ++k) {
+      auto& exec = *c_.chunks[k];
+      bucket_of_[k].assign(exec.nodes().size(), -1);
+      for (std::size_t i = 0; i < exec.nodes().size(); ++i) {
+        auto& node = exec.graph_nodes()[exec.nodes()[i]];
+        if (!node.layer->has_parameters()) continue;
+        bucket_of_[k][i] = int(buckets_.size());
+        buckets_.push_back(node.layer.get());
+      }
+      exec.set_weight_observer([this, k](std::size_t i, std::uint64_t mb) { on_weight(k, i, mb); });
+    }
     on<abort_msg>([this](abort_msg& m) {
       if (reply_) reply_.fail(m.error);
       stop();
@@ -123,10 +148,10 @@ class stage_actor : public actors::actor {
       failed_ = true;
       auto e = std::current_exception();
       if (reply_) reply_.fail(e);
-      // Every other stage ends its step with an abort and stops; so does this one.
+      // Every other stage (of every replica) ends its step with an abort and stops; so does this one.
       if (stages_)
         for (std::uint32_t s = 0; s < stages_->size(); ++s)
-          if (s != c_.stage) (void)try_send((*stages_)[s], abort_msg{c_.stage, e}, actors::lane::urgent);
+          if (s != replica_ * S_ + c_.stage) (void)try_send((*stages_)[s], abort_msg{c_.stage, e}, actors::lane::urgent);
       stop();
     }
   }
@@ -136,6 +161,12 @@ class stage_actor : public actors::actor {
   void on_step(step_msg& m) {
     reply_ = defer_reply<stage_report>();
     stages_ = m.stages;
+    replica_ = m.replica;
+    replicas_ = m.replicas;
+    reducer_ = m.reducer;
+    reduced_.assign(buckets_.size(), nullptr);
+    reduced_count_ = 0;
+    actions_done_ = false;
     step_ = m.step;
     t0_ = m.t0_ns;
     inputs_ = std::move(m.inputs);
@@ -201,7 +232,18 @@ class stage_actor : public actors::actor {
       run(a);
       ++cursor_;
     }
+    actions_done_ = true;
+    if (replicas_ > 1 && reduced_count_ < buckets_.size()) return;  // the last buckets are being reduced
     finish();
+  }
+
+  void on_weight(std::uint32_t chunk, std::size_t i, std::uint64_t mb) {
+    if (replicas_ < 2 || mb + 1 != c_.plan->micro_batches) return;
+    const int b = bucket_of_[chunk][i];
+    std::vector<float> flat;
+    for (auto& p : buckets_[std::size_t(b)]->parameters())
+      flat.insert(flat.end(), p.grad->data(), p.grad->data() + p.grad->size());
+    send(reducer_, bus::contribution{step_ * buckets_.size() + std::size_t(b), replica_, std::move(flat)});
   }
 
   void block(bool credits) {
@@ -217,7 +259,7 @@ class stage_actor : public actors::actor {
     (wait_credits_ ? rep_.backpressure_ns : rep_.input_wait_ns) += t - wait_since_;
     auto& rec = system().trace();
     if (rec.enabled())
-      rec.span(stage_track_base + c_.stage, "idle", "idle", wait_since_, t, -1,
+      rec.span(stage_track_base + replica_ * S_ + c_.stage, "idle", "idle", wait_since_, t, -1,
                wait_credits_ ? "backpressure" : "input", int(c_.stage));
   }
 
@@ -227,9 +269,10 @@ class stage_actor : public actors::actor {
       (forward ? acts_ : grads_)[{mb, piece}] = std::move(v);
       return;
     }
-    if (forward) send((*stages_)[dest], activation_msg{mb, piece, std::move(v)});
+    const auto& to = (*stages_)[replica_ * S_ + dest];
+    if (forward) send(to, activation_msg{mb, piece, std::move(v)});
     else
-      send((*stages_)[dest], gradient_msg{mb, piece, std::move(v)},
+      send(to, gradient_msg{mb, piece, std::move(v)},
            c_.emergent ? actors::lane::urgent : actors::lane::normal);  // backward first
   }
 
@@ -282,12 +325,23 @@ class stage_actor : public actors::actor {
     rep_.actions.push_back({a, double(start - t0_) * 1e-9, double(end - t0_) * 1e-9});
     auto& rec = system().trace();
     if (rec.enabled())
-      rec.span(stage_track_base + c_.stage, "action", op_name(a.op), start, end, mb, nullptr, int(c_.stage),
+      rec.span(stage_track_base + replica_ * S_ + c_.stage, "action", op_name(a.op), start, end, mb, nullptr, int(c_.stage),
                c_.emergent ? -1 : int(cursor_), a.chunk);
   }
 
   void finish() {
+    if (!active_) return;
     const auto start = now();
+    if (replicas_ > 1) {
+      // The sum over replicas of gradients already scaled by nᵢ/N for the global N.
+      for (std::size_t b = 0; b < buckets_.size(); ++b) {
+        const float* src = reduced_[b]->data();
+        for (auto& p : buckets_[b]->parameters()) {
+          std::copy(src, src + p.grad->size(), p.grad->data());
+          src += p.grad->size();
+        }
+      }
+    }
     std::vector<layers::parameter_ref> params;
     for (auto& c : c_.chunks)
       for (auto& p : c->parameters()) params.push_back(std::move(p));
@@ -315,12 +369,31 @@ class stage_actor : public actors::actor {
   std::int64_t wait_since_ = 0;
   // Emergent mode.
   std::uint32_t next_f_ = 0, in_flight_ = 0;
+  // Data parallelism.
+  std::uint32_t replica_ = 0, replicas_ = 1;
+  actors::address reducer_;
+  std::vector<layers::layer*> buckets_;
+  std::vector<std::vector<int>> bucket_of_;  // [chunk][position] -> bucket, -1 without parameters
+  std::vector<std::shared_ptr<const std::vector<float>>> reduced_;
+  std::size_t reduced_count_ = 0;
+  bool actions_done_ = false;
 };
 
 pipeline::pipeline(actors::runtime& rt, layers::graph& g, partition pieces, schedule plan,
                    std::shared_ptr<const layers::loss> criterion, layers::optimizer_factory make_optimizer,
                    pipeline_options options)
-    : rt_(rt), g_(g), pieces_(std::move(pieces)), plan_(std::move(plan)), options_(std::move(options)) {
+    : pipeline(rt, std::vector<layers::graph*>{&g}, std::move(pieces), std::move(plan), std::move(criterion),
+               std::move(make_optimizer), std::move(options)) {}
+
+pipeline::pipeline(actors::runtime& rt, std::vector<layers::graph*> replicas, partition pieces, schedule plan,
+                   std::shared_ptr<const layers::loss> criterion, layers::optimizer_factory make_optimizer,
+                   pipeline_options options)
+    : rt_(rt),
+      replicas_(std::uint32_t(replicas.size())),
+      pieces_(std::move(pieces)),
+      plan_(std::move(plan)),
+      options_(std::move(options)) {
+  if (replicas.empty()) throw std::invalid_argument("pipeline: no graph");
   if (options_.emergent) {
     if (plan_.chunks != 1 || plan_.split_backward)
       throw std::invalid_argument("pipeline: emergent mode runs one chunk per stage and a whole backward");
@@ -331,36 +404,46 @@ pipeline::pipeline(actors::runtime& rt, layers::graph& g, partition pieces, sche
     throw std::invalid_argument("pipeline: the schedule has " + std::to_string(plan_.stages) + " stages × " +
                                 std::to_string(plan_.chunks) + " chunks = " + std::to_string(plan_.pieces()) +
                                 " pieces, the partition " + std::to_string(pieces_.size()));
-  if (g.inputs().size() != 1) throw std::invalid_argument("pipeline: the graph must have exactly one input");
-  if (!options_.loops.empty() && options_.loops.size() != plan_.stages)
+  for (auto* g : replicas)
+    if (g->inputs().size() != 1) throw std::invalid_argument("pipeline: the graph must have exactly one input");
+  const std::uint32_t S = plan_.stages;
+  if (!options_.loops.empty() && options_.loops.size() != std::size_t(S) * replicas_)
     throw std::invalid_argument("pipeline: " + std::to_string(options_.loops.size()) + " loops given for " +
-                                std::to_string(plan_.stages) + " stages");
-  std::vector<stage_actor::config> configs(plan_.stages);
-  for (std::uint32_t s = 0; s < plan_.stages; ++s) {
-    auto& c = configs[s];
-    c.stage = s;
-    c.plan = &plan_;
-    for (std::uint32_t k = 0; k < plan_.chunks; ++k)
-      c.chunks.push_back(std::make_unique<piece_executor>(g, pieces_, plan_.piece(s, k)));
-    c.opt = make_optimizer();
-    c.criterion = criterion;
-    c.emergent = options_.emergent;
-    c.credits = options_.credits ? options_.credits : plan_.stages - s;
-  }
-  for (std::uint32_t s = 0; s < plan_.stages; ++s) {
-    actors::spawn_options so;
-    so.loop = options_.loops.empty() ? s % rt.loop_count() : options_.loops[s];
-    // Every message of a step fits: nothing is refused for room in scheduled mode.
-    so.capacity = std::size_t(4) * plan_.micro_batches * plan_.chunks + 16;
-    stages_.push_back(rt.spawn_with<stage_actor>(so, std::move(configs[s])));
-    rt.annotate(stages_.back().id(), int(s), "pipeline");
-  }
-  metrics_.resize(plan_.stages);
+                                std::to_string(S * replicas_) + " stages");
+  for (std::uint32_t r = 0; r < replicas_; ++r)
+    for (std::uint32_t s = 0; s < S; ++s) {
+      stage_actor::config c;
+      c.stage = s;
+      c.plan = &plan_;
+      for (std::uint32_t k = 0; k < plan_.chunks; ++k)
+        c.chunks.push_back(std::make_unique<piece_executor>(*replicas[r], pieces_, plan_.piece(s, k)));
+      c.opt = make_optimizer();
+      c.criterion = criterion;
+      c.emergent = options_.emergent;
+      c.credits = options_.credits ? options_.credits : S - s;
+      actors::spawn_options so;
+      so.loop = options_.loops.empty() ? (r * S + s) % rt.loop_count() : options_.loops[r * S + s];
+      // Every message of a step fits: nothing is refused for room in scheduled mode.
+      so.capacity = std::size_t(4) * plan_.micro_batches * plan_.chunks + 16;
+      stages_.push_back(rt.spawn_with<stage_actor>(so, std::move(c)));
+      rt.annotate(stages_.back().id(), int(s), replicas_ > 1 ? "replica " + std::to_string(r) : "pipeline");
+    }
+  if (replicas_ > 1)
+    for (std::uint32_t s = 0; s < S; ++s) {
+      bus::group g("stage " + std::to_string(s) + " replicas");
+      for (std::uint32_t r = 0; r < replicas_; ++r) g.add(stages_[r * S + s]);
+      actors::spawn_options so;
+      so.loop = stages_[s].loop();
+      reducers_.push_back(rt.spawn_with<bus::all_reduce>(so, "all-reduce stage " + std::to_string(s), std::move(g)));
+    }
+  metrics_.resize(S);
   reset_metrics();
 }
 
 pipeline::~pipeline() {
   for (auto& a : stages_)
+    if (!a.stopped()) rt_.stop(a);
+  for (auto& a : reducers_)
     if (!a.stopped()) rt_.stop(a);
 }
 
@@ -377,38 +460,52 @@ void pipeline::reset_metrics() {
 layers::step_result pipeline::train_step(layers::tensor input, const layers::targets& t, std::uint64_t step, double lr) {
   if (failed_) throw std::logic_error("pipeline: a previous step failed; the stages are stopped");
   const std::int64_t n = input.batch();
-  const std::uint32_t M = plan_.micro_batches;
-  if (n < std::int64_t(M))
+  const std::uint32_t M = plan_.micro_batches, S = plan_.stages, R = replicas_;
+  if (n < std::int64_t(M) * R)
     throw std::invalid_argument("pipeline: cannot split a batch of " + std::to_string(n) + " into " +
-                                std::to_string(M) + " micro-batches");
+                                (R > 1 ? std::to_string(R) + " replicas × " : std::string()) + std::to_string(M) +
+                                " micro-batches");
   if (t.size() != n)
     throw std::invalid_argument("pipeline: " + std::to_string(t.size()) + " targets for a batch of " + std::to_string(n));
   auto addrs = std::make_shared<const std::vector<actors::address>>(stages_);
-  std::vector<step_msg> msgs(plan_.stages);
+  // Replica r takes rows [first_r, first_r + n_r), cut into M micro-batches; the loss
+  // gradient of each is scaled by its share of all n rows, so the replicas' sum is the
+  // gradient of the mean over the whole batch.
+  std::vector<step_msg> msgs(std::size_t(S) * R);
+  std::vector<std::int64_t> counts;  // per (replica, micro-batch)
   std::int64_t first = 0;
-  for (std::uint32_t m = 0; m < M; ++m) {
-    const std::int64_t count = n / std::int64_t(M) + (std::int64_t(m) < n % std::int64_t(M));
-    msgs[0].inputs.push_back(M == 1 ? std::move(input) : input.slice(first, count));
-    msgs[plan_.stages - 1].targets.push_back(M == 1 ? t.clone() : t.slice(first, count));
-    msgs[plan_.stages - 1].shares.push_back(double(count) / double(n));
-    first += count;
+  for (std::uint32_t r = 0; r < R; ++r) {
+    const std::int64_t nr = n / std::int64_t(R) + (std::int64_t(r) < n % std::int64_t(R));
+    for (std::uint32_t m = 0; m < M; ++m) {
+      const std::int64_t count = nr / std::int64_t(M) + (std::int64_t(m) < nr % std::int64_t(M));
+      auto& in = msgs[r * S].inputs;
+      auto& out = msgs[r * S + S - 1];
+      in.push_back(M == 1 && R == 1 ? std::move(input) : input.slice(first, count));
+      out.targets.push_back(M == 1 && R == 1 ? t.clone() : t.slice(first, count));
+      out.shares.push_back(double(count) / double(n));
+      counts.push_back(count);
+      first += count;
+    }
   }
   const auto t0 = rt_.trace().now();
-  std::vector<std::future<stage_report>> futures(plan_.stages);
+  std::vector<std::future<stage_report>> futures(msgs.size());
   // Last stage first: a stage's first message of the step is then usually its step_msg.
-  for (std::uint32_t s = plan_.stages; s-- > 0;) {
-    msgs[s].step = step;
-    msgs[s].lr = lr;
-    msgs[s].t0_ns = t0;
-    msgs[s].stages = addrs;
-    futures[s] = rt_.ask<stage_report>(stages_[s], std::move(msgs[s]), std::chrono::nanoseconds::max());
+  for (std::size_t i = msgs.size(); i-- > 0;) {
+    msgs[i].step = step;
+    msgs[i].lr = lr;
+    msgs[i].t0_ns = t0;
+    msgs[i].stages = addrs;
+    msgs[i].replica = std::uint32_t(i / S);
+    msgs[i].replicas = R;
+    if (R > 1) msgs[i].reducer = reducers_[i % S];
+    futures[i] = rt_.ask<stage_report>(stages_[i], std::move(msgs[i]), std::chrono::nanoseconds::max());
   }
-  std::vector<stage_report> reports(plan_.stages);
+  std::vector<stage_report> reports(msgs.size());
   // A failing stage fails every stage's step with its own error (see abort_msg).
   std::exception_ptr first_error;
-  for (std::uint32_t s = 0; s < plan_.stages; ++s) {
+  for (std::size_t i = 0; i < msgs.size(); ++i) {
     try {
-      reports[s] = futures[s].get();
+      reports[i] = futures[i].get();
     } catch (...) {
       if (!first_error) first_error = std::current_exception();
     }
@@ -417,23 +514,25 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
     failed_ = true;
     for (auto& a : stages_)
       if (!a.stopped()) rt_.stop(a);
+    for (auto& a : reducers_)
+      if (!a.stopped()) rt_.stop(a);
     std::rethrow_exception(first_error);
   }
   const auto t1 = rt_.trace().now();
   const double wall = double(t1 - t0) * 1e-9;
   layers::step_result result;
   result.samples = n;
-  const auto& last = reports.back();
-  first = 0;
-  for (std::uint32_t m = 0; m < M; ++m) {
-    const std::int64_t count = n / std::int64_t(M) + (std::int64_t(m) < n % std::int64_t(M));
-    const double share = double(count) / double(n);
-    result.loss += share * last.losses[m];  // the direct executor's expression, so the same rounding
-    result.correct += last.correct[m];
+  for (std::uint32_t r = 0; r < R; ++r) {
+    const auto& last = reports[r * S + S - 1];
+    for (std::uint32_t m = 0; m < M; ++m) {
+      const double share = double(counts[r * M + m]) / double(n);
+      result.loss += share * last.losses[m];  // the direct executor's expression, so the same rounding
+      result.correct += last.correct[m];
+    }
   }
-  last_step_.assign(plan_.stages, {});
-  for (std::uint32_t s = 0; s < plan_.stages; ++s) {
-    auto& r = reports[s];
+  last_step_.assign(S, {});
+  for (std::uint32_t s = 0; s < S; ++s) {
+    auto& r = reports[s];  // replica 0
     auto& x = metrics_[s];
     const double busy = double(r.busy_ns) * 1e-9;
     const double waited = double(r.input_wait_ns) * 1e-9;
@@ -449,14 +548,17 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
     x.peak_stashed = std::max(x.peak_stashed, r.peak_stashed);
     x.peak_stash_bytes = std::max(x.peak_stash_bytes, r.peak_bytes);
     last_step_[s] = std::move(r.actions);
-    auto& rec = rt_.trace();
-    if (rec.enabled()) {
-      // The wait before the first action and after the optimizer: the step barrier.
-      if (r.begin_ns > t0) rec.span(stage_track_base + s, "idle", "idle", t0, r.begin_ns, -1, "optimizer", int(s));
-      if (t1 > r.end_ns) rec.span(stage_track_base + s, "idle", "idle", r.end_ns, t1, -1, "optimizer", int(s));
-    }
   }
-  if (rt_.trace().enabled()) rt_.trace().span(0, "step", "step", t0, t1, -1, nullptr, -1, -1, std::int64_t(step));
+  auto& rec = rt_.trace();
+  if (rec.enabled()) {
+    for (std::size_t i = 0; i < reports.size(); ++i) {
+      // The wait before the first action and after the optimizer: the step barrier.
+      const auto track = stage_track_base + std::uint32_t(i);
+      if (reports[i].begin_ns > t0) rec.span(track, "idle", "idle", t0, reports[i].begin_ns, -1, "optimizer", int(i % S));
+      if (t1 > reports[i].end_ns) rec.span(track, "idle", "idle", reports[i].end_ns, t1, -1, "optimizer", int(i % S));
+    }
+    rec.span(0, "step", "step", t0, t1, -1, nullptr, -1, -1, std::int64_t(step));
+  }
   return result;
 }
 
@@ -464,7 +566,7 @@ nlohmann::json pipeline::trace_metadata() const {
   nlohmann::json stages = nlohmann::json::array();
   for (std::uint32_t s = 0; s < plan_.stages; ++s) {
     nlohmann::json ids = nlohmann::json::array();
-    ids.push_back(stages_[s].id());
+    for (std::uint32_t r = 0; r < replicas_; ++r) ids.push_back(stages_[r * plan_.stages + s].id());
     stages.push_back({{"stage", s}, {"actors", ids}, {"loop", stages_[s].loop()}, {"device", "cpu"}});
   }
   nlohmann::json actions = nlohmann::json::array();
@@ -490,9 +592,13 @@ void write_trace(actors::runtime& rt, const pipeline& p, const std::string& path
   auto j = nlohmann::json::parse(in);
   in.close();
   auto& ev = j["traceEvents"];
-  for (std::uint32_t s = 0; s < p.plan().stages; ++s) {
+  const std::uint32_t S = p.plan().stages;
+  for (std::uint32_t s = 0; s < S * p.replicas(); ++s) {
+    const std::string name = p.replicas() > 1
+                                 ? "replica " + std::to_string(s / S) + " stage " + std::to_string(s % S)
+                                 : "stage " + std::to_string(s);
     ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 0}, {"tid", stage_track_base + s},
-                  {"args", {{"name", "stage " + std::to_string(s)}}}});
+                  {"args", {{"name", name}}}});
     ev.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", 0}, {"tid", stage_track_base + s},
                   {"args", {{"sort_index", -100 + int(s)}}}});
   }

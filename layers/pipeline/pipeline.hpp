@@ -83,6 +83,15 @@ class pipeline {
   pipeline(actors::runtime& rt, layers::graph& g, partition pieces, schedule plan,
            std::shared_ptr<const layers::loss> criterion, layers::optimizer_factory make_optimizer,
            pipeline_options options = {});
+  /// Data parallelism: one pipeline per graph in `replicas` (equal graphs with equal
+  /// weights, e.g. built with the same seed). A step splits its batch into one part per
+  /// replica (the micro-batch rule), each replica runs it through its own stages, and the
+  /// replicas of each stage form a bus group whose `bus::all_reduce` sums the gradients,
+  /// one bucket per layer, each started as soon as the layer's last W ran — while the
+  /// rest of backward goes on. Every replica then steps the same summed gradients.
+  pipeline(actors::runtime& rt, std::vector<layers::graph*> replicas, partition pieces, schedule plan,
+           std::shared_ptr<const layers::loss> criterion, layers::optimizer_factory make_optimizer,
+           pipeline_options options = {});
   /// Stops the stage actors.
   ~pipeline();
   pipeline(const pipeline&) = delete;
@@ -97,13 +106,14 @@ class pipeline {
 
   const schedule& plan() const noexcept { return plan_; }
   const partition& pieces() const noexcept { return pieces_; }
-  /// Per-stage figures since construction or `reset_metrics`.
+  /// Per-stage figures since construction or `reset_metrics` (of replica 0).
   std::vector<stage_metrics> metrics() const { return metrics_; }
   void reset_metrics();
   /// The actions of the last step as they ran, per stage (the measured schedule).
   const std::vector<std::vector<timed_action>>& last_step() const noexcept { return last_step_; }
-  /// The stage actors, by stage.
+  /// The stage actors: replica r's stage s at r * S + s.
   const std::vector<actors::address>& stage_actors() const noexcept { return stages_; }
+  std::uint32_t replicas() const noexcept { return replicas_; }
   /// True once every stage actor stopped (after a failure, or never while running).
   bool stopped() const noexcept;
   /// `nerve.stages` and `nerve.schedule` for `runtime::write_trace` (docs/trace-format.md).
@@ -111,11 +121,11 @@ class pipeline {
 
  private:
   actors::runtime& rt_;
-  layers::graph& g_;
+  std::uint32_t replicas_ = 1;
   partition pieces_;
   schedule plan_;
   pipeline_options options_;
-  std::vector<actors::address> stages_;
+  std::vector<actors::address> stages_, reducers_;
   std::vector<stage_metrics> metrics_;
   std::vector<std::vector<timed_action>> last_step_;
   bool failed_ = false;

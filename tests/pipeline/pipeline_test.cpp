@@ -307,3 +307,78 @@ TEST_SUITE("pipeline.partition") {
     CHECK(partition_by_cost(g, {1, 1, 1, 1, 1, 1, 1, 1, 10}, 2).back().size() == 1);
   }
 }
+
+TEST_SUITE("pipeline.data_parallel") {
+  /// The largest |a - b| over every parameter, and the largest |a|.
+  std::pair<double, double> max_difference(layers::graph& a, layers::graph& b) {
+    auto pa = a.parameters(), pb = b.parameters();
+    double d = 0, m = 0;
+    for (std::size_t i = 0; i < pa.size(); ++i)
+      for (std::int64_t k = 0; k < pa[i].value->size(); ++k) {
+        d = std::max(d, double(std::abs(pa[i].value->data()[k] - pb[i].value->data()[k])));
+        m = std::max(m, double(std::abs(pa[i].value->data()[k])));
+      }
+    return {d, m};
+  }
+
+  TEST_CASE("R replicas at batch b give the weights of one replica at batch R*b, up to summation order") {
+    const int steps = sanitize_scale() ? 2 : 3;
+    for (std::uint32_t R : {2u, 3u})
+      for (std::uint32_t S : {1u, 2u})
+        for (auto name : {"1f1b", "zb-h1"}) {
+          CAPTURE(R);
+          CAPTURE(S);
+          CAPTURE(name);
+          const std::uint32_t M = 2;
+          const std::int64_t b = 6;
+          auto single = small_chain();
+          std::vector<layers::graph> reps;
+          for (std::uint32_t r = 0; r < R; ++r) reps.push_back(small_chain());
+          std::vector<layers::graph*> ptrs;
+          for (auto& g : reps) ptrs.push_back(&g);
+          actors::runtime rt(actors::runtime_options{.loops = 2});
+          auto crit = std::make_shared<layers::cross_entropy>();
+          auto plan = make_schedule(name, S, M);
+          nerve::pipeline::pipeline one(rt, single, partition_by_parameters(single, S), plan, crit, sgd_factory());
+          nerve::pipeline::pipeline dp(rt, ptrs, partition_by_parameters(reps[0], S), plan, crit, sgd_factory());
+          CHECK(dp.replicas() == R);
+          for (int s = 0; s < steps; ++s) {
+            auto d1 = make_batch(single, std::int64_t(R) * b, 50 + std::uint64_t(s));
+            auto d2 = make_batch(single, std::int64_t(R) * b, 50 + std::uint64_t(s));
+            auto r1 = one.train_step(std::move(d1.x), d1.t, std::uint64_t(s));
+            auto r2 = dp.train_step(std::move(d2.x), d2.t, std::uint64_t(s));
+            CHECK(r2.loss == doctest::Approx(r1.loss).epsilon(1e-6));
+            CHECK(r1.correct == r2.correct);
+          }
+          // Every replica holds the same bits (they stepped the same all-reduced sums).
+          for (std::uint32_t r = 1; r < R; ++r) check_bitwise(reps[0], reps[r]);
+          // The sums differ only in how they are associated: R partial sums of M
+          // micro-batch gradients instead of one running sum of R*M. Each addition rounds by
+          // at most 2^-24 relative; after a few steps the weights agree to ~1e-7 relative.
+          auto [diff, scale] = max_difference(single, reps[0]);
+          CHECK(diff <= 1e-6 * scale);
+        }
+  }
+
+  TEST_CASE("a layer's gradient all-reduce starts while backward of the step is still running") {
+    auto g1 = small_chain(), g2 = small_chain();
+    actors::runtime rt(actors::runtime_options{.loops = 2, .record = true});
+    nerve::pipeline::pipeline dp(rt, std::vector<layers::graph*>{&g1, &g2}, partition_by_parameters(g1, 1),
+                                 make_schedule("1f1b", 1, 3), std::make_shared<layers::cross_entropy>(), sgd_factory());
+    auto d = make_batch(g1, 12, 1);
+    dp.train_step(std::move(d.x), d.t);
+    rt.synchronize();
+    const auto stage = dp.stage_actors()[0].id();
+    std::int64_t first_contribution = -1, last_action_end = 0;
+    for (const auto& r : rt.trace().snapshot()) {
+      if (r.kind == actors::record_kind::send && r.track == stage && r.tag && r.tag->name == "contribution" &&
+          first_contribution < 0)
+        first_contribution = r.ts_ns;
+      if (r.kind == actors::record_kind::span && r.cat && std::string(r.cat) == "action" && r.aux == 0 &&
+          r.track == 2000000)
+        last_action_end = std::max(last_action_end, r.ts_ns + r.dur_ns);
+    }
+    REQUIRE(first_contribution > 0);
+    CHECK(first_contribution < last_action_end);  // fc5's bucket leaves during the last B, before fc1's W
+  }
+}
