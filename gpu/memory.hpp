@@ -62,6 +62,8 @@ class device_tensor {
   /// Number of elements.
   std::size_t size() const noexcept { return size_; }
   std::size_t bytes() const noexcept { return size_ * sizeof(float); }
+  /// No storage (default-constructed, moved from, or of zero elements).
+  bool empty() const noexcept { return buffer_.empty(); }
   /// shape[0] (1 for a scalar): the batch.
   std::size_t rows() const noexcept { return shape_.empty() ? 1 : shape_[0]; }
   /// The product of the other dimensions: the row length of the 2-D view.

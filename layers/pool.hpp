@@ -24,6 +24,8 @@ class basic_max_pool2d final : public basic_layer<Scalar> {
 
   explicit basic_max_pool2d(std::int64_t kernel, std::int64_t stride = 0, std::int64_t padding = 0);
   std::string_view kind() const noexcept override { return "MaxPool2d"; }
+  /// Window, stride (0 replaced by the window) and padding.
+  const pool2d_options& options() const noexcept { return o_; }
 
  protected:
   shape infer_shape(std::span<const shape> inputs) const override;
@@ -46,6 +48,8 @@ class basic_avg_pool2d final : public basic_layer<Scalar> {
 
   explicit basic_avg_pool2d(std::int64_t kernel, std::int64_t stride = 0, std::int64_t padding = 0);
   std::string_view kind() const noexcept override { return "AvgPool2d"; }
+  /// Window, stride (0 replaced by the window) and padding.
+  const pool2d_options& options() const noexcept { return o_; }
 
  protected:
   shape infer_shape(std::span<const shape> inputs) const override;

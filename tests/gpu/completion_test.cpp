@@ -2,7 +2,9 @@
 // a GPU drives, with fake streams and events. Runs everywhere, TSan included.
 #include "gpu/detail/device_core.hpp"
 #include "gpu/device.hpp"
+#include "gpu/kernels.hpp"
 #include "gpu/memory.hpp"
+#include "gpu/message.hpp"
 #include "gpu/status.hpp"
 #include "gpu/testing.hpp"
 #include "tests/gpu/loops.hpp"
@@ -12,6 +14,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <latch>
@@ -251,6 +254,35 @@ TEST_SUITE("gpu.completion") {
     CHECK(ready.ready());
     CHECK(!ready.status());
     CHECK_NOTHROW(ready.wait());
+  }
+
+  TEST_CASE("a device message carries the tensor and its ready event to another stream, no host sync") {
+    loop_thread loop;
+    gpu::device dev(standin(gpu::wait_mode::poller));
+    gpu::testing::gate gate(dev);
+    auto producer = dev.create_stream(), consumer = dev.create_stream();
+    gate.enqueue(producer);  // the producer's work is held while the consumer enqueues
+    gpu::device_tensor y(producer, {4, 8});
+    gpu::fill(producer, y.size(), 2.0f, y.data());
+    auto m = gpu::device_message::ready_on(producer, std::move(y));
+    CHECK_FALSE(m.ready.ready());
+    auto& x = m.accept(consumer);
+    gpu::scale(consumer, x.size(), 3.0f, x.data());
+    std::vector<float> out(x.size());
+    gpu::copy_async(consumer, out.data(), x.data(), x.bytes());
+    std::latch done(1);
+    std::error_code got;
+    consumer.async_wait(loop.executor(), [&](std::error_code ec) {
+      got = ec;
+      done.count_down();
+    });
+    gate.open();
+    done.wait();
+    CHECK(!got);
+    CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 6.0f; }));
+    m = {};  // freed in order on the consumer
+    consumer.synchronize();
+    dev.shutdown();
   }
 
   TEST_CASE("events are pooled") {

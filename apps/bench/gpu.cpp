@@ -1,0 +1,376 @@
+// `nerve-bench gpu`: the GPU path's figures as one JSON object on stdout.
+//
+//   nerve-bench gpu [--quick] [--standin] [--steps N] [--no-torch] [--torch-script PATH]
+//
+// latency (per waiting backend: poller, blocking)
+//   idle_round_trip  record an event on an idle stream -> handler running on an io_context thread
+//   gated_<hold>us   a one-thread kernel spins on pinned memory; the host waits <hold> µs (the
+//                    poller has backed off as far as it will), takes t0, opens the gate; t1 is
+//                    taken first thing in the handler on the loop: t1 - t0 bounds "event
+//                    completes -> handler runs" from above (it adds the flag's trip over PCIe
+//                    and the kernel's exit)
+// steps (mlp batch 256, deep-mlp batch 1024; SGD momentum 0.9, fp32, TF32 off)
+//   step_median_us   `train_step().get()`: the batch in, the step, loss and correct count back on
+//                    the loop, as the trainer runs it
+//   gpu_us           the same step enqueued behind a closed gate, the gate opened at t0, t1 in
+//                    the completion handler: the device's own time for the step (from the events)
+//   busy_fraction    gpu_us / step_median_us: how much of a step the GPU is working
+//   gemm_us          the step's matrix products alone (cuBLAS, same shapes, same stream), gated
+//                    the same way; gflops (step) and cublas_gflops (products alone)
+//   torch            PyTorch eager on the same GPU (gpu/bench/torch_step.py), same model and batch
+// gemm: row-major products through cuBLAS fp32 (and TF32 where marked): GFLOP/s = 2mnk / time.
+#include "gpu/blas.hpp"
+#include "gpu/device.hpp"
+#include "gpu/kernels.hpp"
+#include "gpu/layers/device_network.hpp"
+#include "gpu/memory.hpp"
+#include "gpu/testing.hpp"
+#include "layers/graph.hpp"
+#include "layers/linear.hpp"
+#include "layers/presets.hpp"
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <future>
+#include <iostream>
+#include <latch>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "apps/bench/subcommand.hpp"
+
+namespace {
+
+using namespace nerve;
+using clock_type = std::chrono::steady_clock;
+using nlohmann::json;
+
+struct loop_thread {
+  boost::asio::io_context ctx;
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guard{ctx.get_executor()};
+  std::thread thread{[this] { ctx.run(); }};
+  ~loop_thread() {
+    guard.reset();
+    thread.join();
+  }
+};
+
+double us_between(clock_type::time_point a, clock_type::time_point b) {
+  return std::chrono::duration<double, std::micro>(b - a).count();
+}
+
+json summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  if (v.empty()) return {{"samples", 0}};
+  return {{"median_us", v[v.size() / 2]},
+          {"p99_us", v[std::min(v.size() - 1, v.size() * 99 / 100)]},
+          {"min_us", v.front()},
+          {"max_us", v.back()},
+          {"samples", v.size()}};
+}
+
+double cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
+void busy_wait(std::chrono::microseconds d) {
+  const auto until = clock_type::now() + d;
+  while (clock_type::now() < until) {
+  }
+}
+
+/// Time from opening a gate (everything `enqueue` put behind it) to its completion
+/// handler on the loop: the device's time for that work.
+double gated_us(gpu::device& dev, gpu::stream& s, loop_thread& loop, const std::function<void()>& enqueue) {
+  gpu::testing::gate gate(dev);
+  gate.enqueue(s);
+  enqueue();
+  std::latch done(1);
+  clock_type::time_point t1;
+  s.async_wait(loop.ctx.get_executor(), [&](std::error_code) {
+    t1 = clock_type::now();
+    done.count_down();
+  });
+  busy_wait(std::chrono::microseconds(200));  // let the queue settle
+  const auto t0 = clock_type::now();
+  gate.open();
+  done.wait();
+  return us_between(t0, t1);
+}
+
+json latency(gpu::backend_kind kind, gpu::wait_mode mode, bool quick) {
+  gpu::device_options o;
+  o.backend = kind;
+  o.waits = mode;
+  loop_thread loop;
+  json out;
+  gpu::device dev(o);
+  auto s = dev.create_stream();
+  gpu::testing::gate gate(dev);
+  const int scale = quick ? 5 : 1;
+  std::vector<double> idle;
+  for (int i = 0; i < 2000 / scale; ++i) {
+    std::latch done(1);
+    clock_type::time_point t1;
+    const auto t0 = clock_type::now();
+    s.async_wait(loop.ctx.get_executor(), [&](std::error_code) {
+      t1 = clock_type::now();
+      done.count_down();
+    });
+    done.wait();
+    if (i >= 50) idle.push_back(us_between(t0, t1));
+  }
+  out["idle_round_trip"] = summarize(idle);
+  const std::pair<int, int> holds[] = {{0, 1000}, {50, 1000}, {1000, 400}, {5000, 200}};
+  for (auto [hold, reps] : holds) {
+    std::vector<double> lat;
+    for (int i = 0; i < reps / scale + 10; ++i) {
+      gate.close();
+      gate.enqueue(s);
+      std::latch done(1);
+      clock_type::time_point t1;
+      s.async_wait(loop.ctx.get_executor(), [&](std::error_code) {
+        t1 = clock_type::now();
+        done.count_down();
+      });
+      busy_wait(std::chrono::microseconds(hold));
+      const auto t0 = clock_type::now();
+      gate.open();
+      done.wait();
+      if (i >= 10) lat.push_back(us_between(t0, t1));
+    }
+    out["gated_" + std::to_string(hold) + "us"] = summarize(lat);
+  }
+  s.synchronize();
+  const double c0 = cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::milliseconds(quick ? 100 : 500));
+  out["idle_cpu_fraction"] = (cpu_seconds() - c0) / (quick ? 0.1 : 0.5);
+  dev.shutdown();
+  return out;
+}
+
+json gemm_table(gpu::backend_kind kind, bool quick) {
+  gpu::device_options o;
+  o.backend = kind;
+  gpu::device dev(o);
+  auto s = dev.create_stream();
+  auto s_tf32 = dev.create_stream(gpu::stream_options{true});
+  using gpu::transpose;
+  struct shape {
+    int m, n, k;
+    transpose ta, tb;
+    const char* what;
+  };
+  std::vector<shape> shapes = {
+      {256, 256, 784, transpose::no, transpose::yes, "mlp fc1 fwd b256 (x·Wᵀ)"},
+      {1024, 1024, 1024, transpose::no, transpose::yes, "deep-mlp fwd b1024 1024->1024"},
+      {1024, 1024, 1024, transpose::yes, transpose::no, "deep-mlp dW b1024 (dYᵀ·X)"},
+      {2048, 2048, 2048, transpose::no, transpose::no, "square"},
+      {4096, 4096, 4096, transpose::no, transpose::no, "square"},
+      {8192, 8192, 8192, transpose::no, transpose::no, "square"},
+  };
+  if (kind == gpu::backend_kind::standin) shapes.resize(1);  // plain loops: keep it short
+  json out = json::array();
+  for (const auto& sh : shapes)
+    for (bool tf32 : {false, true}) {
+      if (tf32 && (sh.m < 2048 || kind == gpu::backend_kind::standin)) continue;
+      auto& st = tf32 ? s_tf32 : s;
+      const std::size_t a_n = std::size_t(sh.m) * sh.k, b_n = std::size_t(sh.k) * sh.n, c_n = std::size_t(sh.m) * sh.n;
+      gpu::device_buffer a(st, a_n * 4), b(st, b_n * 4), c(st, c_n * 4);
+      gpu::fill(st, a_n, 0.5f, static_cast<float*>(a.data()));
+      gpu::fill(st, b_n, 0.25f, static_cast<float*>(b.data()));
+      auto run = [&] {
+        gpu::gemm(st, sh.ta, sh.tb, sh.m, sh.n, sh.k, 1.0f, static_cast<float*>(a.data()),
+                  static_cast<float*>(b.data()), 0.0f, static_cast<float*>(c.data()));
+      };
+      for (int i = 0; i < 3; ++i) run();
+      st.synchronize();
+      const double flop = 2.0 * sh.m * sh.n * sh.k;
+      int reps = int(std::clamp(2e11 / flop, 3.0, quick ? 50.0 : 500.0));
+      if (kind == gpu::backend_kind::standin) reps = 1;
+      const auto t0 = clock_type::now();
+      for (int i = 0; i < reps; ++i) run();
+      st.synchronize();
+      const double secs = std::chrono::duration<double>(clock_type::now() - t0).count() / reps;
+      out.push_back({{"m", sh.m}, {"n", sh.n}, {"k", sh.k}, {"ta", sh.ta == transpose::yes},
+                     {"tb", sh.tb == transpose::yes}, {"tf32", tf32}, {"what", sh.what}, {"reps", reps},
+                     {"us", secs * 1e6}, {"gflops", flop / secs / 1e9}});
+    }
+  return out;
+}
+
+json run_torch(const std::string& script, const std::string& model, std::size_t batch, int steps) {
+  if (!std::filesystem::exists(script)) return {{"error", "no script at " + script}};
+  const std::string cmd = "python3 '" + script + "' --model " + model + " --batch " + std::to_string(batch) +
+                          " --steps " + std::to_string(steps) + " 2>&1";
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+  if (!p) return {{"error", "cannot run python3"}};
+  std::string text;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p.get())) text += buf;
+  const auto brace = text.rfind("\n{");
+  const std::string last = brace == std::string::npos ? text : text.substr(brace + 1);
+  try {
+    return json::parse(last);
+  } catch (const std::exception&) {
+    return {{"error", "unreadable output: " + text.substr(0, 400)}};
+  }
+}
+
+json step_bench(gpu::backend_kind kind, const std::string& model, std::size_t batch, int steps,
+                const std::string& torch_script, bool torch) {
+  gpu::device_options o;
+  o.backend = kind;
+  loop_thread loop;
+  gpu::device dev(o);
+  auto g = layers::make_preset(model, 0);
+  gpu::device_network net(dev, g, gpu::device_optimizer{"sgd", 0.01, 0.9}, loop.ctx.get_executor(),
+                          gpu::device_network_options{.max_batch = batch, .slots = 2});
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> d;
+  std::vector<float> x(batch * 784);
+  for (auto& v : x) v = d(rng);
+  std::vector<std::int32_t> y(batch);
+  for (std::size_t i = 0; i < batch; ++i) y[i] = std::int32_t(i % 10);
+
+  const int warmup = kind == gpu::backend_kind::standin ? 1 : 20;
+  for (int i = 0; i < warmup; ++i) net.train_step(x, y).get();
+  std::vector<double> step_us;
+  for (int i = 0; i < steps; ++i) {
+    const auto t0 = clock_type::now();
+    net.train_step(x, y).get();
+    step_us.push_back(us_between(t0, clock_type::now()));
+  }
+  std::vector<double> gpu_us;
+  for (int i = 0; i < std::max(3, steps / 4); ++i) {
+    std::promise<void> done;
+    const double t = gated_us(dev, net.stream(), loop, [&] {
+      net.async_train_step(x, y, 1, -1, [&](std::error_code, gpu::device_step_result) { done.set_value(); });
+    });
+    done.get_future().wait();
+    gpu_us.push_back(t);
+  }
+  // The step's matrix products alone, on the same stream, gated the same way.
+  struct product {
+    int m, n, k;
+    gpu::transpose ta, tb;
+  };
+  std::vector<product> products;
+  bool first = true;
+  for (auto i : g.order()) {
+    auto* l = g.nodes()[i].layer ? dynamic_cast<layers::linear*>(g.nodes()[i].layer.get()) : nullptr;
+    if (!l) continue;
+    const int b = int(batch), in = int(l->in_features()), out = int(l->out_features());
+    products.push_back({b, out, in, gpu::transpose::no, gpu::transpose::yes});  // forward
+    products.push_back({out, in, b, gpu::transpose::yes, gpu::transpose::no});  // dW
+    if (!first) products.push_back({b, in, out, gpu::transpose::no, gpu::transpose::no});  // dX
+    first = false;
+  }
+  double flops = 0;
+  std::size_t biggest = 0;
+  for (auto& p : products) {
+    flops += 2.0 * p.m * p.n * p.k;
+    biggest = std::max({biggest, std::size_t(p.m) * p.k, std::size_t(p.k) * p.n, std::size_t(p.m) * p.n});
+  }
+  auto& s = net.stream();
+  gpu::device_buffer a(s, biggest * 4), b(s, biggest * 4), c(s, biggest * 4);
+  gpu::fill(s, biggest, 0.5f, static_cast<float*>(a.data()));
+  gpu::fill(s, biggest, 0.25f, static_cast<float*>(b.data()));
+  std::vector<double> gemm_us;
+  for (int i = 0; i < std::max(3, steps / 4); ++i)
+    gemm_us.push_back(gated_us(dev, s, loop, [&] {
+      for (auto& p : products)
+        gpu::gemm(s, p.ta, p.tb, p.m, p.n, p.k, 1.0f, static_cast<float*>(a.data()), static_cast<float*>(b.data()),
+                  0.0f, static_cast<float*>(c.data()));
+    }));
+  net.synchronize();
+  const auto step_s = summarize(step_us), gpu_s = summarize(gpu_us), gemm_s = summarize(gemm_us);
+  const double step_med = step_s["median_us"], gpu_med = gpu_s["median_us"], gemm_med = gemm_s["median_us"];
+  json out{{"model", model},
+           {"batch", batch},
+           {"steps", steps},
+           {"step", step_s},
+           {"step_median_us", step_med},
+           {"gpu_us", gpu_med},
+           {"busy_fraction", gpu_med / step_med},
+           {"gemm_us", gemm_med},
+           {"flops_per_step", flops},
+           {"gflops", flops / step_med * 1e-3},
+           {"gpu_gflops", flops / gpu_med * 1e-3},
+           {"cublas_gflops", flops / gemm_med * 1e-3}};
+  if (torch && kind == gpu::backend_kind::cuda) {
+    auto t = run_torch(torch_script, model, batch, steps);
+    if (t.contains("step_median_us")) {
+      const double tm = t["step_median_us"];
+      out["vs_torch"] = step_med / tm;  // ≤ 1.0: nerve is at least as fast
+    }
+    out["torch"] = std::move(t);
+  }
+  return out;
+}
+
+struct gpu_options {
+  bool quick = false, standin = false, no_torch = false;
+  int steps = 200;
+  std::string torch_script;
+};
+
+void run(const gpu_options& opt) {
+  const auto kind = opt.standin || gpu::device::cuda_device_count() == 0 ? gpu::backend_kind::standin
+                                                                          : gpu::backend_kind::cuda;
+  std::string name;
+  {
+    gpu::device_options o;
+    o.backend = kind;
+    gpu::device d(o);
+    name = d.name();
+  }
+  std::string script = opt.torch_script;
+  if (script.empty()) {
+    script = "gpu/bench/torch_step.py";  // from the repository root
+    if (!std::filesystem::exists(script))
+      script = (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / script).string();
+  }
+  json out{{"device", name}, {"backend", kind == gpu::backend_kind::cuda ? "cuda" : "standin"}};
+  out["latency"]["poller"] = latency(kind, gpu::wait_mode::poller, opt.quick);
+  out["latency"]["blocking"] = latency(kind, gpu::wait_mode::blocking, opt.quick);
+  const int steps = kind == gpu::backend_kind::standin ? std::min(opt.steps, 3) : (opt.quick ? 50 : opt.steps);
+  out["steps"] = json::array();
+  out["steps"].push_back(step_bench(kind, "mlp", 256, steps, script, !opt.no_torch));
+  if (kind == gpu::backend_kind::cuda || !opt.quick)
+    out["steps"].push_back(step_bench(kind, "deep-mlp", kind == gpu::backend_kind::cuda ? 1024 : 64, steps, script,
+                                      !opt.no_torch));
+  out["gemm"] = gemm_table(kind, opt.quick);
+  std::cout << out.dump(2) << std::endl;
+}
+
+void add_gpu(CLI::App& app) {
+  auto opts = std::make_shared<gpu_options>();
+  auto* sub = app.add_subcommand("gpu", "GPU: completion latency (poller vs blocking), training steps vs PyTorch, GEMM");
+  sub->add_flag("--quick", opts->quick, "Fewer samples");
+  sub->add_flag("--standin", opts->standin, "Run on the CPU stand-in even where a GPU is visible");
+  sub->add_option("--steps", opts->steps, "Timed training steps per model (default 200)");
+  sub->add_flag("--no-torch", opts->no_torch, "Skip the PyTorch comparison");
+  sub->add_option("--torch-script", opts->torch_script, "PyTorch twin (default gpu/bench/torch_step.py)");
+  sub->callback([opts] { run(*opts); });
+}
+
+const nerve::bench::subcommand_registration registration{"gpu", &add_gpu};
+
+}  // namespace

@@ -1,0 +1,406 @@
+// The device twins of the CPU layers: the same math as layers/*.cpp, as cuBLAS
+// calls and the kernels of gpu/kernels.hpp on one stream.
+#include "gpu/layers/device_layer.hpp"
+
+#include "gpu/blas.hpp"
+#include "gpu/kernels.hpp"
+#include "gpu/status.hpp"
+#include "layers/activation.hpp"
+#include "layers/conv2d.hpp"
+#include "layers/flatten.hpp"
+#include "layers/join.hpp"
+#include "layers/linear.hpp"
+#include "layers/pool.hpp"
+
+#include <numeric>
+
+namespace nerve::gpu {
+namespace {
+
+using cpu_layer = layers::basic_layer<float>;
+
+std::size_t numel(const shape_t& s) { return std::accumulate(s.begin(), s.end(), std::size_t{1}, std::multiplies<>()); }
+
+std::string shape_text(const shape_t& s) {
+  std::string t = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+[[noreturn]] void bad_shape(std::string_view kind, const shape_t& got, const std::string& want) {
+  throw error(errc::invalid_argument,
+              std::string(kind) + ": input has shape " + shape_text(got) + ", expected " + want);
+}
+
+/// A parameter tensor of `shape` plus its gradient, zeroed.
+struct parameter_pair {
+  device_tensor value, grad;
+  parameter_pair(stream& s, shape_t shape) : value(s, shape), grad(s, std::move(shape)) {
+    fill_zero_async(s, value.data(), value.bytes());
+    fill_zero_async(s, grad.data(), grad.bytes());
+  }
+};
+
+// ---- Linear: y = x·Wᵀ + b; dx = dy·W; dW += dyᵀ·x; db += Σ dy ----------------
+class linear_layer final : public device_layer {
+ public:
+  linear_layer(stream& s, std::size_t in, std::size_t out, bool bias) : in_(in), out_(out), w_(s, {out, in}) {
+    if (bias) b_.emplace_back(s, shape_t{out});
+  }
+  std::string_view kind() const noexcept override { return "Linear"; }
+  shape_t output_shape(std::span<const shape_t> in) const override {
+    if (in[0].size() != 2 || in[0][1] != in_) bad_shape(kind(), in[0], "[N, " + std::to_string(in_) + "]");
+    return {in[0][0], out_};
+  }
+  void forward(stream& s, std::span<const device_tensor* const> in, device_tensor& y, device_stash& st) override {
+    const auto& x = *in[0];
+    const int n = int(x.rows());
+    y = device_tensor(s, output_shape(std::span<const shape_t>(&x.shape(), 1)));
+    gemm(s, transpose::no, transpose::yes, n, int(out_), int(in_), 1.0f, x.data(), w_.value.data(), 0.0f, y.data());
+    if (!b_.empty()) bias_add(s, y.data(), b_[0].value.data(), y.data(), x.rows(), out_);
+    st.inputs.assign(in.begin(), in.end());
+    st.output = &y;
+  }
+  std::vector<device_tensor> backward_input(stream& s, const device_stash& st, const device_tensor& dy,
+                                            std::uint64_t wanted) override {
+    std::vector<device_tensor> g(1);
+    if (!(wanted & 1)) return g;
+    const auto& x = *st.inputs[0];
+    g[0] = device_tensor(s, x.shape());
+    gemm(s, transpose::no, transpose::no, int(x.rows()), int(in_), int(out_), 1.0f, dy.data(), w_.value.data(), 0.0f,
+         g[0].data());
+    return g;
+  }
+  void backward_weight(stream& s, const device_stash& st, const device_tensor& dy) override {
+    const auto& x = *st.inputs[0];
+    gemm(s, transpose::yes, transpose::no, int(out_), int(in_), int(x.rows()), 1.0f, dy.data(), x.data(), 1.0f,
+         w_.grad.data());
+    if (!b_.empty()) column_sums(s, dy.data(), dy.rows(), out_, b_[0].grad.data(), 1.0f);
+  }
+  std::vector<device_parameter> parameters() override {
+    std::vector<device_parameter> p{{"weight", &w_.value, &w_.grad}};
+    if (!b_.empty()) p.push_back({"bias", &b_[0].value, &b_[0].grad});
+    return p;
+  }
+
+ private:
+  std::size_t in_, out_;
+  parameter_pair w_;
+  std::vector<parameter_pair> b_;  // empty without a bias
+};
+
+// ---- pointwise activations ----------------------------------------------------
+class activation_layer final : public device_layer {
+ public:
+  activation_layer(std::string_view kind, activation f, float alpha) : kind_(kind), f_(f), alpha_(alpha) {}
+  std::string_view kind() const noexcept override { return kind_; }
+  shape_t output_shape(std::span<const shape_t> in) const override { return in[0]; }
+  void forward(stream& s, std::span<const device_tensor* const> in, device_tensor& y, device_stash& st) override {
+    const auto& x = *in[0];
+    y = device_tensor(s, x.shape());
+    activation_forward(s, f_, x.data(), y.data(), x.size(), alpha_);
+    st.inputs.assign(in.begin(), in.end());
+    st.output = &y;
+  }
+  std::vector<device_tensor> backward_input(stream& s, const device_stash& st, const device_tensor& dy,
+                                            std::uint64_t wanted) override {
+    std::vector<device_tensor> g(1);
+    if (!(wanted & 1)) return g;
+    const auto& x = *st.inputs[0];
+    g[0] = device_tensor(s, x.shape());
+    activation_backward(s, f_, x.data(), st.output->data(), dy.data(), g[0].data(), x.size(), alpha_);
+    return g;
+  }
+
+ private:
+  std::string_view kind_;
+  activation f_;
+  float alpha_;
+};
+
+// ---- Conv2d: im2col, then Y_n = W·col_n for every image (one strided-batched call) ----
+class conv2d_layer final : public device_layer {
+ public:
+  conv2d_layer(stream& s, const layers::conv2d_options& o)
+      : o_(o),
+        w_(s, {std::size_t(o.out_channels), std::size_t(o.in_channels * o.kernel[0] * o.kernel[1])}) {
+    if (o.bias) b_.emplace_back(s, shape_t{std::size_t(o.out_channels)});
+  }
+  std::string_view kind() const noexcept override { return "Conv2d"; }
+  shape_t output_shape(std::span<const shape_t> in) const override {
+    const auto& x = in[0];
+    if (x.size() != 4 || x[1] != std::size_t(o_.in_channels)) bad_shape(kind(), x, "[N, " + std::to_string(o_.in_channels) + ", H, W]");
+    const auto g = geometry(x);
+    if (g.out_h() < 1 || g.out_w() < 1) bad_shape(kind(), x, "an image no smaller than the kernel");
+    return {x[0], std::size_t(o_.out_channels), std::size_t(g.out_h()), std::size_t(g.out_w())};
+  }
+  void forward(stream& s, std::span<const device_tensor* const> in, device_tensor& y, device_stash& st) override {
+    const auto& x = *in[0];
+    y = device_tensor(s, output_shape(std::span<const shape_t>(&x.shape(), 1)));
+    const auto g = geometry(x.shape());
+    const std::int64_t pr = std::int64_t(g.patch_rows()), pc = std::int64_t(g.patch_cols()), k = o_.out_channels;
+    device_tensor col(s, {std::size_t(g.batch), std::size_t(pr), std::size_t(pc)});
+    im2col(s, x.data(), g, col.data());
+    gemm_strided_batched(s, transpose::no, transpose::no, int(k), int(pc), int(pr), 1.0f, w_.value.data(), int(pr), 0,
+                         col.data(), int(pc), pr * pc, 0.0f, y.data(), int(pc), k * pc, g.batch);
+    if (!b_.empty()) {
+      // Y_n += b·1ᵀ: the bias broadcast over the pixels as a rank-1 product.
+      ensure_ones(s, std::size_t(pc));
+      gemm_strided_batched(s, transpose::no, transpose::no, int(k), int(pc), 1, 1.0f, b_[0].value.data(), 1, 0,
+                           ones_.data(), int(pc), 0, 1.0f, y.data(), int(pc), k * pc, g.batch);
+    }
+    st.inputs.assign(in.begin(), in.end());
+    st.output = &y;
+  }
+  std::vector<device_tensor> backward_input(stream& s, const device_stash& st, const device_tensor& dy,
+                                            std::uint64_t wanted) override {
+    std::vector<device_tensor> out(1);
+    if (!(wanted & 1)) return out;
+    const auto& x = *st.inputs[0];
+    const auto g = geometry(x.shape());
+    const std::int64_t pr = std::int64_t(g.patch_rows()), pc = std::int64_t(g.patch_cols()), k = o_.out_channels;
+    device_tensor dcol(s, {std::size_t(g.batch), std::size_t(pr), std::size_t(pc)});
+    // dcol_n = Wᵀ·dY_n, then col2im gathers every patch entry back onto its pixel.
+    gemm_strided_batched(s, transpose::yes, transpose::no, int(pr), int(pc), int(k), 1.0f, w_.value.data(), int(pr), 0,
+                         dy.data(), int(pc), k * pc, 0.0f, dcol.data(), int(pc), pr * pc, g.batch);
+    out[0] = device_tensor(s, x.shape());
+    col2im(s, dcol.data(), g, out[0].data());
+    return out;
+  }
+  void backward_weight(stream& s, const device_stash& st, const device_tensor& dy) override {
+    const auto& x = *st.inputs[0];
+    const auto g = geometry(x.shape());
+    const std::int64_t pr = std::int64_t(g.patch_rows()), pc = std::int64_t(g.patch_cols()), k = o_.out_channels;
+    device_tensor col(s, {std::size_t(g.batch), std::size_t(pr), std::size_t(pc)});
+    im2col(s, x.data(), g, col.data());  // recomputed: the columns are kh·kw times the input
+    // Per image dW_n = dY_n·col_nᵀ, then a fixed-order sum over the images (no atomics:
+    // the same bits every run).
+    device_tensor per_image(s, {std::size_t(g.batch), std::size_t(k * pr)});
+    gemm_strided_batched(s, transpose::no, transpose::yes, int(k), int(pr), int(pc), 1.0f, dy.data(), int(pc), k * pc,
+                         col.data(), int(pc), pr * pc, 0.0f, per_image.data(), int(pr), k * pr, g.batch);
+    column_sums(s, per_image.data(), std::size_t(g.batch), std::size_t(k * pr), w_.grad.data(), 1.0f);
+    if (!b_.empty()) {
+      device_tensor pixel_sums(s, {std::size_t(k * pc)});
+      column_sums(s, dy.data(), std::size_t(g.batch), std::size_t(k * pc), pixel_sums.data(), 0.0f);
+      ensure_ones(s, std::size_t(pc));
+      gemm(s, transpose::no, transpose::no, int(k), 1, int(pc), 1.0f, pixel_sums.data(), int(pc), ones_.data(), 1,
+           1.0f, b_[0].grad.data(), 1);
+    }
+  }
+  std::vector<device_parameter> parameters() override {
+    std::vector<device_parameter> p{{"weight", &w_.value, &w_.grad}};
+    if (!b_.empty()) p.push_back({"bias", &b_[0].value, &b_[0].grad});
+    return p;
+  }
+
+ private:
+  window_geometry geometry(const shape_t& x) const {
+    window_geometry g;
+    g.batch = int(x[0]), g.channels = int(x[1]), g.height = int(x[2]), g.width = int(x[3]);
+    g.kernel_h = int(o_.kernel[0]), g.kernel_w = int(o_.kernel[1]);
+    g.pad_h = int(o_.padding[0]), g.pad_w = int(o_.padding[1]);
+    g.stride_h = int(o_.stride[0]), g.stride_w = int(o_.stride[1]);
+    return g;
+  }
+  void ensure_ones(stream& s, std::size_t n) {
+    if (ones_.size() >= n) return;
+    ones_ = device_tensor(s, {n});
+    fill(s, n, 1.0f, ones_.data());
+  }
+
+  layers::conv2d_options o_;
+  parameter_pair w_;
+  std::vector<parameter_pair> b_;
+  device_tensor ones_;
+};
+
+// ---- pooling ------------------------------------------------------------------
+class pool_layer final : public device_layer {
+ public:
+  pool_layer(bool max, const layers::pool2d_options& o) : max_(max), o_(o) {}
+  std::string_view kind() const noexcept override { return max_ ? "MaxPool2d" : "AvgPool2d"; }
+  shape_t output_shape(std::span<const shape_t> in) const override {
+    const auto& x = in[0];
+    if (x.size() != 4) bad_shape(kind(), x, "[N, C, H, W]");
+    const auto g = geometry(x);
+    if (g.out_h() < 1 || g.out_w() < 1) bad_shape(kind(), x, "an image no smaller than the window");
+    return {x[0], x[1], std::size_t(g.out_h()), std::size_t(g.out_w())};
+  }
+  void forward(stream& s, std::span<const device_tensor* const> in, device_tensor& y, device_stash& st) override {
+    const auto& x = *in[0];
+    y = device_tensor(s, output_shape(std::span<const shape_t>(&x.shape(), 1)));
+    const auto g = geometry(x.shape());
+    if (max_) {
+      st.indices = device_buffer(s, std::max<std::size_t>(1, y.size()) * sizeof(std::int32_t));
+      max_pool_forward(s, x.data(), g, y.data(), static_cast<std::int32_t*>(st.indices.data()));
+    } else {
+      avg_pool_forward(s, x.data(), g, y.data());
+    }
+    st.inputs.assign(in.begin(), in.end());
+    st.output = &y;
+  }
+  std::vector<device_tensor> backward_input(stream& s, const device_stash& st, const device_tensor& dy,
+                                            std::uint64_t wanted) override {
+    std::vector<device_tensor> out(1);
+    if (!(wanted & 1)) return out;
+    const auto& x = *st.inputs[0];
+    const auto g = geometry(x.shape());
+    out[0] = device_tensor(s, x.shape());
+    if (max_)
+      max_pool_backward(s, dy.data(), static_cast<const std::int32_t*>(st.indices.data()), g, out[0].data());
+    else
+      avg_pool_backward(s, dy.data(), g, out[0].data());
+    return out;
+  }
+
+ private:
+  window_geometry geometry(const shape_t& x) const {
+    window_geometry g;
+    g.batch = int(x[0]), g.channels = int(x[1]), g.height = int(x[2]), g.width = int(x[3]);
+    g.kernel_h = g.kernel_w = int(o_.kernel);
+    g.stride_h = g.stride_w = int(o_.stride ? o_.stride : o_.kernel);
+    g.pad_h = g.pad_w = int(o_.padding);
+    return g;
+  }
+  bool max_;
+  layers::pool2d_options o_;
+};
+
+// ---- Flatten: the same bytes under a 2-D shape ---------------------------------
+class flatten_layer final : public device_layer {
+ public:
+  std::string_view kind() const noexcept override { return "Flatten"; }
+  shape_t output_shape(std::span<const shape_t> in) const override { return {in[0].empty() ? 1 : in[0][0], numel(in[0]) / std::max<std::size_t>(1, in[0].empty() ? 1 : in[0][0])}; }
+  void forward(stream& s, std::span<const device_tensor* const> in, device_tensor& y, device_stash& st) override {
+    const auto& x = *in[0];
+    y = device_tensor(s, output_shape(std::span<const shape_t>(&x.shape(), 1)));
+    copy_async(s, y.data(), x.data(), x.bytes());
+    st.inputs.assign(in.begin(), in.end());
+    st.output = &y;
+  }
+  std::vector<device_tensor> backward_input(stream& s, const device_stash& st, const device_tensor& dy,
+                                            std::uint64_t wanted) override {
+    std::vector<device_tensor> out(1);
+    if (!(wanted & 1)) return out;
+    out[0] = device_tensor(s, st.inputs[0]->shape());
+    copy_async(s, out[0].data(), dy.data(), dy.bytes());
+    return out;
+  }
+};
+
+// ---- Add: y = Σ inputs; every input's gradient is dy -----------------------------
+class add_layer final : public device_layer {
+ public:
+  std::string_view kind() const noexcept override { return "Add"; }
+  shape_t output_shape(std::span<const shape_t> in) const override {
+    for (std::size_t i = 1; i < in.size(); ++i)
+      if (in[i] != in[0]) bad_shape(kind(), in[i], shape_text(in[0]) + " (input 0's)");
+    return in[0];
+  }
+  void forward(stream& s, std::span<const device_tensor* const> in, device_tensor& y, device_stash& st) override {
+    std::vector<shape_t> shapes;
+    for (auto* t : in) shapes.push_back(t->shape());
+    y = device_tensor(s, output_shape(shapes));
+    copy_async(s, y.data(), in[0]->data(), y.bytes());
+    for (std::size_t i = 1; i < in.size(); ++i) axpy(s, y.size(), 1.0f, in[i]->data(), y.data());
+    st.inputs.assign(in.begin(), in.end());
+    st.output = &y;
+  }
+  std::vector<device_tensor> backward_input(stream& s, const device_stash& st, const device_tensor& dy,
+                                            std::uint64_t wanted) override {
+    std::vector<device_tensor> out(st.inputs.size());
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      if (!(wanted >> i & 1)) continue;
+      out[i] = device_tensor(s, dy.shape());
+      copy_async(s, out[i].data(), dy.data(), dy.bytes());
+    }
+    return out;
+  }
+};
+
+template <class Op>
+const layers::basic_activation<float, Op>* as_activation(cpu_layer& l) {
+  return dynamic_cast<const layers::basic_activation<float, Op>*>(&l);
+}
+
+}  // namespace
+
+std::unique_ptr<device_layer> make_device_layer(stream& s, cpu_layer& cpu) {
+  namespace ops = layers::activation_ops;
+  std::unique_ptr<device_layer> d;
+  if (auto* l = dynamic_cast<layers::basic_linear<float>*>(&cpu))
+    d = std::make_unique<linear_layer>(s, std::size_t(l->in_features()), std::size_t(l->out_features()), l->has_bias());
+  else if (auto* c = dynamic_cast<layers::basic_conv2d<float>*>(&cpu))
+    d = std::make_unique<conv2d_layer>(s, c->options());
+  else if (as_activation<ops::relu>(cpu))
+    d = std::make_unique<activation_layer>("ReLU", activation::relu, 0.0f);
+  else if (auto* lr = as_activation<ops::leaky_relu>(cpu))
+    d = std::make_unique<activation_layer>("LeakyReLU", activation::leaky_relu, float(lr->op().negative_slope));
+  else if (as_activation<ops::sigmoid>(cpu))
+    d = std::make_unique<activation_layer>("Sigmoid", activation::sigmoid, 0.0f);
+  else if (as_activation<ops::tanh>(cpu))
+    d = std::make_unique<activation_layer>("Tanh", activation::tanh, 0.0f);
+  else if (as_activation<ops::gelu>(cpu))
+    d = std::make_unique<activation_layer>("GELU", activation::gelu, 0.0f);
+  else if (auto* mp = dynamic_cast<layers::basic_max_pool2d<float>*>(&cpu))
+    d = std::make_unique<pool_layer>(true, mp->options());
+  else if (auto* ap = dynamic_cast<layers::basic_avg_pool2d<float>*>(&cpu))
+    d = std::make_unique<pool_layer>(false, ap->options());
+  else if (dynamic_cast<layers::basic_flatten<float>*>(&cpu))
+    d = std::make_unique<flatten_layer>();
+  else if (dynamic_cast<layers::basic_add<float>*>(&cpu))
+    d = std::make_unique<add_layer>();
+  else
+    throw error(errc::not_supported, cpu.label() + ": no GPU twin for " + std::string(cpu.kind()));
+  upload_parameters(s, *d, cpu);
+  return d;
+}
+
+namespace {
+template <class Pick>
+void transfer(stream& s, device_layer& dev, cpu_layer& cpu, bool to_device, Pick pick) {
+  auto dp = dev.parameters();
+  auto cp = cpu.parameters();
+  if (dp.size() != cp.size())
+    throw error(errc::invalid_argument, cpu.label() + ": " + std::to_string(cp.size()) + " parameters on the CPU, " +
+                                            std::to_string(dp.size()) + " on the device");
+  for (std::size_t i = 0; i < dp.size(); ++i) {
+    device_tensor& d = pick(dp[i]);
+    auto& h = to_device ? *cp[i].value : (&d == dp[i].grad ? *cp[i].grad : *cp[i].value);
+    if (std::size_t(h.size()) != d.size())
+      throw error(errc::invalid_argument, cpu.label() + "." + cp[i].name + ": " + std::to_string(h.size()) +
+                                              " values on the CPU, " + std::to_string(d.size()) + " on the device");
+    if (to_device)
+      copy_async(s, d.data(), h.data(), d.bytes());
+    else
+      copy_async(s, h.data(), d.data(), d.bytes());
+  }
+  s.synchronize();  // pageable host memory: done before the caller touches it
+}
+}  // namespace
+
+void upload_parameters(stream& s, device_layer& dev, cpu_layer& cpu) {
+  transfer(s, dev, cpu, true, [](device_parameter& p) -> device_tensor& { return *p.value; });
+}
+void download_parameters(stream& s, device_layer& dev, cpu_layer& cpu) {
+  transfer(s, dev, cpu, false, [](device_parameter& p) -> device_tensor& { return *p.value; });
+}
+void download_gradients(stream& s, device_layer& dev, cpu_layer& cpu) {
+  transfer(s, dev, cpu, false, [](device_parameter& p) -> device_tensor& { return *p.grad; });
+}
+
+device_tensor upload(stream& s, const float* host, shape_t shape) {
+  device_tensor t(s, std::move(shape));
+  copy_async(s, t.data(), host, t.bytes());
+  s.synchronize();
+  return t;
+}
+
+std::vector<float> download(stream& s, const device_tensor& t) {
+  std::vector<float> v(t.size());
+  copy_async(s, v.data(), t.data(), t.bytes());
+  s.synchronize();
+  return v;
+}
+
+}  // namespace nerve::gpu

@@ -1,0 +1,368 @@
+// The layers on a device against their CPU twins (layers/*.cpp) on fresh random
+// inputs. Compiled twice: into gpu_test on the CPU stand-in (runs everywhere) and
+// into gpu_device_test on CUDA (skipped without a GPU).
+//
+// Tolerances (fp32, TF32 off). A reduction of length k computed in any order has
+// |error| ≤ γ_k·Σ|aᵢbᵢ| with γ_k = k·u/(1 − k·u), u = 2⁻²⁴ (Higham, Accuracy and
+// Stability, §3.1). The GPU and the CPU each make such an error, in different
+// orders, so |gpu − cpu| ≤ 2·γ_k·Σ|aᵢbᵢ|; we take 2·(k+2)·u·m with m = Σ|aᵢbᵢ|
+// (plus |bias|) computed by the same CPU layer on |inputs| and |parameters|
+// (the +2 covers the bias add and the final rounding). Pointwise functions:
+// 8 ulps of the larger of the two results and of the incoming gradient
+// (expf/erff/tanhf on the GPU are within 2 ulps; the CPU recomputes sigmoid/tanh
+// from x where the GPU reads y). A whole training step composes these bounds
+// through the network; there we check 1e-4 relative to the tensor's largest entry
+// (Adam: see the step test, where a gradient at the noise floor moves a weight by ±lr).
+#include "gpu/device.hpp"
+#include "gpu/layers/device_layer.hpp"
+#include "gpu/layers/device_network.hpp"
+#include "gpu/layers/train.hpp"
+#include "gpu/status.hpp"
+#include "gpu/testing.hpp"
+#include "layers/activation.hpp"
+#include "layers/conv2d.hpp"
+#include "layers/dropout.hpp"
+#include "layers/executor.hpp"
+#include "layers/flatten.hpp"
+#include "layers/join.hpp"
+#include "layers/linear.hpp"
+#include "layers/loss.hpp"
+#include "layers/optimizer.hpp"
+#include "layers/pool.hpp"
+#include "layers/presets.hpp"
+#include "tests/gpu/gpu_fixture.hpp"
+#include "tests/gpu/loops.hpp"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+
+using namespace nerve;
+using gpu::test::check_within;
+using gpu::test::unit_roundoff;
+
+namespace {
+
+gpu::device_options layer_device_options() {
+#if NERVE_GPU_LAYERS_STANDIN
+  gpu::device_options o;
+  o.backend = gpu::backend_kind::standin;
+  return o;
+#else
+  return gpu::test::cuda_options();
+#endif
+}
+
+struct layer_fixture {
+  gpu::device dev{layer_device_options()};
+  gpu::stream s = dev.create_stream();
+  std::mt19937_64 rng{[] {
+    const std::uint64_t seed = std::random_device{}();
+    MESSAGE("random seed " << seed);
+    return seed;
+  }()};
+
+  layers::tensor random(std::int64_t batch, layers::shape shape) {
+    layers::tensor t(batch, std::move(shape));
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    for (std::int64_t i = 0; i < t.size(); ++i) t.data()[i] = d(rng);
+    return t;
+  }
+};
+
+gpu::shape_t full_shape(const layers::tensor& t) {
+  gpu::shape_t s;
+  for (auto d : t.full_shape()) s.push_back(std::size_t(d));
+  return s;
+}
+
+std::vector<float> values(const layers::tensor& t) { return {t.data(), t.data() + t.size()}; }
+
+layers::tensor abs_of(const layers::tensor& t) {
+  layers::tensor a = t.clone();
+  for (std::int64_t i = 0; i < a.size(); ++i) a.data()[i] = std::abs(a.data()[i]);
+  return a;
+}
+
+std::vector<double> product_tolerance(const layers::tensor& magnitude, double k) {
+  std::vector<double> tol(std::size_t(magnitude.size()));
+  for (std::size_t i = 0; i < tol.size(); ++i) tol[i] = 2.0 * (k + 2.0) * unit_roundoff * double(magnitude.data()[i]) + 1e-30;
+  return tol;
+}
+
+std::vector<double> pointwise_tolerance(const layers::tensor& want, const layers::tensor* scale = nullptr) {
+  std::vector<double> tol(std::size_t(want.size()));
+  for (std::size_t i = 0; i < tol.size(); ++i) {
+    double m = std::abs(double(want.data()[i]));
+    if (scale) m = std::max(m, std::abs(double(scale->data()[i])));
+    tol[i] = 8.0 * unit_roundoff * m + 1e-30;
+  }
+  return tol;
+}
+
+/// One layer through forward, B and W on both sides. `make` builds a fresh CPU layer;
+/// `k_fwd`, `k_dx`, `k_dw` are the reduction lengths (0: pointwise, exact-ish).
+void compare_layer(layer_fixture& fx, const std::function<std::unique_ptr<layers::layer>()>& make,
+                   std::vector<layers::tensor> inputs, double k_fwd, double k_dx, double k_dw) {
+  auto cpu = make();
+  cpu->reset_parameters(fx.rng);
+  auto dev = gpu::make_device_layer(fx.s, *cpu);
+
+  // Device side.
+  std::vector<gpu::device_tensor> din;
+  for (auto& t : inputs) din.push_back(gpu::upload(fx.s, t.data(), full_shape(t)));
+  std::vector<const gpu::device_tensor*> ptrs;
+  for (auto& t : din) ptrs.push_back(&t);
+  gpu::device_tensor dy_out;
+  gpu::device_stash stash;
+  dev->forward(fx.s, ptrs, dy_out, stash);
+
+  // CPU side (the inputs are moved into the stash: keep copies).
+  std::vector<layers::tensor> cin, ain;
+  for (auto& t : inputs) {
+    cin.push_back(t.clone());
+    ain.push_back(abs_of(t));
+  }
+  auto r = cpu->forward(std::move(cin));
+  auto dy = fx.random(r.output.batch(), r.output.sample_shape());
+  auto gpu_dy = gpu::upload(fx.s, dy.data(), full_shape(dy));
+  auto gdx = dev->backward_input(fx.s, stash, gpu_dy, gpu::all_inputs);
+  dev->backward_weight(fx.s, stash, gpu_dy);
+  cpu->zero_grad();
+  auto cdx = cpu->backward(std::move(r.stash), dy);
+
+  // Magnitudes: the same layer with |parameters| on |inputs| and |dy|.
+  auto mag = make();
+  {
+    auto src = cpu->parameters();
+    auto dst = mag->parameters();
+    for (std::size_t i = 0; i < src.size(); ++i) *dst[i].value = abs_of(*src[i].value);
+  }
+  auto mr = mag->forward(std::move(ain));
+  mag->zero_grad();
+  auto mdx = mag->backward(std::move(mr.stash), abs_of(dy));
+
+  const std::string kind(cpu->kind());
+  const auto got_y = gpu::download(fx.s, dy_out);
+  if (k_fwd > 0)
+    check_within(kind + " forward", got_y, values(r.output), product_tolerance(mr.output, k_fwd));
+  else
+    check_within(kind + " forward", got_y, values(r.output), pointwise_tolerance(r.output));
+  REQUIRE(gdx.size() == cdx.size());
+  for (std::size_t i = 0; i < cdx.size(); ++i) {
+    const auto got = gpu::download(fx.s, gdx[i]);
+    if (k_dx > 0)
+      check_within(kind + " dx" + std::to_string(i), got, values(cdx[i]), product_tolerance(mdx[i], k_dx));
+    else
+      check_within(kind + " dx" + std::to_string(i), got, values(cdx[i]), pointwise_tolerance(cdx[i], &dy));
+  }
+  // Parameter gradients: download into a fresh CPU layer of the same shape.
+  auto got_grads = make();
+  gpu::download_gradients(fx.s, *dev, *got_grads);
+  auto want = cpu->parameters();
+  auto got = got_grads->parameters();
+  auto m = mag->parameters();
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    // Bias gradients are plain sums of dy over the batch (and pixels): magnitude Σ|dy|.
+    check_within(kind + " grad " + want[i].name, values(*got[i].grad), values(*want[i].grad),
+                 product_tolerance(*m[i].grad, k_dw));
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("gpu.layers") {
+  TEST_CASE("every layer's device twin matches the CPU layer on random data") {
+    layer_fixture fx;
+    SUBCASE("Linear") {
+      compare_layer(fx, [] { return std::make_unique<layers::linear>(37, 19); }, [&] {
+        std::vector<layers::tensor> v;
+        v.push_back(fx.random(23, {37}));
+        return v;
+      }(), 37, 19, 23);
+    }
+    SUBCASE("Linear without bias, one row") {
+      compare_layer(fx, [] { return std::make_unique<layers::linear>(300, 10, false); }, [&] {
+        std::vector<layers::tensor> v;
+        v.push_back(fx.random(1, {300}));
+        return v;
+      }(), 300, 10, 1);
+    }
+    auto one = [&](std::int64_t n, layers::shape s) {
+      std::vector<layers::tensor> v;
+      v.push_back(fx.random(n, std::move(s)));
+      return v;
+    };
+    SUBCASE("ReLU") { compare_layer(fx, [] { return std::make_unique<layers::basic_relu<float>>(); }, one(9, {33}), 0, 0, 0); }
+    SUBCASE("LeakyReLU") {
+      compare_layer(fx, [] { return std::make_unique<layers::basic_leaky_relu<float>>(layers::activation_ops::leaky_relu{0.2}); },
+                    one(9, {33}), 0, 0, 0);
+    }
+    SUBCASE("Sigmoid") { compare_layer(fx, [] { return std::make_unique<layers::basic_sigmoid<float>>(); }, one(9, {33}), 0, 0, 0); }
+    SUBCASE("Tanh") { compare_layer(fx, [] { return std::make_unique<layers::basic_tanh<float>>(); }, one(9, {33}), 0, 0, 0); }
+    SUBCASE("GELU") { compare_layer(fx, [] { return std::make_unique<layers::basic_gelu<float>>(); }, one(9, {33}), 0, 0, 0); }
+    SUBCASE("Conv2d 3→4, 3×3, padding 1") {
+      // forward: C·kh·kw = 27 terms (+ bias); dx: K·kh·kw = 36; dW: N·OH·OW = 5·64.
+      compare_layer(fx, [] { return std::make_unique<layers::basic_conv2d<float>>(3, 4, 3, 1, 1); }, one(5, {3, 8, 8}),
+                    27, 36, 5 * 64);
+    }
+    SUBCASE("Conv2d 2→3, 5×5, stride 2, no bias") {
+      compare_layer(fx, [] { return std::make_unique<layers::basic_conv2d<float>>(2, 3, 5, 2, 0, false); },
+                    one(3, {2, 11, 9}), 50, 75, 3 * 12);
+    }
+    SUBCASE("MaxPool2d 2") { compare_layer(fx, [] { return std::make_unique<layers::max_pool2d>(2); }, one(4, {3, 6, 6}), 0, 0, 0); }
+    SUBCASE("AvgPool2d 3, stride 2, padding 1") {
+      compare_layer(fx, [] { return std::make_unique<layers::basic_avg_pool2d<float>>(3, 2, 1); }, one(4, {3, 7, 7}), 9, 9, 0);
+    }
+    SUBCASE("Flatten") { compare_layer(fx, [] { return std::make_unique<layers::basic_flatten<float>>(); }, one(4, {3, 5, 5}), 0, 0, 0); }
+    SUBCASE("Add") {
+      std::vector<layers::tensor> v;
+      v.push_back(fx.random(6, {17}));
+      v.push_back(fx.random(6, {17}));
+      compare_layer(fx, [] { return std::make_unique<layers::basic_add<float>>(); }, std::move(v), 2, 0, 0);
+    }
+  }
+
+  TEST_CASE("a layer without a device twin is refused, naming it") {
+    layer_fixture fx;
+    layers::dropout d(0.5);
+    d.set_name("drop1");
+    try {
+      (void)gpu::make_device_layer(fx.s, d);
+      FAIL("no error");
+    } catch (const gpu::error& e) {
+      CHECK(e.code() == gpu::errc::not_supported);
+      CHECK(std::string(e.what()).find("drop1") != std::string::npos);
+    }
+  }
+
+  TEST_CASE("training steps track the direct executor on the CPU") {
+    struct preset_case {
+      const char* model;
+      std::int64_t batch;
+      std::size_t micro;
+      const char* optimizer;
+    };
+    const preset_case cases[] = {
+        {"mlp", 32, 1, "sgd"}, {"mlp", 33, 3, "adam"}, {"resmlp", 16, 2, "sgd"}, {"lenet", 8, 2, "sgd"}, {"deep-mlp", 8, 1, "adamw"}};
+    for (const auto& c : cases) {
+      const std::string model = c.model, optimizer = c.optimizer;
+      CAPTURE(model);
+      CAPTURE(optimizer);
+      layer_fixture fx;
+      gpu::test::loop_thread loop;
+      auto cpu_graph = layers::make_preset(c.model, 7);
+      auto dev_graph = layers::make_preset(c.model, 7);  // same seed: the same initial weights
+      const double lr = std::string(c.optimizer) == "sgd" ? 0.05 : 1e-3;
+      auto opt = layers::make_optimizer<float>(c.optimizer, lr, std::string(c.optimizer) == "sgd" ? 0.9 : 0.0);
+      gpu::device_optimizer dopt{c.optimizer, lr, std::string(c.optimizer) == "sgd" ? 0.9 : 0.0};
+      gpu::device_network net(fx.dev, dev_graph, dopt, loop.executor(), {.max_batch = 64});
+      layers::direct_executor exec(cpu_graph);
+      layers::cross_entropy loss;
+      const auto sample = cpu_graph.nodes()[cpu_graph.inputs()[0]].output_shape;
+      for (int step = 0; step < 3; ++step) {
+        auto x = fx.random(c.batch, sample);
+        layers::targets y;
+        std::uniform_int_distribution<int> label(0, 9);
+        for (std::int64_t i = 0; i < c.batch; ++i) y.labels.push_back(label(fx.rng));
+        auto got = net.train_step(std::span<const float>(x.data(), std::size_t(x.size())), y.labels, c.micro).get();
+        auto want = exec.train_step(std::move(x), y, loss, *opt, c.micro, std::uint64_t(step));
+        CHECK(got.samples == want.samples);
+        CHECK(got.loss == doctest::Approx(want.loss).epsilon(1e-4));
+        CHECK(std::abs(got.correct - want.correct) <= 1);  // a near-tie may flip
+      }
+      net.download(dev_graph);
+      auto want = cpu_graph.parameters();
+      auto got = dev_graph.parameters();
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        double scale = 0;
+        for (std::int64_t j = 0; j < want[i].value->size(); ++j) scale = std::max(scale, double(std::abs(want[i].value->data()[j])));
+        const double tight = 1e-4 * scale;
+        if (optimizer == "sgd") {
+          check_within(want[i].name, values(*got[i].value), values(*want[i].value),
+                       std::vector<double>(std::size_t(want[i].value->size()), tight));
+          continue;
+        }
+        // Adam divides by √v: where a gradient is at the rounding-noise floor the step is
+        // ±lr whatever its digits, so a few elements may differ by up to 2·lr per step.
+        // Most must still agree tightly.
+        std::size_t loose = 0;
+        double worst = 0;
+        for (std::int64_t j = 0; j < want[i].value->size(); ++j) {
+          const double err = std::abs(double(got[i].value->data()[j]) - double(want[i].value->data()[j]));
+          worst = std::max(worst, err);
+          if (err > tight) ++loose;
+        }
+        INFO(want[i].name << ": " << loose << " of " << want[i].value->size() << " beyond " << tight << ", worst " << worst);
+        CHECK(double(loose) <= 1e-3 * double(want[i].value->size()) + 1);
+        CHECK(worst <= 2.0 * lr * 3 + tight);
+      }
+      CHECK(net.in_flight() == 0);
+    }
+  }
+
+  TEST_CASE("a step's completion runs on the owner's loop; held steps fill the slots") {
+    layer_fixture fx;
+    gpu::test::loop_thread loop;
+    auto g = layers::make_preset("mlp", 1);
+    gpu::device_network net(fx.dev, g, {"sgd", 0.1}, loop.executor(), {.max_batch = 8, .slots = 2});
+    auto x = fx.random(8, {784});
+    std::vector<std::int32_t> y{0, 1, 2, 3, 4, 5, 6, 7};
+    std::span<const float> xs(x.data(), std::size_t(x.size()));
+
+    gpu::testing::gate gate(fx.dev);
+    gate.enqueue(net.stream());  // the device holds everything behind it
+    std::promise<bool> first_on_loop;
+    net.async_train_step(xs, y, 1, -1, [&](std::error_code ec, gpu::device_step_result r) {
+      CHECK(!ec);
+      CHECK(r.samples == 8);
+      first_on_loop.set_value(loop.running_here());
+    });
+    auto second = net.train_step(xs, y);
+    CHECK(net.in_flight() == 2);
+    CHECK_THROWS_AS(net.train_step(xs, y), gpu::error);  // both slots in flight
+    gate.open();
+    CHECK(first_on_loop.get_future().get());
+    CHECK(second.get().samples == 8);
+    CHECK(net.in_flight() == 0);
+    CHECK(net.train_step(xs, y).get().samples == 8);  // the slots are free again
+  }
+
+  TEST_CASE("gpu::train runs a preset as the CPU trainer does") {
+    const std::filesystem::path data = "/usr/share/datasets/fashion-mnist";
+    if (!std::filesystem::exists(data / "train-images-idx3-ubyte.gz") && !std::filesystem::exists(data / "train-images-idx3-ubyte")) {
+      MESSAGE("no Fashion-MNIST in " << data << ": not run");
+      return;
+    }
+    layers::train_options o = layers::preset_defaults("mlp");
+    o.steps = 4;
+    o.batch = 64;
+    o.evaluate = false;
+    o.data = data;
+#if NERVE_GPU_LAYERS_STANDIN
+    const std::string spec = "standin";
+#else
+    const std::string spec = std::getenv("NERVE_GPU_TEST_STANDIN") ? "standin" : "cuda";
+#endif
+    auto cpu = layers::train(o);
+    auto dev = gpu::train(o, spec);
+    REQUIRE(cpu.epochs.size() == 1);
+    REQUIRE(dev.epochs.size() == 1);
+    CHECK(dev.steps == 4);
+    CHECK(dev.epochs[0].train_loss == doctest::Approx(cpu.epochs[0].train_loss).epsilon(1e-4));
+  }
+
+  TEST_CASE("--device values") {
+    int backend = -1, ordinal = -1;
+    CHECK_FALSE(gpu::parse_device("cpu", backend, ordinal));
+    CHECK(gpu::parse_device("cuda", backend, ordinal));
+    CHECK(ordinal == 0);
+    CHECK(gpu::parse_device("cuda:3", backend, ordinal));
+    CHECK(ordinal == 3);
+    CHECK(backend == int(gpu::backend_kind::cuda));
+    CHECK_THROWS_AS(gpu::parse_device("cuda:x", backend, ordinal), std::invalid_argument);
+    CHECK_THROWS_AS(gpu::parse_device("tpu", backend, ordinal), std::invalid_argument);
+  }
+}
