@@ -135,6 +135,7 @@ class coordinator_actor : public actors::actor {
     }
     result_ = step_result{};
     result_.samples = n;
+    step_start_ns_ = system().trace().enabled() ? system().trace().now() : -1;
     reports_ = 0;
     nodes_done_ = 0;
     outputs_.clear();
@@ -160,6 +161,11 @@ class coordinator_actor : public actors::actor {
     if (reports_ < cur.req.micro_batches) return;
     if (cur.req.train && nodes_done_ < layer_nodes_) return;
     step_outcome out{result_, {}};
+    if (cur.req.train && step_start_ns_ >= 0) {  // the step's slice on track 0 (docs/trace-format.md)
+      auto& rec = system().trace();
+      rec.span(0, "step", "step", step_start_ns_, rec.now(), -1, nullptr, -1, -1,
+               static_cast<std::int64_t>(cur.req.step));
+    }
     if (cur.req.want_output) {
       if (outputs_.size() == 1) {
         out.output = std::move(outputs_.begin()->second);
@@ -185,6 +191,7 @@ class coordinator_actor : public actors::actor {
   actors::address loss_;
   std::deque<job> queue_;
   step_result result_;
+  std::int64_t step_start_ns_ = -1;  // recorder time the current step began (-1: not recording)
   std::size_t reports_ = 0, nodes_done_ = 0;
   std::map<std::int64_t, tensor> outputs_;
 };

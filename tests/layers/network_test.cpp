@@ -15,6 +15,8 @@
 #include "layers/network.hpp"
 #include "layers/presets.hpp"
 
+#include <nlohmann/json.hpp>
+
 using namespace nerve;
 using namespace nerve::layers;
 
@@ -180,5 +182,26 @@ TEST_SUITE("layers.network") {
       return losses;
     };
     CHECK(once() == once());
+  }
+}
+
+TEST_SUITE("layers.network") {
+  TEST_CASE("a recorded run has one step slice per training step, and none for evaluation") {
+    auto g = make_preset("mlp", 2);
+    actors::runtime rt({.loops = 1, .record = true});
+    network net(rt, g, std::make_shared<cross_entropy>(), sgd_factory({0.1}));
+    for (std::uint64_t s = 0; s < 3; ++s) net.train_step(random_batch(8, shape{784}, s), random_labels(8, 10, s), 2, s).get();
+    net.evaluate(random_batch(8, shape{784}, 9), random_labels(8, 10, 9)).get();
+    rt.synchronize();
+    auto trace = rt.trace().to_chrome_trace(nlohmann::json::array(), nlohmann::json::object());
+    std::vector<std::int64_t> steps;
+    for (auto& e : trace["traceEvents"])
+      if (e.value("cat", "") == "step") {
+        CHECK(e["ph"] == "X");
+        CHECK(e["tid"] == 0);
+        CHECK(e["dur"].get<double>() > 0);
+        steps.push_back(e["args"]["step"].get<std::int64_t>());
+      }
+    CHECK(steps == std::vector<std::int64_t>{0, 1, 2});
   }
 }
