@@ -297,6 +297,31 @@ schedule make_schedule(schedule_kind kind, std::uint32_t stages, std::uint32_t m
       }
       return s;
     case schedule_kind::interleaved: {
+      if (M % S == 0) {
+        // Megatron-LM's order: forwards in groups of S micro-batches per chunk, chunk
+        // 0 first; backwards the same groups, last chunk first. Stage i warms up with
+        // (S-1-i)*2 + (v-1)*S forwards, then alternates F and B, then drains the Bs.
+        const std::uint32_t total = M * chunks;
+        auto f_at = [&](std::uint32_t k) {
+          return action{op::F, (k / (S * chunks)) * S + k % S, (k % (S * chunks)) / S};
+        };
+        auto b_at = [&](std::uint32_t k) {
+          return action{op::B, (k / (S * chunks)) * S + k % S, chunks - 1 - (k % (S * chunks)) / S};
+        };
+        for (std::uint32_t i = 0; i < S; ++i) {
+          auto& a = s.actions[i];
+          const std::uint32_t warm = M == S ? total : std::min((S - 1 - i) * 2 + (chunks - 1) * S, total);
+          for (std::uint32_t k = 0; k < warm; ++k) a.push_back(f_at(k));
+          for (std::uint32_t k = 0; k + warm < total; ++k) {
+            a.push_back(f_at(warm + k));
+            a.push_back(b_at(k));
+          }
+          for (std::uint32_t k = total - warm; k < total; ++k) a.push_back(b_at(k));
+        }
+        return s;
+      }
+      // Other M: the same priorities (B first, Megatron's order among ready actions,
+      // the same in-flight bound) by a unit-time list simulation.
       greedy_policy pol;
       pol.megatron_order = true;
       for (std::uint32_t i = 0; i < S; ++i) {

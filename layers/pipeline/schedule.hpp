@@ -70,9 +70,10 @@ struct schedule {
 /// - `gpipe`: every F, then every B (stage s holds all M micro-batches).
 /// - `1f1b` (PipeDream-flush): S-1-s warm-up forwards, then one F and one B in
 ///   turn, then the remaining Bs; stage s holds at most S-s micro-batches.
-/// - `interleaved`: 1F1B over `chunks` model chunks per stage (Megatron's order:
-///   forwards in groups of S micro-batches per chunk, backwards the reverse way),
-///   derived by a unit-time simulation; needs `chunks >= 2`.
+/// - `interleaved`: 1F1B over `chunks` model chunks per stage (Megatron-LM's order:
+///   forwards in groups of S micro-batches per chunk, backwards the reverse way)
+///   when S divides M; otherwise the same priorities by a unit-time list
+///   simulation (valid, with a larger bubble). Needs `chunks >= 2`.
 /// - `zb-h1`: 1F1B's F and B order with backward split into B and W; stage s
 ///   defers the W of its first s micro-batches into the cool-down, where they fill
 ///   the waits for gradients. Every stage holds at most S micro-batches between F
@@ -127,7 +128,7 @@ simulation simulate(const schedule& s, action_costs costs = {});
 /// Theory for GPipe and 1F1B with equal stages: (S-1)/(M+S-1).
 double bubble_theory(std::uint32_t stages, std::uint32_t micro_batches) noexcept;
 /// The bubble the schedule's kind has in theory with equal stages and unit costs
-/// (interleaved: (S-1)/(v·M+S-1); zb-h1 with F = B = W: (S-1)/(3M+S-1)).
+/// (interleaved: (S-1)/(v·M+S-1), reached when S divides M; zb-h1 with F = B = W: (S-1)/(3M+S-1)).
 double bubble_theory(const schedule& s);
 
 /// The schedule as a stage × time table on unit costs (B and W one unit each; a

@@ -84,6 +84,19 @@ TEST_SUITE("pipeline.schedule") {
     }
   }
 
+  TEST_CASE("interleaved reaches (S-1)/(vM+S-1) when S divides M") {
+    for (std::uint32_t S = 2; S <= 4; ++S)
+      for (std::uint32_t v : {2u, 3u})
+        for (std::uint32_t M : {S, 2 * S}) {
+          auto s = make_schedule("interleaved", S, M, v);
+          auto sim = simulate(s);
+          CAPTURE(S);
+          CAPTURE(v);
+          CAPTURE(M);
+          for (double b : sim.bubble) CHECK(b == doctest::Approx(double(S - 1) / double(v * M + S - 1)));
+        }
+  }
+
   TEST_CASE("a schedule round-trips through its text form and a file") {
     auto s = make_schedule("interleaved", 3, 6, 2);
     auto t = parse_schedule(to_text(s));
