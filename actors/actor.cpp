@@ -89,9 +89,15 @@ void actor::commit(std::unique_ptr<envelope> e) noexcept {
     r.depth = static_cast<std::int32_t>(normal_size_.load(std::memory_order_relaxed));
     rec.write(r);
   }
+  // Counted before it is pushed, so a drain never pops a message that pending_ does not
+  // count yet: pending_ stays >= the messages a drain can see and never goes negative.
+  // (Counting after the push let a drain take a message before its count, leave pending_
+  // at -1 with the actor re-queued, and a later 0 -> 1 send queue it a second time: a
+  // corrupt ready queue, lost wake-ups and crashes.)
   auto* raw = e.release();
+  const bool wake = pending_.fetch_add(1, std::memory_order_acq_rel) == 0;
   (raw->where == lane::urgent ? urgent_ : normal_).push(raw);
-  if (pending_.fetch_add(1, std::memory_order_acq_rel) == 0) schedule();
+  if (wake) schedule();
 }
 
 void actor::schedule() {
