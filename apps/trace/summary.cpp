@@ -269,14 +269,17 @@ void print_summary(const summary& s, const timeline& t, std::ostream& out) {
   }
 
   out << "\nactors (busy = time in handlers / window; times in µs, p50/p99/max)\n";
-  out << "  " << pad("pid", 4) << pad("actor", 18) << pad("loop", 5, true) << pad("stage", 6, true) << pad("busy%", 8, true)
-      << pad("in", 8, true) << pad("out", 8, true) << pad("drop", 6, true) << "   " << pad("queue wait", 26) << "handler time\n";
   auto triple = [](const distribution& d) { return fixed(d.p50) + " / " + fixed(d.p99) + " / " + fixed(d.max); };
+  std::size_t qw = 26;  // the queue-wait column fits its widest entry, so columns never run together
+  for (const auto& a : s.actors)
+    if (a.queue_us.count) qw = std::max(qw, triple(a.queue_us).size() + 2);
+  out << "  " << pad("pid", 4) << pad("actor", 18) << pad("loop", 5, true) << pad("stage", 6, true) << pad("busy%", 8, true)
+      << pad("in", 8, true) << pad("out", 8, true) << pad("drop", 6, true) << "   " << pad("queue wait", qw) << "handler time\n";
   for (const auto& a : s.actors) {
     out << "  " << pad(std::to_string(a.pid), 4) << pad(a.name, 18) << pad(std::to_string(a.loop), 5, true)
         << pad(std::to_string(a.stage), 6, true) << pad(fixed(a.busy_pct), 8, true) << pad(std::to_string(a.messages_in), 8, true)
         << pad(std::to_string(a.messages_out), 8, true) << pad(std::to_string(a.dropped), 6, true) << "   "
-        << pad(a.queue_us.count ? triple(a.queue_us) : "-", 26) << triple(a.handler_us) << "\n";
+        << pad(a.queue_us.count ? triple(a.queue_us) : "-", qw) << triple(a.handler_us) << "\n";
   }
 
   if (!s.stages.empty()) {
