@@ -251,13 +251,14 @@ class actor {
   [[noreturn]] void throw_send_error(send_status s, const address& to, std::string_view kind) const;
   void check_reply_type(const type_tag* expected, const type_tag* given) const;
 
-  // -- producer-side hot fields
-  alignas(64) std::atomic<std::int64_t> pending_{0};
+  // -- producer-side hot fields (no over-alignment: actors come by the hundred thousand and
+  //    an over-aligned class costs an aligned allocation and padding each)
+  std::atomic<std::int64_t> pending_{0};
   std::atomic<std::int64_t> normal_size_{0};
   std::atomic<bool> closed_{false};
   std::atomic<bool> has_space_waiters_{false};
-  detail::mpsc_queue urgent_;
-  detail::mpsc_queue normal_;
+  detail::compact_mpsc_queue urgent_;
+  detail::compact_mpsc_queue normal_;
   detail::ready_link ready_link_;  // this actor's entry in its loop's ready queue (queued at most once)
   // -- identity
   std::atomic<std::uint32_t> refs_{0};

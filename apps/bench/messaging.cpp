@@ -351,7 +351,8 @@ void add_messaging(CLI::App& app) {
     for (auto& p : be.placements) ps += (ps.empty() ? "" : ", ") + p;
     sub->add_option("--placement", opts->placement,
                     "Actors on loops: " + ps + " (default " + be.placements.front() +
-                        "; spread = round robin, every hop crosses loops; packed = neighbours share a loop)");
+                        "; spread = round robin, every hop crosses loops; packed = neighbours share a loop: chain and fan in "
+                        "contiguous blocks, the pingpong/oneway/payload pair on one loop)");
   }
   sub->add_option("--timeout", opts->timeout_s, "many: a repeat running longer is killed and reported as timed out (0: never)")->capture_default_str();
   sub->add_flag("--json", opts->json, "Print one JSON object (with 'all': an object holding the list 'results')");

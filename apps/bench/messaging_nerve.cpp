@@ -37,6 +37,12 @@ unsigned loop_for(const run_params& p, unsigned i, unsigned n) {
   return i % p.threads;
 }
 
+/// The loop of actor `i` of a communicating pair (pingpong, oneway, payload): spread = one
+/// per loop, every message crosses loops; packed = the pair shares loop 0 (what a placement
+/// that co-locates chatty partners does; a work-stealing scheduler such as CAF's ends up
+/// running such a pair on one thread too).
+unsigned pair_loop(const run_params& p, unsigned i) { return p.placement == "packed" ? 0 : i % p.threads; }
+
 na::runtime_options options_for(const run_params& p) {
   return {.loops = p.threads, .record = p.record};
 }
@@ -83,8 +89,8 @@ struct ping_actor : na::actor {
 sample run_pingpong(const run_params& p) {
   na::runtime rt(options_for(p));
   std::promise<void> done;
-  auto pong = rt.spawn_on<pong_actor>(loop_for(p, 1, 2));
-  auto ping = rt.spawn_on<ping_actor>(loop_for(p, 0, 2), pong, p.count, &done);
+  auto pong = rt.spawn_on<pong_actor>(pair_loop(p, 1));
+  auto ping = rt.spawn_on<ping_actor>(pair_loop(p, 0), pong, p.count, &done);
   rt.send(pong, peer{ping});
   rt.synchronize();
   auto t0 = clock_type::now();
@@ -158,8 +164,8 @@ template <class M>
 sample run_oneway(const run_params& p) {
   na::runtime rt(options_for(p));
   std::promise<void> done;
-  auto consumer = rt.spawn_on<consumer_actor<M>>(loop_for(p, 1, 2), p.count, &done);
-  auto producer = rt.spawn_on<producer_actor<M>>(loop_for(p, 0, 2), consumer, p.count);
+  auto consumer = rt.spawn_on<consumer_actor<M>>(pair_loop(p, 1), p.count, &done);
+  auto producer = rt.spawn_on<producer_actor<M>>(pair_loop(p, 0), consumer, p.count);
   rt.synchronize();
   auto t0 = clock_type::now();
   rt.send(producer, go{});
