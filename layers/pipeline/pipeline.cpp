@@ -85,7 +85,7 @@ class stage_actor : public actors::actor {
  public:
   struct config {
     std::uint32_t stage = 0;
-    const ::nerve::pipeline::schedule* plan = nullptr;
+    std::shared_ptr<const ::nerve::pipeline::schedule> plan;  // shared: a stopping actor may outlive its pipeline
     std::vector<std::unique_ptr<piece_executor>> chunks;  // by chunk
     std::unique_ptr<layers::optimizer> opt;
     std::shared_ptr<const layers::loss> criterion;
@@ -410,11 +410,12 @@ pipeline::pipeline(actors::runtime& rt, std::vector<layers::graph*> replicas, pa
   if (!options_.loops.empty() && options_.loops.size() != std::size_t(S) * replicas_)
     throw std::invalid_argument("pipeline: " + std::to_string(options_.loops.size()) + " loops given for " +
                                 std::to_string(S * replicas_) + " stages");
+  auto shared_plan = std::make_shared<const schedule>(plan_);
   for (std::uint32_t r = 0; r < replicas_; ++r)
     for (std::uint32_t s = 0; s < S; ++s) {
       stage_actor::config c;
       c.stage = s;
-      c.plan = &plan_;
+      c.plan = shared_plan;
       for (std::uint32_t k = 0; k < plan_.chunks; ++k)
         c.chunks.push_back(std::make_unique<piece_executor>(*replicas[r], pieces_, plan_.piece(s, k)));
       c.opt = make_optimizer();
