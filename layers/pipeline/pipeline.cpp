@@ -5,6 +5,8 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -58,12 +60,30 @@ struct step_msg {
   std::vector<double> shares;            ///< the last stage: nᵢ/N per micro-batch (N: all replicas' samples)
 };
 
-/// Another stage failed: end the step with `error` and stop.
+/// Another stage failed with `what`: end the step and stop. Carries text, not the
+/// exception: every stage fails its own request with its own `stage_aborted`, so no
+/// exception object is shared between loop threads and the caller.
 struct abort_msg {
   static constexpr std::string_view kind = "abort";
   std::uint32_t from = 0;
-  std::exception_ptr error;
+  std::string what;
 };
+
+/// The error of a stage that stopped because another stage failed.
+class stage_aborted : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
 
 struct stage_report {
   std::vector<double> losses;  // last stage: per micro-batch
@@ -131,7 +151,9 @@ class stage_actor : public actors::actor {
       exec.set_weight_observer([this, k](std::size_t i, std::uint64_t mb) { on_weight(k, i, mb); });
     }
     on<abort_msg>([this](abort_msg& m) {
-      if (reply_) reply_.fail(m.error);
+      if (reply_)
+        reply_.fail(std::make_exception_ptr(stage_aborted("stage " + std::to_string(c_.stage) + " stopped: stage " +
+                                                          std::to_string(m.from) + " failed: " + m.what)));
       stop();
     });
   }
@@ -147,11 +169,12 @@ class stage_actor : public actors::actor {
     } catch (...) {
       failed_ = true;
       auto e = std::current_exception();
-      if (reply_) reply_.fail(e);
+      const std::string what = what_of(e);
+      if (reply_) reply_.fail(std::move(e));
       // Every other stage (of every replica) ends its step with an abort and stops; so does this one.
       if (stages_)
         for (std::uint32_t s = 0; s < stages_->size(); ++s)
-          if (s != replica_ * S_ + c_.stage) (void)try_send((*stages_)[s], abort_msg{c_.stage, e}, actors::lane::urgent);
+          if (s != replica_ * S_ + c_.stage) (void)try_send((*stages_)[s], abort_msg{c_.stage, what}, actors::lane::urgent);
       stop();
     }
   }
@@ -502,15 +525,19 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
     futures[i] = rt_.ask<stage_report>(stages_[i], std::move(msgs[i]), std::chrono::nanoseconds::max());
   }
   std::vector<stage_report> reports(msgs.size());
-  // A failing stage fails every stage's step with its own error (see abort_msg).
-  std::exception_ptr first_error;
+  // A failing stage fails its request with its error and makes every other stage fail
+  // with `stage_aborted` (see abort_msg): rethrow the error itself.
+  std::exception_ptr first_error, aborted;
   for (std::size_t i = 0; i < msgs.size(); ++i) {
     try {
       reports[i] = futures[i].get();
+    } catch (const stage_aborted&) {
+      if (!aborted) aborted = std::current_exception();
     } catch (...) {
       if (!first_error) first_error = std::current_exception();
     }
   }
+  if (!first_error) first_error = aborted;
   if (first_error) {
     failed_ = true;
     for (auto& a : stages_)
