@@ -57,11 +57,12 @@ send_status actor::enqueue(std::unique_ptr<envelope>& e) {
 send_status actor::reserve(lane where) noexcept {
   if (closed_.load(std::memory_order_acquire)) return send_status::closed;
   if (where == lane::normal) {
-    auto n = normal_size_.fetch_add(1, std::memory_order_acq_rel);
-    if (n >= static_cast<std::int64_t>(capacity_)) {
-      normal_size_.fetch_sub(1, std::memory_order_acq_rel);
-      return send_status::full;
-    }
+    // Compare-and-swap, not add-then-undo: a refused send never shows as queued, so
+    // queued() never reads more than the capacity (as back-pressure promises).
+    auto n = normal_size_.load(std::memory_order_relaxed);
+    do {
+      if (n >= static_cast<std::int64_t>(capacity_)) return send_status::full;
+    } while (!normal_size_.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel, std::memory_order_relaxed));
   }
   return send_status::ok;
 }
