@@ -27,9 +27,14 @@ void run_loop(detail::loop_state& l) {
   constexpr int spin_rounds = 2048;   // checks of the ready queue before blocking
   constexpr int yield_after = 1024;   // then give the core away between checks (oversubscribed hosts)
   constexpr int io_poll_every = 64;   // spinning also polls the io_context now and then
+  // io_context::poll() and stopped() each take the io_context's mutex: a busy loop polls it
+  // every few turns only (timers and posted closures wait at most that many turns).
+  constexpr unsigned busy_turns_per_poll = 8;
   auto& io = l.io;
+  unsigned busy_turns = 0;
   for (;;) {
     std::size_t ran = l.run_ready(drains_per_turn);
+    if (ran != 0 && ++busy_turns % busy_turns_per_poll != 0) continue;
     ran += io.poll();
     if (io.stopped()) return;
     if (ran) continue;
@@ -37,8 +42,11 @@ void run_loop(detail::loop_state& l) {
     for (int i = 1; i <= spin_rounds && !work; ++i) {
       if (i < yield_after) cpu_relax();
       else std::this_thread::yield();
-      work = !l.ready.empty() || (i % io_poll_every == 0 && io.poll() != 0);
-      if (io.stopped()) return;
+      work = !l.ready.empty();
+      if (!work && i % io_poll_every == 0) {
+        work = io.poll() != 0;
+        if (io.stopped()) return;
+      }
     }
     if (work) continue;
     l.sleeping.store(true, std::memory_order_relaxed);
