@@ -151,9 +151,12 @@ class stage_actor : public actors::actor {
       exec.set_weight_observer([this, k](std::size_t i, std::uint64_t mb) { on_weight(k, i, mb); });
     }
     on<abort_msg>([this](abort_msg& m) {
-      if (reply_)
-        reply_.fail(std::make_exception_ptr(stage_aborted("stage " + std::to_string(c_.stage) + " stopped: stage " +
-                                                          std::to_string(m.from) + " failed: " + m.what)));
+      if (reply_) {
+        // Made in its own statement so the temporary is gone before the caller can see the error.
+        auto e = std::make_exception_ptr(
+            stage_aborted("stage " + std::to_string(c_.stage) + " stopped: stage " + std::to_string(m.from) + " failed: " + m.what));
+        reply_.fail(std::move(e));
+      }
       stop();
     });
   }
@@ -164,19 +167,23 @@ class stage_actor : public actors::actor {
   template <class F>
   void guarded(F&& f) {
     if (failed_) return;
+    std::exception_ptr e;
     try {
       f();
     } catch (...) {
-      failed_ = true;
-      auto e = std::current_exception();
-      const std::string what = what_of(e);
-      if (reply_) reply_.fail(std::move(e));
-      // Every other stage (of every replica) ends its step with an abort and stops; so does this one.
-      if (stages_)
-        for (std::uint32_t s = 0; s < stages_->size(); ++s)
-          if (s != replica_ * S_ + c_.stage) (void)try_send((*stages_)[s], abort_msg{c_.stage, what}, actors::lane::urgent);
-      stop();
+      e = std::current_exception();
     }
+    if (!e) return;
+    failed_ = true;
+    // Every other stage (of every replica) ends its step with an abort and stops; so does this one.
+    const std::string what = what_of(e);
+    if (stages_)
+      for (std::uint32_t s = 0; s < stages_->size(); ++s)
+        if (s != replica_ * S_ + c_.stage) (void)try_send((*stages_)[s], abort_msg{c_.stage, what}, actors::lane::urgent);
+    // Handed over last, outside the catch block: this thread then holds no reference to the
+    // exception, so the caller's is the last one (TSan cannot see libstdc++'s reference counts).
+    if (reply_) reply_.fail(std::move(e));
+    stop();
   }
 
   std::int64_t now() { return system().trace().now(); }
