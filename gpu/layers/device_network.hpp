@@ -22,7 +22,9 @@
 ///
 /// Thread safety: `async_train_step`, `async_evaluate` and `train_step`/`evaluate`
 /// from one thread at a time; handlers run on the executor. Construct, `download`
-/// and destroy off the event loops (they wait for the stream).
+/// and destroy off the event loops (they wait for the stream), and destroy only
+/// after every handler has run (`in_flight() == 0`): a handler refers to the network.
+/// A failed step (the CUDA error, sticky) fails every step after it the same way.
 
 #include "gpu/device.hpp"
 #include "gpu/layers/device_layer.hpp"

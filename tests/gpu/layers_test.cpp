@@ -330,6 +330,31 @@ TEST_SUITE("gpu.layers") {
     CHECK(net.train_step(xs, y).get().samples == 8);  // the slots are free again
   }
 
+#if NERVE_GPU_LAYERS_STANDIN
+  // On CUDA a planted fault ends the process's context: gpu_fault_test does that in its own process.
+  TEST_CASE("a failed step reaches its caller as an error, and later steps fail the same way") {
+    gpu::test::loop_thread loop;
+    layer_fixture fx;
+    auto g = layers::make_preset("mlp", 1);
+    gpu::device_network net(fx.dev, g, {"sgd", 0.1}, loop.executor(), {.max_batch = 4});
+    auto x = fx.random(4, {784});
+    std::vector<std::int32_t> y{0, 1, 2, 3};
+    std::span<const float> xs(x.data(), std::size_t(x.size()));
+    CHECK(net.train_step(xs, y).get().samples == 4);
+    gpu::testing::enqueue_fault(net.stream());
+    for (int i = 0; i < 2; ++i) {
+      auto f = net.train_step(xs, y);
+      try {
+        (void)f.get();
+        FAIL("no error");
+      } catch (const gpu::error& e) {
+        CHECK(e.code() == gpu::errc::stream_failed);
+      }
+    }
+    CHECK(net.in_flight() == 0);
+  }
+#endif
+
   TEST_CASE("gpu::train runs a preset as the CPU trainer does") {
     const std::filesystem::path data = "/usr/share/datasets/fashion-mnist";
     if (!std::filesystem::exists(data / "train-images-idx3-ubyte.gz") && !std::filesystem::exists(data / "train-images-idx3-ubyte")) {
