@@ -289,6 +289,11 @@ json time_steps(const train_bench_options& o, const std::string& model, std::siz
          {"direct_seconds", d},
          {"actor_seconds", a},
          {"actor_overhead", d > 0 ? a / d - 1.0 : 0.0},
+         // Minima too: on a shared machine interference only ever adds time, so the fastest
+         // repeat of each side is the least disturbed estimate of the overhead.
+         {"direct_min_seconds", *std::min_element(direct.begin(), direct.end())},
+         {"actor_min_seconds", *std::min_element(actor.begin(), actor.end())},
+         {"actor_overhead_min", *std::min_element(actor.begin(), actor.end()) / *std::min_element(direct.begin(), direct.end()) - 1.0},
          {"direct_gflops", flops / d / 1e9},
          {"actor_gflops", flops / a / 1e9},
          {"direct_samples_seconds", direct},
