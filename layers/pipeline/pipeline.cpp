@@ -551,6 +551,13 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
       if (!a.stopped()) rt_.stop(a);
     for (auto& a : reducers_)
       if (!a.stopped()) rt_.stop(a);
+    // Wait until the stops are handled and the stages let go of their requests, while the
+    // futures still hold the errors: the last reference to each is then on this thread,
+    // and every stage has stopped when the error reaches the caller.
+    try {
+      rt_.synchronize();
+    } catch (...) {  // a failure elsewhere on the runtime: ours is the one to report
+    }
     std::rethrow_exception(first_error);
   }
   const auto t1 = rt_.trace().now();
