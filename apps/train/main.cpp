@@ -7,16 +7,24 @@
 
 #include <cstdio>
 #include <iostream>
+#include <string>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "gpu/layers/train.hpp"
 #include "layers/presets.hpp"
 #include "layers/trainer.hpp"
 
 using namespace nerve::layers;
 
 namespace {
+
+std::string fmt_g(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
 
 /// A progress bar on stderr: redrawn in place on a terminal, a line per quarter otherwise.
 class progress_bar {
@@ -56,6 +64,7 @@ int main(int argc, char** argv) {
   long long steps = -1;
   long long batch = -1;
   double lr = -1, momentum = -1, weight_decay = -1;
+  std::string device = "cpu";
   std::string optimizer, schedule = "none", data = "/usr/share/datasets/fashion-mnist", init, save, trace;
   unsigned threads = 1;
   unsigned long long seed = 0;
@@ -80,6 +89,7 @@ int main(int argc, char** argv) {
   app.add_option("--save", save, "Write the final weights here (safetensors, PyTorch names)");
   app.add_option("--trace", trace, "Record every message and write a Chrome trace here");
   app.add_flag("--no-eval", no_eval, "Skip the test-set evaluation after each epoch");
+  app.add_option("--device", device, "Where the network runs: cpu, cuda or cuda:N");
   app.add_flag("--json", json, "Print one JSON object with the results on stdout");
   app.add_flag("--quiet", quiet, "No progress bar");
   CLI11_PARSE(app, argc, argv);
@@ -107,22 +117,27 @@ int main(int argc, char** argv) {
     o.evaluate = !no_eval;
 
     if (!json)
-      std::printf("nerve-train: %s, %d epochs, batch %zu, %s lr %g%s, %u thread%s\n", o.model.c_str(), o.epochs, o.batch,
-                  o.optimizer.c_str(), o.lr, o.momentum > 0 ? (" momentum " + std::to_string(o.momentum)).c_str() : "",
+      std::printf("nerve-train: %s, %s, batch %zu, %s lr %g%s, %u thread%s\n", o.model.c_str(),
+                  o.steps > 0 ? (std::to_string(o.steps) + " steps at most").c_str()
+                                  : (std::to_string(o.epochs) + " epochs").c_str(),
+                  o.batch, o.optimizer.c_str(), o.lr, o.momentum > 0 ? (" momentum " + fmt_g(o.momentum)).c_str() : "",
                   o.threads, o.threads == 1 ? "" : "s");
     progress_bar bar(quiet);
-    auto report = train(
-        o, [&](const train_progress& p) { bar(p); },
+    auto report = nerve::gpu::train(
+        o, device, [&](const train_progress& p) { bar(p); },
         [&](const epoch_stats& e) {
-          if (!json)
-            std::printf("epoch %2d  train loss %.4f  train acc %6.2f%%  test acc %6.2f%%  %6.2f s  %8.0f samples/s\n",
-                        e.epoch, e.train_loss, 100 * e.train_accuracy, 100 * e.test_accuracy, e.seconds,
-                        e.samples_per_s);
+          if (!json) {
+            char test[32] = "      -";  // --no-eval: no test accuracy to show
+            if (o.evaluate) std::snprintf(test, sizeof test, "%6.2f%%", 100 * e.test_accuracy);
+            std::printf("epoch %2d  train loss %.4f  train acc %6.2f%%  test acc %s  %6.2f s  %8.0f samples/s\n",
+                        e.epoch, e.train_loss, 100 * e.train_accuracy, test, e.seconds, e.samples_per_s);
+          }
           std::fflush(stdout);
         });
     if (json) {
       nlohmann::json j;
       j["model"] = o.model;
+      j["device"] = device;
       j["parameters"] = report.parameters;
       j["steps"] = report.steps;
       j["batch"] = o.batch;
