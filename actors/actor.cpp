@@ -74,21 +74,11 @@ void actor::commit(std::unique_ptr<envelope> e) noexcept {
   if (here && here->rt == rt_) here->count_sent();
   else rt_->external_sent_.fetch_add(1, std::memory_order_acq_rel);
 
-  auto& rec = rt_->recorder_;
-  if (rec.enabled()) {
-    e->flow = rec.next_flow();
-    e->enqueued_ns = rec.now();
-    record r;
-    r.kind = record_kind::send;
-    r.ts_ns = e->enqueued_ns;
-    r.flow = e->flow;
-    r.bytes = e->bytes;
-    r.mb = e->micro_batch;
-    r.tag = e->tag;
-    r.track = e->sender;
-    r.peer = id_;
-    r.depth = static_cast<std::int32_t>(normal_size_.load(std::memory_order_relaxed));
-    rec.write(r);
+  // Recording, the send costs a clock read and two stores into the envelope: the send
+  // becomes part of the one record written when the message is handled (or dropped).
+  if (rt_->recorder_.enabled()) [[unlikely]] {
+    e->sent_ticks = recorder::ticks();
+    e->sent_depth = static_cast<std::int32_t>(normal_size_.load(std::memory_order_relaxed));
   }
   // Counted before it is pushed, so a drain never pops a message that pending_ does not
   // count yet: pending_ stays >= the messages a drain can see and never goes negative.
@@ -156,6 +146,8 @@ void actor::drain() {
   auto* loop = loop_;
   auto* saved = detail::current_loop;
   detail::current_loop = loop;
+  const auto saved_running = loop->running;
+  loop->running = id_;
   std::int64_t taken = 0;
   while (taken < static_cast<std::int64_t>(batch_)) {
     envelope* raw = pop();
@@ -171,6 +163,7 @@ void actor::drain() {
     e.reset();  // the payload dies before the message counts as handled
     loop->count_handled();
   }
+  loop->running = saved_running;
   detail::current_loop = saved;
   const auto before = pending_.fetch_sub(taken, std::memory_order_acq_rel);
   if (before != taken) schedule();  // more queued (or arriving): another turn, after the other actors'
@@ -179,8 +172,8 @@ void actor::drain() {
 
 void actor::invoke(envelope& e) {
   auto& rec = rt_->recorder_;
-  const bool recording = rec.enabled() && e.flow != 0;
-  std::int64_t start = recording ? rec.now() : 0;
+  const bool recording = e.sent_ticks != 0 && rec.enabled();
+  const std::int64_t start = recording ? recorder::ticks() : 0;
   current_ = &e;
   try {
     dispatch(e);
@@ -189,12 +182,13 @@ void actor::invoke(envelope& e) {
     if (e.reply) std::exchange(e.reply, nullptr)->fail(err);
     current_ = nullptr;
     if (recording) {
+      record_send(e);
       record r;
       r.kind = record_kind::failure;
-      r.ts_ns = rec.now();
+      r.ts_ns = recorder::ticks();
       r.tag = e.tag;
       r.track = id_;
-      rec.write(r);
+      rec.write_ticks(r);
     }
     fail(err);
     return;
@@ -203,21 +197,36 @@ void actor::invoke(envelope& e) {
   if (e.reply) std::exchange(e.reply, nullptr)->fail(std::make_exception_ptr(
       wiring_error("actor '" + name_ + "' did not answer request '" + std::string(e.tag->name) + "'")));
   if (recording) {
-    record r;
-    r.kind = record_kind::handle;
-    r.ts_ns = start;
-    r.dur_ns = rec.now() - start;
-    r.flow = e.flow;
-    r.bytes = e.bytes;
-    r.mb = e.micro_batch;
-    r.value = start - e.enqueued_ns;
-    r.tag = e.tag;
-    r.track = id_;
-    r.peer = e.sender;
-    r.aux = static_cast<std::int32_t>(loop_->index);
-    r.depth = static_cast<std::int32_t>(normal_size_.load(std::memory_order_relaxed));
-    rec.write(r);
+    message_record m;
+    m.sent = e.sent_ticks;
+    m.start = start;
+    m.end = recorder::ticks();
+    m.tag = e.tag;
+    m.bytes = e.bytes;
+    m.mb = e.micro_batch;
+    m.sender = e.sender;
+    m.receiver = id_;
+    m.sent_depth = e.sent_depth;
+    m.run_depth = static_cast<std::int32_t>(normal_size_.load(std::memory_order_relaxed));
+    m.loop = loop_->index;
+    rec.write(m);
   }
+}
+
+void actor::record_send(const envelope& e) noexcept {
+  // A recorded message that is never handled (dropped, or its handler threw): its send
+  // alone, as a record of its own.
+  record r;
+  r.kind = record_kind::send;
+  r.ts_ns = e.sent_ticks;
+  r.flow = rt_->recorder_.next_flow();
+  r.bytes = e.bytes;
+  r.mb = e.micro_batch;
+  r.tag = e.tag;
+  r.track = e.sender;
+  r.peer = id_;
+  r.depth = e.sent_depth;
+  rt_->recorder_.write_ticks(r);
 }
 
 void actor::dispatch(envelope& e) {
@@ -258,14 +267,15 @@ void actor::drop(envelope& e, const char* reason) noexcept {
         send_error(send_status::closed, "actor '" + name_ + "' stopped before handling '" + std::string(e.tag->name) + "'")));
   auto& rec = rt_->recorder_;
   if (rec.enabled()) {
+    if (e.sent_ticks != 0) record_send(e);
     record r;
     r.kind = record_kind::drop;
-    r.ts_ns = rec.now();
+    r.ts_ns = recorder::ticks();
     r.tag = e.tag;
     r.track = e.sender;
     r.peer = id_;
     r.text = reason;
-    rec.write(r);
+    rec.write_ticks(r);
   }
 }
 

@@ -242,6 +242,7 @@ class actor {
   void dispatch(envelope& e);
   void handle_response(response& r);
   void drop(envelope& e, const char* reason) noexcept;
+  void record_send(const envelope& e) noexcept;  // recording: a send that will have no handler run
   void close_and_stop();
   void send_envelope(const address& to, std::unique_ptr<envelope> e);
   send_status try_send_envelope(const address& to, std::unique_ptr<envelope>& e);

@@ -86,11 +86,11 @@ struct reply_sink_base;
 struct envelope : detail::mpsc_node {
   const type_tag* tag = nullptr;
   actor_id sender = 0;
+  std::int32_t sent_depth = -1;   ///< recorded: the receiver's queued messages after the enqueue
   lane where = lane::normal;
   std::int64_t micro_batch = -1;
   std::uint64_t bytes = 0;
-  std::uint64_t flow = 0;         ///< trace flow id; 0 when not recorded
-  std::int64_t enqueued_ns = 0;   ///< recorder clock at enqueue; 0 when not recorded
+  std::int64_t sent_ticks = 0;    ///< recorder ticks at the enqueue; 0 when not recorded
   std::unique_ptr<reply_sink_base> reply;  ///< set for requests only
 
   virtual ~envelope() = default;

@@ -3,7 +3,10 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <stdexcept>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -11,61 +14,119 @@
 namespace nerve::actors {
 
 namespace {
-// Records go to 2 MiB chunks, aligned and marked for transparent huge pages: recording
-// writes about 200 bytes per message, and on a VM every fresh 4 KiB page costs a fault
-// of several microseconds (most of the recorder's cost before); a huge page takes one
-// fault per 2 MiB. The chunk is left uninitialised (`record` is an aggregate, so
+// Message records go to 2 MiB chunks, aligned and marked for transparent huge pages: on a
+// VM every fresh 4 KiB page costs a fault of several microseconds; a huge page takes one
+// fault per 2 MiB. The chunk is left uninitialised (`message_record` is an aggregate, so
 // assigning into malloc'd storage is fine); the kernel hands it over zeroed anyway.
 constexpr std::size_t chunk_bytes = std::size_t{2} << 20;
-constexpr std::size_t chunk_records = chunk_bytes / sizeof(record);
+constexpr std::size_t chunk_records = chunk_bytes / sizeof(message_record);
 struct chunk_free {
-  void operator()(record* p) const noexcept { std::free(p); }
+  void operator()(message_record* p) const noexcept { std::free(p); }
 };
-using chunk_ptr = std::unique_ptr<record[], chunk_free>;
+using chunk_ptr = std::unique_ptr<message_record[], chunk_free>;
 chunk_ptr new_chunk() {
   void* p = std::aligned_alloc(chunk_bytes, chunk_bytes);
   if (!p) throw std::bad_alloc();
 #ifdef MADV_HUGEPAGE
   (void)madvise(p, chunk_bytes, MADV_HUGEPAGE);  // advice only: without THP it is a no-op
 #endif
-  return chunk_ptr(static_cast<record*>(p));
+  return chunk_ptr(static_cast<message_record*>(p));
 }
 std::atomic<std::uint64_t> next_instance{1};
 
 struct cache_entry {
   std::uint64_t instance = 0;
-  void* buffer = nullptr;
+  detail::recorder_buffer* buffer = nullptr;
 };
-// A thread records into few recorders; a tiny direct cache avoids the lock on the hot path.
+// A thread records into few recorders; behind the one-entry cache of the header, a tiny
+// direct cache avoids the lock when a thread alternates between two.
 thread_local cache_entry tl_cache[4];
 thread_local unsigned tl_cache_next = 0;
+
+std::int64_t steady_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+/// A pair of readings of the tick clock and the steady clock taken as close together as
+/// the machine allows (the narrowest of a few tries; a preempted try is discarded).
+struct clock_pair {
+  std::int64_t ticks = 0;
+  std::int64_t ns = 0;
+};
+clock_pair read_pair() noexcept {
+  clock_pair best;
+  std::int64_t width = -1;
+  for (int i = 0; i < 5; ++i) {
+    const auto a = recorder::ticks();
+    const auto ns = steady_ns();
+    const auto b = recorder::ticks();
+    if (width < 0 || b - a < width) {
+      width = b - a;
+      best = {a + (b - a) / 2, ns};
+    }
+  }
+  return best;
+}
+/// The first pair this process read: the longer the interval to a later pair, the more
+/// exact the tick rate measured over it.
+const clock_pair& process_pair() noexcept {
+  static const clock_pair p = read_pair();
+  return p;
+}
 }  // namespace
 
-struct recorder::thread_buffer {
+namespace detail {
+struct stored_record {
+  record r;
+  bool in_ticks = false;  // r.ts_ns holds ticks, converted at export
+};
+struct recorder_buffer {
+  recorder_chunk_cursor cursor;
   std::thread::id thread;
   std::uint32_t index = 0;
   std::uint64_t flows = 0;
-  std::size_t count = 0;
+  std::size_t full = 0;            // message records in the chunks before the last
   std::vector<chunk_ptr> chunks;
+  std::vector<stored_record> others;  // everything but handled messages (rare)
+  std::size_t messages() const noexcept {
+    return chunks.empty() ? 0 : full + static_cast<std::size_t>(cursor.next - chunks.back().get());
+  }
 };
+}  // namespace detail
 
-recorder::recorder() : epoch_(std::chrono::steady_clock::now()), instance_(next_instance.fetch_add(1)) {}
-recorder::~recorder() = default;
+using detail::recorder_buffer;
 
-recorder::thread_buffer& recorder::local() noexcept {
+recorder::recorder() : instance_(next_instance.fetch_add(1)) {
+  (void)process_pair();
+  const auto p = read_pair();
+  epoch_ = std::chrono::steady_clock::time_point(std::chrono::nanoseconds(p.ns));
+  epoch_ticks_ = p.ticks;
+}
+recorder::~recorder() {
+  // A thread's one-entry cache may still name this recorder; instances are never reused,
+  // so a stale entry never matches again.
+}
+
+recorder_buffer& recorder::local() noexcept {
+  auto& tl = detail::tls_last_recorder;
   for (auto& c : tl_cache)
-    if (c.instance == instance_) return *static_cast<thread_buffer*>(c.buffer);
+    if (c.instance == instance_) {
+      tl = {instance_, &c.buffer->cursor};
+      return *c.buffer;
+    }
   std::lock_guard lk(mu_);
-  thread_buffer* found = nullptr;
+  recorder_buffer* found = nullptr;
   for (auto& b : buffers_)
     if (b->thread == std::this_thread::get_id()) found = b.get();
   if (!found) {
-    buffers_.push_back(std::make_unique<thread_buffer>());
+    buffers_.push_back(std::make_unique<recorder_buffer>());
     found = buffers_.back().get();
     found->thread = std::this_thread::get_id();
     found->index = next_thread_.fetch_add(1);
   }
   tl_cache[tl_cache_next++ % 4] = {instance_, found};
+  tl = {instance_, &found->cursor};
   return *found;
 }
 
@@ -74,23 +135,38 @@ std::uint64_t recorder::next_flow() noexcept {
   return (std::uint64_t{b.index} + 1) << 40 | ++b.flows;
 }
 
-void recorder::write(const record& r) noexcept {
+void recorder::write_slow(const message_record& m) noexcept {
   auto& b = local();
-  if (b.count >= max_records_) {
-    lost_.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  auto slot = b.count % chunk_records;
-  if (slot == 0) {
+  if (b.cursor.next == b.cursor.end) {
+    const std::size_t taken = b.messages();
+    if (taken >= max_records_) {
+      lost_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
     try {
       b.chunks.push_back(new_chunk());
     } catch (...) {
       lost_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
+    b.full = taken;
+    auto* first = b.chunks.back().get();
+    b.cursor = {first, first + std::min(chunk_records, max_records_ - taken)};
   }
-  b.chunks.back()[slot] = r;
-  ++b.count;
+  *b.cursor.next++ = m;
+}
+
+void recorder::write_other(const record& r, bool in_ticks) noexcept {
+  auto& b = local();
+  if (b.others.size() >= max_records_) {
+    lost_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  try {
+    b.others.push_back({r, in_ticks});
+  } catch (...) {
+    lost_.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 void recorder::span(std::uint32_t track, const char* cat, const char* name, std::int64_t start_ns,
@@ -122,10 +198,32 @@ void recorder::counter(std::uint32_t track, const char* name, const char* key, s
   write(r);
 }
 
+void recorder::flow(record_kind start_or_end, std::uint32_t track, const char* name, std::uint64_t id,
+                    std::int64_t ts_ns) noexcept {
+  record r;
+  r.kind = start_or_end;
+  r.ts_ns = ts_ns;
+  r.track = track;
+  r.name = name;
+  r.flow = id;
+  write(r);
+}
+
+void recorder::name_track(std::uint32_t track, std::string name, long sort_index) {
+  std::lock_guard lk(mu_);
+  for (auto& t : tracks_)
+    if (t.track == track) {
+      t.name = std::move(name);
+      t.sort_index = sort_index;
+      return;
+    }
+  tracks_.push_back({track, std::move(name), sort_index});
+}
+
 std::size_t recorder::size() const {
   std::lock_guard lk(mu_);
   std::size_t n = 0;
-  for (auto& b : buffers_) n += b->count;
+  for (auto& b : buffers_) n += 2 * b->messages() + b->others.size();
   return n;
 }
 
@@ -133,16 +231,81 @@ void recorder::clear() {
   std::lock_guard lk(mu_);
   for (auto& b : buffers_) {
     b->chunks.clear();
-    b->count = 0;
+    b->cursor = {};
+    b->full = 0;
+    b->others.clear();
   }
   lost_.store(0);
 }
 
+double recorder::ns_per_tick() const noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  // The rate over the longest interval at hand: from the first pair this process read to
+  // now. Under 2 ms, wait until 2 ms have passed (a read pair is exact to a few tens of
+  // ns, so the rate is then exact to about 1e-5: 10 µs over a second of trace).
+  const auto& p0 = process_pair();
+  auto p1 = read_pair();
+  while (p1.ns - p0.ns < 2'000'000) {
+    std::this_thread::yield();
+    p1 = read_pair();
+  }
+  if (p1.ticks <= p0.ticks) return 1.0;
+  return static_cast<double>(p1.ns - p0.ns) / static_cast<double>(p1.ticks - p0.ticks);
+#else
+  return 1.0;  // ticks are steady-clock nanoseconds
+#endif
+}
+
+std::int64_t recorder::ns_of_ticks(std::int64_t t) const noexcept {
+  return static_cast<std::int64_t>(static_cast<double>(t - epoch_ticks_) * ns_per_tick());
+}
+
 std::vector<record> recorder::snapshot() const {
+  const double k = ns_per_tick();
+  auto ns = [&](std::int64_t t) { return static_cast<std::int64_t>(static_cast<double>(t - epoch_ticks_) * k); };
+  auto span_ns = [&](std::int64_t d) { return static_cast<std::int64_t>(static_cast<double>(d) * k); };
   std::vector<record> out;
   std::lock_guard lk(mu_);
-  for (auto& b : buffers_)
-    for (std::size_t i = 0; i < b->count; ++i) out.push_back(b->chunks[i / chunk_records][i % chunk_records]);
+  std::size_t n = 0;
+  for (auto& b : buffers_) n += 2 * b->messages() + b->others.size();
+  out.reserve(n);
+  std::uint64_t flow = 0;  // message flows: 1, 2, ... (next_flow() ids start at 2^40)
+  for (auto& b : buffers_) {
+    const std::size_t count = b->messages();
+    for (std::size_t i = 0; i < count; ++i) {
+      const auto& m = b->chunks[i / chunk_records][i % chunk_records];
+      ++flow;
+      record s;
+      s.kind = record_kind::send;
+      s.ts_ns = ns(m.sent);
+      s.flow = flow;
+      s.bytes = m.bytes;
+      s.mb = m.mb;
+      s.tag = m.tag;
+      s.track = m.sender;
+      s.peer = m.receiver;
+      s.depth = m.sent_depth;
+      out.push_back(s);
+      record h;
+      h.kind = record_kind::handle;
+      h.ts_ns = ns(m.start);
+      h.dur_ns = span_ns(m.end - m.start);
+      h.flow = flow;
+      h.bytes = m.bytes;
+      h.mb = m.mb;
+      h.value = std::max<std::int64_t>(0, span_ns(m.start - m.sent));
+      h.tag = m.tag;
+      h.track = m.receiver;
+      h.peer = m.sender;
+      h.aux = static_cast<std::int32_t>(m.loop);
+      h.depth = m.run_depth;
+      out.push_back(h);
+    }
+    for (const auto& o : b->others) {
+      out.push_back(o.r);
+      if (o.in_ticks) out.back().ts_ns = ns(o.r.ts_ns);
+    }
+  }
   std::stable_sort(out.begin(), out.end(), [](const record& a, const record& b) { return a.ts_ns < b.ts_ns; });
   return out;
 }
@@ -168,6 +331,15 @@ nlohmann::json recorder::to_chrome_trace(const nlohmann::json& actors, const nlo
       // Lanes group by loop, then stage, then spawn order.
       long sort = (a.value("loop", 0) + 1) * 100000000L + (a.value("stage", -1) + 1) * 1000000L + id;
       events.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", 0}, {"tid", id}, {"args", {{"sort_index", sort}}}});
+    }
+  }
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& t : tracks_) {
+      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 0}, {"tid", t.track}, {"args", {{"name", t.name}}}});
+      if (t.sort_index >= 0)
+        events.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", 0}, {"tid", t.track},
+                          {"args", {{"sort_index", t.sort_index}}}});
     }
   }
   for (const auto& r : snapshot()) {
@@ -213,6 +385,14 @@ nlohmann::json recorder::to_chrome_trace(const nlohmann::json& actors, const nlo
         events.push_back({{"ph", "i"}, {"s", "t"}, {"cat", r.cat ? r.cat : "instant"}, {"name", name}, {"pid", 0},
                           {"tid", r.track}, {"ts", us(r.ts_ns)}, {"args", {{"mb", r.mb}}}});
         break;
+      case record_kind::flow_start:
+        events.push_back({{"ph", "s"}, {"cat", r.cat ? r.cat : "msg"}, {"name", name}, {"id", r.flow}, {"pid", 0},
+                          {"tid", r.track}, {"ts", us(r.ts_ns)}});
+        break;
+      case record_kind::flow_end:
+        events.push_back({{"ph", "f"}, {"bp", "e"}, {"cat", r.cat ? r.cat : "msg"}, {"name", name}, {"id", r.flow},
+                          {"pid", 0}, {"tid", r.track}, {"ts", us(r.ts_ns)}});
+        break;
       case record_kind::counter:
         events.push_back({{"ph", "C"}, {"cat", r.text ? r.text : "counter"}, {"name", name}, {"pid", 0},
                           {"tid", r.track}, {"ts", us(r.ts_ns)}, {"args", {{r.text ? r.text : "value", r.value}}}});
@@ -222,6 +402,18 @@ nlohmann::json recorder::to_chrome_trace(const nlohmann::json& actors, const nlo
   json nerve = {{"version", 1}, {"actors", actors.is_array() ? actors : json::array()}, {"lost_records", lost()}};
   if (extra.is_object()) nerve.update(extra);
   return {{"displayTimeUnit", "ns"}, {"traceEvents", std::move(events)}, {"nerve", std::move(nerve)}};
+}
+
+void recorder::write_file(const std::string& path, const nlohmann::json& actors, const nlohmann::json& extra) const {
+  auto j = to_chrome_trace(actors, extra);
+  auto tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw std::runtime_error("cannot write trace file '" + path + "'");
+    out << j.dump();
+    if (!out) throw std::runtime_error("error writing trace file '" + path + "'");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("cannot rename trace file to '" + path + "'");
 }
 
 }  // namespace nerve::actors

@@ -343,15 +343,7 @@ void runtime::write_trace(const std::string& path, const nlohmann::json& extra) 
       actors.push_back({{"id", i + 1}, {"name", info_[i].name}, {"loop", info_[i].loop}, {"stage", info_[i].stage},
                         {"group", info_[i].group}});
   }
-  auto j = recorder_.to_chrome_trace(actors, extra);
-  auto tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error("cannot write trace file '" + path + "'");
-    out << j.dump();
-    if (!out) throw std::runtime_error("error writing trace file '" + path + "'");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("cannot rename trace file to '" + path + "'");
+  recorder_.write_file(path, actors, extra);
 }
 
 }  // namespace nerve::actors

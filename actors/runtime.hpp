@@ -209,6 +209,11 @@ class runtime {
   recorder recorder_;
 };
 
+/// The actor whose handler runs on the calling thread; 0 outside every handler (user
+/// code, a closure posted straight to a loop's io_context, a GPU completion handler).
+/// For code below the actors that records who did something (gpu/ tracing).
+inline actor_id current_actor() noexcept { return detail::current_loop ? detail::current_loop->running : 0; }
+
 // ---- templates ------------------------------------------------------------------
 
 namespace detail {
