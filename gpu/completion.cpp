@@ -4,8 +4,12 @@
 #include "gpu/detail/completion_queue.hpp"
 #include "gpu/status.hpp"
 
+#include "actors/detail/loop_state.hpp"
+#include "actors/recorder.hpp"
+
 #include <boost/asio/post.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -23,11 +27,49 @@
 
 namespace nerve::gpu::detail {
 
+namespace {
+/// A traced wait completed (observed now): its span on the stream's track, the arrow into
+/// it from the enqueuing handler, and the arrow out of it to the completion handler.
+/// Returns that second arrow's id.
+std::uint64_t trace_completion(const wait_trace& t) {
+  auto& rec = *t.rec;
+  const auto done = std::max(rec.now(), t.start_ns + 1);
+  rec.span(t.stream_track, "gpu", t.name, t.start_ns, done, t.mb, nullptr, t.stream, t.device);
+  rec.flow(actors::record_kind::flow_end, t.stream_track, t.name, t.flow_in, t.start_ns);
+  const auto out = rec.next_flow();
+  rec.flow(actors::record_kind::flow_start, t.stream_track, t.name, out, done - 1);  // inside the span
+  return out;
+}
+}  // namespace
+
 void deliver(waiter&& w, std::error_code ec) {
   auto ex = std::move(w.executor);
   // Back to the pool (and the stream released) before the handler may run.
   w.event.reset();
   w.stream.reset();
+  if (w.trace.rec) {
+    const auto flow = trace_completion(w.trace);
+    boost::asio::post(ex, [h = std::move(w.handler), t = std::move(w.token), ec, tr = w.trace, flow,
+                           posted = w.trace.rec->now()]() mutable {
+      auto& rec = *tr.rec;
+      const auto start = rec.now();
+      h(ec);
+      actors::record r;
+      r.kind = actors::record_kind::handle;
+      r.ts_ns = start;
+      r.dur_ns = rec.now() - start;
+      r.flow = flow;
+      r.mb = tr.mb;
+      r.value = start - posted;  // queue wait: completion observed -> handler start
+      r.name = "completion";
+      r.track = tr.completion_track;
+      r.peer = tr.stream_track;
+      r.aux = actors::detail::current_loop ? static_cast<std::int32_t>(actors::detail::current_loop->index) : -1;
+      rec.write(r);
+      t.release();
+    });
+    return;
+  }
   boost::asio::post(ex, [h = std::move(w.handler), t = std::move(w.token), ec]() mutable {
     h(ec);
     t.release();

@@ -3,6 +3,10 @@
 #include "gpu/detail/device_core.hpp"
 #include "gpu/status.hpp"
 
+#include "actors/recorder.hpp"
+
+#include <string>
+
 namespace nerve::gpu {
 namespace detail {
 
@@ -52,7 +56,10 @@ std::size_t device_core::events_created() const {
 
 }  // namespace detail
 
-device::device(const device_options& options) : core_(std::make_shared<detail::device_core>(options)) {}
+device::device(const device_options& options) : core_(std::make_shared<detail::device_core>(options)) {
+  if (auto* rec = options.recorder)
+    rec->name_track(stream_track(ordinal(), 0), "gpu completions (" + name() + ")", 1'000'000'000L + stream_track(ordinal(), 0));
+}
 
 device::~device() { shutdown(); }
 
@@ -67,6 +74,10 @@ stream device::create_stream(const stream_options& options) {
   auto s = core_->impl->create_stream(options);
   s->id = core_->next_stream_id.fetch_add(1, std::memory_order_relaxed);
   s->core = core_;
+  if (auto* rec = core_->options.recorder) {
+    const auto track = stream_track(ordinal(), s->id);
+    rec->name_track(track, "gpu stream " + std::to_string(s->id) + " (" + name() + ")", 1'000'000'000L + track);
+  }
   return stream(std::move(s));
 }
 

@@ -10,6 +10,10 @@
 #include <memory>
 #include <string>
 
+namespace nerve::actors {
+class recorder;
+}
+
 namespace nerve::gpu {
 
 namespace detail {
@@ -33,6 +37,11 @@ struct device_options {
   /// Bytes the stream-ordered pool keeps cached after a synchronize (CUDA's
   /// `cudaMemPoolAttrReleaseThreshold`); the default keeps everything for reuse.
   std::size_t pool_release_threshold = ~std::size_t{0};
+  /// Optional; must outlive the device. While it is enabled, every wait on a stream of
+  /// this device is recorded: a `gpu` span on the stream's track (`stream_track`) from
+  /// the enqueue to the completion the poller observed, an arrow from the enqueuing
+  /// handler to it and one from it to the completion handler's run (docs/trace.md).
+  actors::recorder* recorder = nullptr;
 };
 
 /// How a stream is created.

@@ -3,6 +3,11 @@
 #include "gpu/detail/device_core.hpp"
 #include "gpu/status.hpp"
 
+#include "actors/recorder.hpp"
+#include "actors/runtime.hpp"
+
+#include <algorithm>
+
 namespace nerve::gpu {
 
 bool event::ready() const { return backend_->query(*impl_).ready; }
@@ -24,12 +29,47 @@ event stream::record() {
 
 void stream::wait(const event& e) { impl_->core->impl->stream_wait(*impl_, e.impl()); }
 
+namespace {
+/// A traced wait: the arrow from the enqueuing handler (the actor running on this
+/// thread, or track 0 outside any actor) starts here; the span and the rest are recorded
+/// when the completion is observed (detail::deliver).
+void trace_wait(detail::waiter& w, detail::device_core& core, const span_label& label) {
+  auto* rec = core.options.recorder;
+  if (!rec || !rec->enabled()) return;
+  const auto now = rec->now();
+  const int ordinal = core.impl->ordinal();
+  const actors::actor_id from = actors::current_actor();
+  auto& t = w.trace;
+  t.rec = rec;
+  t.name = label.name ? label.name : "gpu";
+  t.start_ns = label.start_ns >= 0 ? std::min(label.start_ns, now) : now;
+  t.mb = label.mb;
+  t.stream_track = stream_track(ordinal, w.stream->id);
+  t.completion_track = from != 0 ? from : stream_track(ordinal, 0);
+  t.stream = static_cast<std::int32_t>(w.stream->id);
+  t.device = ordinal;
+  t.flow_in = rec->next_flow();
+  rec->flow(actors::record_kind::flow_start, from, t.name, t.flow_in, t.start_ns);
+}
+}  // namespace
+
+std::int64_t stream::trace_now() const noexcept {
+  auto* rec = impl_->core->options.recorder;
+  return rec && rec->enabled() ? rec->now() : -1;
+}
+
 void stream::async_wait(const boost::asio::any_io_executor& executor, completion_handler handler) {
+  async_wait(executor, std::move(handler), span_label{});
+}
+
+void stream::async_wait(const boost::asio::any_io_executor& executor, completion_handler handler,
+                        const span_label& label) {
   auto& core = *impl_->core;
   detail::waiter w;
   w.stream = impl_;
   w.executor = executor;
   w.handler = std::move(handler);
+  trace_wait(w, core, label);
   if (core.options.counter.begin) core.options.counter.begin();
   w.token = detail::work_token(&core.options.counter);
   // Record and submit under the stream's lock so waiters and records agree on order.
@@ -48,6 +88,7 @@ void stream::async_wait(const event& e, const boost::asio::any_io_executor& exec
   w.event = e.shared_impl();
   w.executor = executor;
   w.handler = std::move(handler);
+  trace_wait(w, core, span_label{});
   if (core.options.counter.begin) core.options.counter.begin();
   w.token = detail::work_token(&core.options.counter);
   std::lock_guard lk(impl_->submit_mutex);

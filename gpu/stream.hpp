@@ -23,6 +23,23 @@ namespace detail {
 class stream_impl;
 }
 
+/// How a traced wait shows in the trace (when its device records, see
+/// `device_options::recorder`): a span on the stream's track named `name`, from
+/// `start_ns` (recorder clock, from `stream::trace_now()` before the work was enqueued;
+/// -1: the wait itself) to the completion, with `mb` as its micro-batch.
+struct span_label {
+  const char* name = "gpu";  ///< a static string
+  std::int64_t start_ns = -1;
+  std::int64_t mb = -1;
+};
+
+/// The trace track of stream `id` of device `ordinal`: 1000000 + 1000·ordinal + id.
+/// Track 1000000 + 1000·ordinal itself holds the completions of work enqueued from
+/// outside any actor.
+constexpr std::uint32_t stream_track(int ordinal, std::uint64_t id) noexcept {
+  return 1000000u + 1000u * static_cast<std::uint32_t>(ordinal) + static_cast<std::uint32_t>(id);
+}
+
 /// A shared handle on a stream. Copyable. Enqueueing calls (record, wait, the
 /// kernels, gemm, copies) may come from any thread but from one at a time per
 /// stream: a stream belongs to one actor's loop. `async_wait` is thread-safe.
@@ -44,9 +61,15 @@ class stream {
   /// `executor`. Handlers of one stream run in the order they were registered.
   /// After `device::shutdown` the handler gets `errc::cancelled`.
   void async_wait(const boost::asio::any_io_executor& executor, completion_handler handler);
+  /// Same, labelled for the trace.
+  void async_wait(const boost::asio::any_io_executor& executor, completion_handler handler, const span_label& label);
   /// As above for an event recorded earlier (on this stream or one it waited on);
   /// it joins this stream's FIFO of waiters.
   void async_wait(const event& e, const boost::asio::any_io_executor& executor, completion_handler handler);
+
+  /// The recorder clock now (ns) when this stream's device records and its recorder is
+  /// on, else -1: read it before enqueueing a step's work, for its `span_label`.
+  std::int64_t trace_now() const noexcept;
 
   /// Blocks until all enqueued work is done; throws `gpu::error` on failure.
   /// Setup, tests and shutdown only: never on an event loop.

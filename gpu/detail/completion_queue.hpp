@@ -8,8 +8,13 @@
 
 #include <boost/asio/any_io_executor.hpp>
 
+#include <cstdint>
 #include <memory>
 #include <system_error>
+
+namespace nerve::actors {
+class recorder;
+}
 
 namespace nerve::gpu::detail {
 
@@ -35,6 +40,18 @@ class work_token {
   const work_counter* counter_ = nullptr;  // owned by the device_core, which outlives every waiter
 };
 
+/// What the recorder needs of a traced wait (`rec` null: not traced).
+struct wait_trace {
+  actors::recorder* rec = nullptr;
+  const char* name = "gpu";
+  std::int64_t start_ns = 0;          ///< the span's start (recorder clock)
+  std::int64_t mb = -1;
+  std::uint64_t flow_in = 0;          ///< enqueuing handler -> span
+  std::uint32_t stream_track = 0;     ///< the span's track
+  std::uint32_t completion_track = 0; ///< where the completion handler's run is drawn
+  std::int32_t stream = -1, device = -1;
+};
+
 /// One registered wait: which event, where to post, what to call.
 struct waiter {
   std::shared_ptr<stream_impl> stream;
@@ -42,6 +59,7 @@ struct waiter {
   boost::asio::any_io_executor executor;
   completion_handler handler;
   work_token token;
+  wait_trace trace;
 };
 
 /// Posts `handler(ec)` onto the waiter's executor, dropping the event and stream first.

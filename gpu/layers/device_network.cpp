@@ -180,6 +180,7 @@ void device_network::launch(std::span<const float> x, std::span<const std::int32
                             double lr, bool train, handler h) {
   auto& m = *impl_;
   auto& s = stream_;
+  const auto traced_from = s.trace_now();  // the trace's span of this step starts here
   const std::size_t rows = labels.size();
   if (rows == 0 || x.size() != rows * m.features)
     throw error(errc::invalid_argument, "device_network: " + std::to_string(x.size()) + " inputs for " +
@@ -309,7 +310,7 @@ void device_network::launch(std::span<const float> x, std::span<const std::int32
       sl->busy.store(false, std::memory_order_release);
       in_flight_.fetch_sub(1, std::memory_order_acq_rel);
       h(ec, r);
-    });
+    }, span_label{train ? "train_step" : "evaluate", traced_from});
   } catch (...) {
     if (counted) in_flight_.fetch_sub(1, std::memory_order_acq_rel);
     sl->busy.store(false, std::memory_order_release);

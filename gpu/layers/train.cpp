@@ -7,11 +7,16 @@
 #include "layers/lr_schedule.hpp"
 #include "layers/presets.hpp"
 
+#include "actors/recorder.hpp"
+
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <future>
 #include <optional>
 #include <stdexcept>
 #include <thread>
@@ -70,7 +75,6 @@ layers::train_report train(const layers::train_options& o, const std::string& sp
   if (o.micro_batches == 0 || o.micro_batches > o.batch)
     throw std::invalid_argument("--microbatches must be between 1 and the batch size");
   if (o.epochs <= 0 && o.steps < 0) throw std::invalid_argument("--epochs must be at least 1");
-  if (!o.trace.empty()) throw std::invalid_argument("--trace is not recorded on a GPU device yet");
 
   auto g = layers::make_preset(o.model, o.seed);
   if (!o.init.empty()) layers::load_weights(g, o.init);
@@ -83,9 +87,15 @@ layers::train_report train(const layers::train_options& o, const std::string& sp
                                 g.nodes()[g.inputs()[0]].output_shape.to_string() + " but the data has " +
                                 std::to_string(features) + " features");
 
+  // --trace: the device records every step's work as a span on its stream's track, with
+  // arrows from the trainer (track 0, inside the step's slice) to the span and from the
+  // span to the completion handler's run on the network's loop.
+  actors::recorder rec;
+  rec.enable(!o.trace.empty());
   device_options dopt;
   dopt.backend = backend_kind(backend);
   dopt.ordinal = ordinal;
+  if (!o.trace.empty()) dopt.recorder = &rec;
   // Destroyed in reverse: the network (waits for its stream), the device (its
   // completion thread stops: nothing posts to the loop any more), then the loop.
   loop_thread loop;
@@ -131,10 +141,12 @@ layers::train_report train(const layers::train_options& o, const std::string& sp
     for (std::size_t b = 0; b < batches && (o.steps < 0 || step < o.steps); ++b) {
       const int k = int(b % 2);
       const auto rows = y[k].size();
+      const auto step_start = rec.enabled() ? rec.now() : 0;
       auto done = net.train_step(x[k], y[k], std::min<std::size_t>(o.micro_batches, rows), lr_at(step));
       // The batch was copied into a pinned slot: gather the next one while the device works.
       if (b + 1 < batches) gather(b + 1, 1 - k);
       const auto r = done.get();
+      if (rec.enabled()) rec.span(0, "step", "step", step_start, rec.now(), -1, nullptr, -1, -1, step);
       ++step;
       ++st.steps;
       loss_sum += r.loss * double(r.samples);
@@ -167,6 +179,15 @@ layers::train_report train(const layers::train_options& o, const std::string& sp
   }
   report.steps = step;
   net.download(g);
+  if (!o.trace.empty()) {
+    // The last completion handler records its run after it set the step's future: wait
+    // for the loop to pass it before reading the records.
+    std::promise<void> passed;
+    boost::asio::post(loop.ctx, [&passed] { passed.set_value(); });
+    passed.get_future().wait();
+    rec.write_file(o.trace, nlohmann::json::array(),
+                   {{"device", {{"name", dev.name()}, {"ordinal", dev.ordinal()}}}, {"model", o.model}});
+  }
   if (!o.save.empty()) layers::save_weights(g, o.save, o.model);
   return report;
 }
