@@ -7,11 +7,13 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "bus/all_reduce.hpp"
 #include "layers/pipeline/piece.hpp"
+#include "layers/pipeline/stage_engine.hpp"
 
 namespace nerve::pipeline {
 
@@ -19,17 +21,21 @@ namespace {
 
 using layers::tensor;
 
-/// The tensors of one micro-batch into piece `piece` (forward).
+/// Host bytes of a payload (a device payload's bytes stay on the device: 0 here).
+std::size_t host_bytes(const stage_payload& p) noexcept {
+  std::size_t b = 0;
+  for (auto& t : p.host) b += t.payload_bytes();
+  return b;
+}
+
+/// The tensors of one micro-batch into piece `piece` (forward): host tensors, or
+/// device tensors with their ready event between two stages on one device.
 struct activation_msg {
   static constexpr std::string_view kind = "activation";
   std::int64_t micro_batch = 0;
   std::uint32_t piece = 0;
-  std::vector<tensor> x;
-  std::size_t payload_bytes() const noexcept {
-    std::size_t b = 0;
-    for (auto& t : x) b += t.payload_bytes();
-    return b;
-  }
+  stage_payload x;
+  std::size_t payload_bytes() const noexcept { return host_bytes(x); }
 };
 
 /// The gradients of one micro-batch into piece `piece` (backward).
@@ -37,12 +43,25 @@ struct gradient_msg {
   static constexpr std::string_view kind = "gradient";
   std::int64_t micro_batch = 0;
   std::uint32_t piece = 0;
-  std::vector<tensor> g;
-  std::size_t payload_bytes() const noexcept {
-    std::size_t b = 0;
-    for (auto& t : g) b += t.payload_bytes();
-    return b;
-  }
+  stage_payload g;
+  std::size_t payload_bytes() const noexcept { return host_bytes(g); }
+};
+
+/// To the stage itself, on its loop: a device payload's copy to the host completed
+/// (or failed); send it on to `piece`.
+struct host_copy_done {
+  static constexpr std::string_view kind = "host_copy_done";
+  std::int64_t micro_batch = 0;
+  std::uint32_t piece = 0;
+  bool forward = true;
+  std::exception_ptr error;
+  std::vector<tensor> x;
+};
+
+/// To the stage itself: the device work of its step completed (or failed).
+struct engine_done {
+  static constexpr std::string_view kind = "engine_done";
+  std::exception_ptr error;
 };
 
 /// Starts a step on a stage (a request; the stage answers with its `stage_report`).
@@ -111,6 +130,10 @@ class stage_actor : public actors::actor {
     std::shared_ptr<const layers::loss> criterion;
     bool emergent = false;
     std::uint32_t credits = 1;
+    /// Set: the chunks run on a device through the engine (`chunks` then only give the frontiers).
+    std::shared_ptr<stage_engine> engine;
+    /// Each stage's engine domain (null: CPU), to tell whether a payload may stay on the device.
+    std::vector<const void*> domains;
   };
 
   explicit stage_actor(config c) : actor("stage " + std::to_string(c.stage)), c_(std::move(c)) {
@@ -127,6 +150,21 @@ class stage_actor : public actors::actor {
       guarded([&] {
         grads_[{m.micro_batch, m.piece}] = std::move(m.g);
         advance();
+      });
+    });
+    on<host_copy_done>([this](host_copy_done& m) {
+      guarded([&] {
+        // Moved out first: no copy of the error stays in the message once it is on its way.
+        if (m.error) std::rethrow_exception(std::exchange(m.error, nullptr));
+        stage_payload p;
+        p.host = std::move(m.x);
+        send_to_piece(m.piece, m.micro_batch, std::move(p), m.forward);
+      });
+    });
+    on<engine_done>([this](engine_done& m) {
+      guarded([&] {
+        if (m.error) std::rethrow_exception(std::exchange(m.error, nullptr));
+        deliver();
       });
     });
     on<bus::reduced>([this](bus::reduced& m) {
@@ -160,6 +198,11 @@ class stage_actor : public actors::actor {
       stop();
     });
   }
+
+ protected:
+  // The pipeline holds the engine too and lets it go off the loops (its destructor waits
+  // for the stream), after this has run.
+  void on_stop() override { c_.engine.reset(); }
 
  private:
   using key = std::pair<std::int64_t, std::uint32_t>;  // (micro-batch, piece)
@@ -202,8 +245,12 @@ class stage_actor : public actors::actor {
     inputs_ = std::move(m.inputs);
     targets_ = std::move(m.targets);
     shares_ = std::move(m.shares);
-    if (m.lr >= 0) c_.opt->set_lr(m.lr);
-    for (auto& p : c_.chunks) p->zero_grad();
+    if (c_.engine) {
+      c_.engine->begin_step(m.lr, executor());
+    } else {
+      if (m.lr >= 0) c_.opt->set_lr(m.lr);
+      for (auto& p : c_.chunks) p->zero_grad();
+    }
     rep_ = stage_report{};
     rep_.begin_ns = now();
     const std::uint32_t M = c_.plan->micro_batches;
@@ -214,6 +261,7 @@ class stage_actor : public actors::actor {
     next_f_ = 0;
     in_flight_ = 0;
     active_ = true;
+    finishing_ = false;
     advance();
   }
 
@@ -293,10 +341,21 @@ class stage_actor : public actors::actor {
                wait_credits_ ? "backpressure" : "input", int(c_.stage));
   }
 
-  void send_to_piece(std::uint32_t piece, std::int64_t mb, std::vector<tensor> v, bool forward) {
+  void send_to_piece(std::uint32_t piece, std::int64_t mb, stage_payload v, bool forward) {
     const std::uint32_t dest = piece % S_;
     if (dest == c_.stage) {  // the next chunk lives here: no message
       (forward ? acts_ : grads_)[{mb, piece}] = std::move(v);
+      return;
+    }
+    if (v.on_device() && (c_.domains.empty() || c_.domains[dest] == nullptr || c_.domains[dest] != c_.domains[c_.stage])) {
+      // Another device or a CPU stage: through pinned memory; sent once the copy's event
+      // has come back on this loop (as a message to this stage, so in its context).
+      auto& rt = system();
+      c_.engine->to_host(std::move(v), executor(),
+                         [&rt, self = self(), mb, piece, forward](std::exception_ptr e, std::vector<tensor> x) {
+                           (void)rt.try_send(self, host_copy_done{mb, piece, forward, std::move(e), std::move(x)},
+                                             actors::lane::urgent);
+                         });
       return;
     }
     const auto& to = (*stages_)[replica_ * S_ + dest];
@@ -313,22 +372,31 @@ class stage_actor : public actors::actor {
     const std::int64_t mb = a.micro_batch;
     switch (a.op) {
       case op::F: {
-        std::vector<tensor> in;
-        if (p == 0) in.push_back(std::move(inputs_[a.micro_batch]));
+        stage_payload in;
+        if (p == 0) in.host.push_back(std::move(inputs_[a.micro_batch]));
         else {
           auto it = acts_.find({mb, p});
           in = std::move(it->second);
           acts_.erase(it);
         }
-        auto out = exec.forward(a.micro_batch, std::move(in), layers::forward_context{a.micro_batch, step_});
+        stage_payload out;
+        if (c_.engine) {
+          out = c_.engine->forward(a.chunk, a.micro_batch, std::move(in));
+        } else {
+          if (in.on_device()) throw std::logic_error("pipeline: a device payload reached a CPU stage");
+          out.host = exec.forward(a.micro_batch, std::move(in.host), layers::forward_context{a.micro_batch, step_});
+        }
         if (p + 1 < P_) {
           send_to_piece(p + 1, mb, std::move(out), true);
+        } else if (c_.engine) {
+          grads_[{mb, p}] = c_.engine->loss(a.micro_batch, std::move(out), targets_.at(a.micro_batch),
+                                            shares_.at(a.micro_batch));
         } else {
-          auto r = c_.criterion->forward(out.at(0), targets_.at(a.micro_batch));
+          auto r = c_.criterion->forward(out.host.at(0), targets_.at(a.micro_batch));
           rep_.losses[a.micro_batch] = r.loss;
           rep_.correct[a.micro_batch] = r.correct;
-          std::vector<tensor> g;
-          g.push_back(c_.criterion->backward(r.stash, float(shares_.at(a.micro_batch))));
+          stage_payload g;
+          g.host.push_back(c_.criterion->backward(r.stash, float(shares_.at(a.micro_batch))));
           grads_[{mb, p}] = std::move(g);
         }
         if (c_.emergent) ++next_f_, ++in_flight_;
@@ -338,16 +406,28 @@ class stage_actor : public actors::actor {
         auto it = grads_.find({mb, p});
         auto g = std::move(it->second);
         grads_.erase(it);
-        auto gin = exec.backward_input(a.micro_batch, std::move(g));
-        if (!c_.plan->split_backward) exec.backward_weight(a.micro_batch);
+        stage_payload gin;
+        if (c_.engine) {
+          gin = c_.engine->backward_input(a.chunk, a.micro_batch, std::move(g));
+          if (!c_.plan->split_backward) c_.engine->backward_weight(a.chunk, a.micro_batch);
+        } else {
+          if (g.on_device()) throw std::logic_error("pipeline: a device payload reached a CPU stage");
+          gin.host = exec.backward_input(a.micro_batch, std::move(g.host));
+          if (!c_.plan->split_backward) exec.backward_weight(a.micro_batch);
+        }
         if (p > 0) send_to_piece(p - 1, mb, std::move(gin), false);
         if (c_.emergent) --in_flight_;
         break;
       }
-      case op::W: exec.backward_weight(a.micro_batch); break;
+      case op::W:
+        if (c_.engine) c_.engine->backward_weight(a.chunk, a.micro_batch);
+        else exec.backward_weight(a.micro_batch);
+        break;
     }
     std::size_t held = 0, bytes = 0;
-    for (auto& c : c_.chunks) held += c->stashed(), bytes += c->stash_bytes();
+    if (c_.engine) held = c_.engine->stashed(), bytes = c_.engine->stash_bytes();
+    else
+      for (auto& c : c_.chunks) held += c->stashed(), bytes += c->stash_bytes();
     rep_.peak_stashed = std::max(rep_.peak_stashed, held);
     rep_.peak_bytes = std::max(rep_.peak_bytes, bytes);
     const auto end = now();
@@ -360,7 +440,8 @@ class stage_actor : public actors::actor {
   }
 
   void finish() {
-    if (!active_) return;
+    if (!active_ || finishing_) return;
+    finishing_ = true;
     const auto start = now();
     if (replicas_ > 1) {
       // The sum over replicas of gradients already scaled by nᵢ/N for the global N.
@@ -372,12 +453,33 @@ class stage_actor : public actors::actor {
         }
       }
     }
+    if (c_.engine) {
+      // Enqueued; the report goes out when the stream's work is done (engine_done).
+      c_.engine->optimizer_step();
+      rep_.busy_ns += now() - start;
+      auto& rt = system();
+      c_.engine->when_done(executor(), [&rt, self = self()](std::exception_ptr e) {
+        (void)rt.try_send(self, engine_done{std::move(e)}, actors::lane::urgent);
+      });
+      return;
+    }
     std::vector<layers::parameter_ref> params;
     for (auto& c : c_.chunks)
       for (auto& p : c->parameters()) params.push_back(std::move(p));
     c_.opt->step(params);
+    rep_.busy_ns += now() - start;
+    deliver();
+  }
+
+  void deliver() {
+    if (!active_) return;
+    if (c_.engine && c_.plan->piece(c_.stage, c_.plan->chunks - 1) + 1 == P_)
+      for (std::uint32_t m = 0; m < c_.plan->micro_batches; ++m) {
+        const auto f = c_.engine->loss_of(m);
+        rep_.losses[m] = f.loss;
+        rep_.correct[m] = f.correct;
+      }
     rep_.end_ns = now();
-    rep_.busy_ns += rep_.end_ns - start;
     inputs_.clear();
     active_ = false;
     if (reply_) reply_.deliver(std::move(rep_));
@@ -393,9 +495,9 @@ class stage_actor : public actors::actor {
   std::vector<tensor> inputs_;
   std::vector<layers::targets> targets_;
   std::vector<double> shares_;
-  std::map<key, std::vector<tensor>> acts_, grads_;
+  std::map<key, stage_payload> acts_, grads_;
   std::size_t cursor_ = 0;
-  bool active_ = false, waiting_ = false, wait_credits_ = false, failed_ = false;
+  bool active_ = false, waiting_ = false, wait_credits_ = false, failed_ = false, finishing_ = false;
   std::int64_t wait_since_ = 0;
   // Emergent mode.
   std::uint32_t next_f_ = 0, in_flight_ = 0;
@@ -440,10 +542,29 @@ pipeline::pipeline(actors::runtime& rt, std::vector<layers::graph*> replicas, pa
   if (!options_.loops.empty() && options_.loops.size() != std::size_t(S) * replicas_)
     throw std::invalid_argument("pipeline: " + std::to_string(options_.loops.size()) + " loops given for " +
                                 std::to_string(S * replicas_) + " stages");
+  if (!options_.engines.empty()) {
+    if (options_.engines.size() != S)
+      throw std::invalid_argument("pipeline: " + std::to_string(options_.engines.size()) + " stage engines given for " +
+                                  std::to_string(S) + " stages");
+    if (replicas_ > 1) throw std::invalid_argument("pipeline: device stages run one replica");
+  }
+  // Device stages: one engine per stage whose factory is set (the others run on their loop's CPU).
+  engines_.assign(S, nullptr);
+  std::vector<const void*> domains(S, nullptr);
+  for (std::uint32_t s = 0; s < S && !options_.engines.empty(); ++s) {
+    if (!options_.engines[s]) continue;
+    stage_engine_context ctx{*replicas[0], pieces_, s, {}, false, criterion};
+    for (std::uint32_t k = 0; k < plan_.chunks; ++k) ctx.piece_of_chunk.push_back(plan_.piece(s, k));
+    ctx.holds_last = plan_.piece(s, plan_.chunks - 1) + 1 == plan_.pieces();
+    engines_[s] = options_.engines[s](ctx);
+    if (engines_[s]) domains[s] = engines_[s]->domain();
+  }
   auto shared_plan = std::make_shared<const schedule>(plan_);
   for (std::uint32_t r = 0; r < replicas_; ++r)
     for (std::uint32_t s = 0; s < S; ++s) {
       stage_actor::config c;
+      c.engine = engines_[s];
+      c.domains = domains;
       c.stage = s;
       c.plan = shared_plan;
       for (std::uint32_t k = 0; k < plan_.chunks; ++k)
@@ -476,6 +597,19 @@ pipeline::~pipeline() {
     if (!a.stopped()) rt_.stop(a);
   for (auto& a : reducers_)
     if (!a.stopped()) rt_.stop(a);
+  if (std::any_of(engines_.begin(), engines_.end(), [](auto& e) { return e != nullptr; })) {
+    // The stage actors let their engines go when they stop: wait for that, so the last
+    // reference (whose destructor waits for its stream) goes here, off the loops.
+    try {
+      rt_.synchronize();
+    } catch (...) {  // a failure of the run was reported by train_step
+    }
+  }
+}
+
+void pipeline::download() {
+  for (auto& e : engines_)
+    if (e) e->download();
 }
 
 bool pipeline::stopped() const noexcept {
@@ -609,7 +743,10 @@ nlohmann::json pipeline::trace_metadata() const {
   for (std::uint32_t s = 0; s < plan_.stages; ++s) {
     nlohmann::json ids = nlohmann::json::array();
     for (std::uint32_t r = 0; r < replicas_; ++r) ids.push_back(stages_[r * plan_.stages + s].id());
-    stages.push_back({{"stage", s}, {"actors", ids}, {"loop", stages_[s].loop()}, {"device", "cpu"}});
+    stages.push_back({{"stage", s},
+                      {"actors", ids},
+                      {"loop", stages_[s].loop()},
+                      {"device", engines_.size() > s && engines_[s] ? engines_[s]->device_name() : "cpu"}});
   }
   nlohmann::json actions = nlohmann::json::array();
   for (const auto& l : plan_.actions) {

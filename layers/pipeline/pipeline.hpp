@@ -33,6 +33,7 @@
 #include "layers/network.hpp"
 #include "layers/pipeline/partition.hpp"
 #include "layers/pipeline/schedule.hpp"
+#include "layers/pipeline/stage_engine.hpp"
 
 namespace nerve::pipeline {
 
@@ -71,6 +72,10 @@ struct pipeline_options {
   /// Emergent mode: micro-batches a stage may have in the next stage (per edge) at once;
   /// 0: S - s for stage s, 1F1B's bound.
   std::uint32_t credits = 0;
+  /// Device stages: one factory per stage (empty: every stage on its loop's CPU; a null
+  /// entry: that stage on the CPU). A stage with an engine runs its pieces on the engine's
+  /// device (see stage_engine.hpp and docs/gpu.md); one replica only.
+  std::vector<stage_engine_factory> engines;
 };
 
 class stage_actor;
@@ -114,6 +119,11 @@ class pipeline {
   /// The stage actors: replica r's stage s at r * S + s.
   const std::vector<actors::address>& stage_actors() const noexcept { return stages_; }
   std::uint32_t replicas() const noexcept { return replicas_; }
+  /// Copies the weights of the device stages into the graph (waits for their streams:
+  /// call between steps, never on a loop). CPU stages train the graph's layers in place.
+  void download();
+  /// The engine of each stage (null for a CPU stage).
+  const std::vector<std::shared_ptr<stage_engine>>& engines() const noexcept { return engines_; }
   /// True once every stage actor stopped (after a failure, or never while running).
   bool stopped() const noexcept;
   /// `nerve.stages` and `nerve.schedule` for `runtime::write_trace` (docs/trace-format.md).
@@ -126,6 +136,7 @@ class pipeline {
   schedule plan_;
   pipeline_options options_;
   std::vector<actors::address> stages_, reducers_;
+  std::vector<std::shared_ptr<stage_engine>> engines_;
   std::vector<stage_metrics> metrics_;
   std::vector<std::vector<timed_action>> last_step_;
   bool failed_ = false;
