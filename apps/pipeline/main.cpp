@@ -4,6 +4,9 @@
 //   batch ──split──► stage 0 ──activations──► stage 1 ──► … ──► stage S-1 ─► loss
 //                      ▲ ◄──────gradients──────────┘ ◄──────────────┘
 //                      └─ each stage steps its own optimizer once per mini-batch
+//
+// --devices cpu,cuda:0,cuda:0 puts stages on GPUs (one stream each; several stages may share
+// a GPU): between two stages of one GPU the tensors stay on the device (docs/gpu.md).
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,11 +14,16 @@
 #include <cstdio>
 #include <future>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "gpu/device.hpp"
+#include "gpu/layers/device_stage.hpp"
+#include "gpu/layers/train.hpp"
 #include "layers/data/batcher.hpp"
 #include "layers/data/dataset.hpp"
 #include "layers/gemm.hpp"
@@ -74,7 +82,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 int main(int argc, char** argv) {
   CLI::App app{"nerve-pipeline: pipeline-parallel training on Fashion-MNIST, one event loop per stage"};
   std::string model = "deep-mlp", schedule_name = "1f1b", partition = "params", data = "/usr/share/datasets/fashion-mnist";
-  std::string init, save, trace, load_schedule_file, write_schedule_file;
+  std::string init, save, trace, load_schedule_file, write_schedule_file, devices;
   std::uint32_t stages = 2, micro = 8, chunks = 2, replicas = 1, credits = 0;
   unsigned threads = 0;
   int epochs = -1;
@@ -98,6 +106,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--schedule-file", load_schedule_file, "Run the schedule in this file (text form; see --write-schedule)");
   app.add_option("--write-schedule", write_schedule_file, "Write the planned schedule to this file");
+  app.add_option("--devices", devices,
+                 "One device per stage, comma-separated: cpu, cuda, cuda:N or standin (the CPU stand-in of a GPU); "
+                 "default: every stage on the CPU")
+      ->capture_default_str();
   app.add_option("--epochs", epochs, "Epochs (default: the preset's)");
   app.add_option("--steps", steps, "Stop after N optimizer steps");
   app.add_option("--batch", batch, "Mini-batch size; it splits into the micro-batches (default: the preset's)");
@@ -187,6 +199,37 @@ int main(int argc, char** argv) {
     po.emergent = emergent;
     po.credits = credits;
     for (std::uint32_t s = 0; s < stages * replicas; ++s) po.loops.push_back(s % threads);
+    // Devices open after the runtime: they shut down before the loops they post to go.
+    std::map<std::pair<int, int>, std::unique_ptr<gpu::device>> opened;
+    std::vector<std::string> device_of(stages, "cpu");
+    if (!devices.empty()) {
+      const auto list = split_list(devices);
+      if (list.size() != stages)
+        throw std::invalid_argument("--devices names " + std::to_string(list.size()) + " devices for " +
+                                    std::to_string(stages) + " stages");
+      if (!trace.empty() && std::any_of(list.begin(), list.end(), [](auto& d) { return d != "cpu"; }))
+        throw std::invalid_argument("--trace is not recorded on a GPU device yet");
+      for (std::uint32_t s = 0; s < stages; ++s) {
+        int backend = 0, ordinal = 0;
+        if (!gpu::parse_device(list[s], backend, ordinal)) {
+          po.engines.push_back(nullptr);
+          continue;
+        }
+        auto& dev = opened[{backend, ordinal}];
+        if (!dev) {
+          gpu::device_options d;
+          d.backend = gpu::backend_kind(backend);
+          d.ordinal = ordinal;
+          dev = std::make_unique<gpu::device>(d);
+        }
+        device_of[s] = list[s] + " (" + dev->name() + ")";
+        gpu::device_stage_options so;
+        so.optimizer = gpu::device_optimizer{o.optimizer, o.lr, o.momentum, o.weight_decay, o.nesterov};
+        po.engines.push_back([d = dev.get(), so](const np::stage_engine_context& ctx) {
+          return gpu::make_device_stage(*d, ctx, so);
+        });
+      }
+    }
     np::pipeline pipe(rt, replica_graphs, pieces, plan, std::make_shared<nl::cross_entropy>(),
                       nl::make_optimizer_factory(o), po);
 
@@ -196,6 +239,8 @@ int main(int argc, char** argv) {
                   model.c_str(), stages, replicas, replicas == 1 ? "" : "s", emergent ? "emergent" : plan.name.c_str(),
                   micro, o.batch / micro / replicas, o.batch, o.optimizer.c_str(), o.lr, threads,
                   np::to_string(g, pieces).c_str());
+    if (!json && !devices.empty())
+      for (std::uint32_t s = 0; s < stages; ++s) std::printf("stage %u on %s\n", s, device_of[s].c_str());
 
     data::batcher batches(train_set->size(), data::batcher_options{o.batch, !no_shuffle, seed, false});
     const std::size_t per_epoch = batches.batches_per_epoch();
@@ -236,6 +281,7 @@ int main(int argc, char** argv) {
       train_seconds += epoch_train_s;
       trained += seen;
       double test_acc = 0, test_loss = 0;
+      pipe.download();  // device stages' weights into g (between steps, off the loops)
       if (test_set) {
         nl::set_gemm_threads(int(threads));  // the stages are idle between steps
         nl::direct_executor exec(g);
@@ -294,6 +340,7 @@ int main(int argc, char** argv) {
       j["seed"] = seed;
       j["steps"] = step;
       j["pieces"] = np::to_string(g, pieces);
+      j["devices"] = device_of;
       j["samples_per_s"] = train_seconds > 0 ? double(trained) / train_seconds : 0;
       j["epochs"] = epochs_json;
       j["stages_detail"] = nlohmann::json::array();
