@@ -18,15 +18,23 @@
 //   gemm_us          the step's matrix products alone (cuBLAS, same shapes, same stream), gated
 //                    the same way; gflops (step) and cublas_gflops (products alone)
 //   torch            PyTorch eager on the same GPU (gpu/bench/torch_step.py), same model and batch
+// pipeline (deep-mlp, batch 1024, 8 micro-batches, 1F1B, SGD momentum 0.9)
+//   one_stage / four_stages   `pipeline::train_step` median with every stage a device stage on
+//                    one GPU: 1 stage (1 stream) against 4 stages (4 streams, device-resident
+//                    messages between them); four_vs_one = four / one (target: ≤ 1.0). Needs a
+//                    GPU: without one the entry says so (--standin runs it small on the stand-in,
+//                    a check of the wiring, not a figure).
 // gemm: row-major products through cuBLAS fp32 (and TF32 where marked): GFLOP/s = 2mnk / time.
 #include "gpu/blas.hpp"
 #include "gpu/device.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/layers/device_network.hpp"
+#include "gpu/layers/device_stage.hpp"
 #include "gpu/memory.hpp"
 #include "gpu/testing.hpp"
 #include "layers/graph.hpp"
 #include "layers/linear.hpp"
+#include "layers/pipeline/pipeline.hpp"
 #include "layers/presets.hpp"
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -325,8 +333,65 @@ json step_bench(gpu::backend_kind kind, const std::string& model, std::size_t ba
   return out;
 }
 
+/// Median `pipeline::train_step` of deep-mlp with `stages` device stages on one device.
+json pipeline_run(gpu::backend_kind kind, std::uint32_t stages, std::size_t batch, std::uint32_t micro, int steps) {
+  actors::runtime rt(actors::runtime_options{.loops = stages});
+  gpu::device_options o;
+  o.backend = kind;
+  gpu::device dev(o);  // after the runtime: shut down before its loops go
+  auto g = layers::make_preset("deep-mlp", 0);
+  nerve::pipeline::pipeline_options po;
+  for (std::uint32_t s = 0; s < stages; ++s)
+    po.engines.push_back([&dev](const nerve::pipeline::stage_engine_context& ctx) {
+      gpu::device_stage_options so;
+      so.optimizer = gpu::optimizer_of("sgd", 0.01, 0.9);
+      return gpu::make_device_stage(dev, ctx, so);
+    });
+  const auto plan = nerve::pipeline::make_schedule("1f1b", stages, micro);
+  nerve::pipeline::pipeline p(rt, g, nerve::pipeline::partition_by_parameters(g, plan.pieces()), plan,
+                              std::make_shared<layers::cross_entropy>(),
+                              [] { return layers::make_optimizer<float>("sgd", 0.01, 0.9); }, po);
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> d;
+  auto batch_of = [&] {
+    layers::tensor x(std::int64_t(batch), layers::shape{784});
+    for (std::int64_t i = 0; i < x.size(); ++i) x.data()[i] = d(rng);
+    layers::targets y;
+    for (std::size_t i = 0; i < batch; ++i) y.labels.push_back(std::int32_t(i % 10));
+    return std::make_pair(std::move(x), std::move(y));
+  };
+  const int warmup = kind == gpu::backend_kind::standin ? 1 : 10;
+  for (int i = 0; i < warmup; ++i) {
+    auto [x, y] = batch_of();
+    p.train_step(std::move(x), y, std::uint64_t(i));
+  }
+  std::vector<double> us;
+  for (int i = 0; i < steps; ++i) {
+    auto [x, y] = batch_of();
+    const auto t0 = clock_type::now();
+    p.train_step(std::move(x), y, std::uint64_t(warmup + i));
+    us.push_back(us_between(t0, clock_type::now()));
+  }
+  return summarize(std::move(us));
+}
+
+/// The 4-stage pipeline of deep-mlp on one GPU (4 streams) against 1 stage.
+json pipeline_bench(gpu::backend_kind kind, bool standin_asked, int steps) {
+  if (kind != gpu::backend_kind::cuda && !standin_asked)
+    return {{"skipped", "no CUDA device: the 4-stage pipeline figure needs a GPU (--standin runs it small on the "
+                        "CPU stand-in, a wiring check, not a figure)"}};
+  const bool small = kind != gpu::backend_kind::cuda;
+  const std::size_t batch = small ? 64 : 1024;
+  const std::uint32_t micro = 8;
+  auto one = pipeline_run(kind, 1, batch, micro, steps);
+  auto four = pipeline_run(kind, 4, batch, micro, steps);
+  const double a = one["median_us"], b = four["median_us"];
+  return {{"model", "deep-mlp"}, {"batch", batch}, {"microbatches", micro}, {"schedule", "1f1b"},
+          {"one_stage", one},    {"four_stages", four}, {"four_vs_one", b / a}};
+}
+
 struct gpu_options {
-  bool quick = false, standin = false, no_torch = false;
+  bool quick = false, standin = false, no_torch = false, pipeline_only = false;
   int steps = 200;
   std::string torch_script;
 };
@@ -348,15 +413,21 @@ void run(const gpu_options& opt) {
       script = (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / script).string();
   }
   json out{{"device", name}, {"backend", kind == gpu::backend_kind::cuda ? "cuda" : "standin"}};
+  const int steps = kind == gpu::backend_kind::standin ? std::min(opt.steps, 3) : (opt.quick ? 50 : opt.steps);
+  if (opt.pipeline_only) {
+    out["pipeline"] = pipeline_bench(kind, opt.standin, steps);
+    std::cout << out.dump(2) << std::endl;
+    return;
+  }
   out["latency"]["poller"] = latency(kind, gpu::wait_mode::poller, opt.quick);
   out["latency"]["blocking"] = latency(kind, gpu::wait_mode::blocking, opt.quick);
-  const int steps = kind == gpu::backend_kind::standin ? std::min(opt.steps, 3) : (opt.quick ? 50 : opt.steps);
   out["steps"] = json::array();
   out["steps"].push_back(step_bench(kind, "mlp", 256, steps, script, !opt.no_torch));
   if (kind == gpu::backend_kind::cuda || !opt.quick)
     out["steps"].push_back(step_bench(kind, "deep-mlp", kind == gpu::backend_kind::cuda ? 1024 : 64, steps, script,
                                       !opt.no_torch));
   out["gemm"] = gemm_table(kind, opt.quick);
+  out["pipeline"] = pipeline_bench(kind, opt.standin, steps);
   std::cout << out.dump(2) << std::endl;
 }
 
@@ -367,6 +438,7 @@ void add_gpu(CLI::App& app) {
   sub->add_flag("--standin", opts->standin, "Run on the CPU stand-in even where a GPU is visible");
   sub->add_option("--steps", opts->steps, "Timed training steps per model (default 200)");
   sub->add_flag("--no-torch", opts->no_torch, "Skip the PyTorch comparison");
+  sub->add_flag("--pipeline", opts->pipeline_only, "Only the 4-stage pipeline on one GPU vs 1 stage");
   sub->add_option("--torch-script", opts->torch_script, "PyTorch twin (default gpu/bench/torch_step.py)");
   sub->callback([opts] { run(*opts); });
 }
