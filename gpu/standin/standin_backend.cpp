@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -19,6 +20,14 @@ namespace {
 
 class standin;
 
+/// One record of an event: a stream wait holds the record that was current when it was
+/// enqueued, as cudaStreamWaitEvent does, so re-recording the (pooled) event later
+/// neither satisfies nor changes that wait.
+struct fake_record {
+  bool done = false;       // guarded by the event's m
+  std::error_code error;   // guarded by the event's m
+};
+
 /// A fake event: completes when its stream's worker reaches the marker.
 class fake_event final : public event_impl {
  public:
@@ -27,6 +36,7 @@ class fake_event final : public event_impl {
   std::uint64_t seq = 0;   // guarded by m: which record is current
   bool done = true;        // guarded by m: a never-recorded event is complete, as in CUDA
   std::error_code error;   // guarded by m
+  std::shared_ptr<fake_record> current;  // guarded by m: the latest record (null: never recorded)
 };
 
 /// A fake stream: one worker thread runs the tasks in order. After a task
@@ -39,6 +49,7 @@ class fake_stream final : public stream_impl {
     fake_event* marker = nullptr;  // set: complete this event (seq) instead of running fn
     std::uint64_t seq = 0;
     bool always = false;           // runs even after a failure (frees)
+    std::shared_ptr<fake_record> rec = nullptr;  // with marker: the record it completes
   };
 
   explicit fake_stream(standin& b) : backend_(b), worker_([this] { run(); }) {}
@@ -130,13 +141,15 @@ class standin final : public backend {
   void record(event_impl& ei, stream_impl& s) override {
     auto& e = static_cast<fake_event&>(ei);
     std::uint64_t seq;
+    auto rec = std::make_shared<fake_record>();
     {
       std::lock_guard lk(e.m);
       seq = ++e.seq;
       e.done = false;
       e.error = {};
+      e.current = rec;
     }
-    as_fake(s).push({nullptr, &e, seq, true});
+    as_fake(s).push({nullptr, &e, seq, true, std::move(rec)});
   }
 
   event_state query(event_impl& ei) noexcept override {
@@ -157,18 +170,20 @@ class standin final : public backend {
 
   void stream_wait(stream_impl& s, event_impl& ei) override {
     auto* e = &static_cast<fake_event&>(ei);
-    std::uint64_t seq;
+    std::shared_ptr<fake_record> rec;
     {
       std::lock_guard lk(e->m);
-      seq = e->seq;
+      rec = e->current;
     }
+    if (!rec) return;  // never recorded: complete, as in CUDA
     auto* fs = &as_fake(s);
-    // The worker blocks until that record of the event completes (a newer record
-    // means it did); its error fails this stream too.
-    fs->push({[this, e, seq, fs] {
+    // The worker blocks until that record completes (not a later one of the same
+    // event: pooled events are recorded again as soon as they are released); its
+    // error fails this stream too. The event object itself outlives the wait (pooled).
+    fs->push({[e, rec, fs] {
                 std::unique_lock lk(e->m);
-                e->cv.wait(lk, [&] { return e->done || e->seq != seq; });
-                if (e->seq == seq && e->error) fs->fail(e->error);
+                e->cv.wait(lk, [&] { return rec->done; });
+                if (rec->error) fs->fail(rec->error);
               },
               nullptr, 0, false});
   }
@@ -321,6 +336,10 @@ void fake_stream::run() {
       {
         // Notify under the lock: a waiter may destroy the event as soon as it sees it done.
         std::lock_guard el(t.marker->m);
+        if (t.rec) {
+          t.rec->done = true;
+          t.rec->error = failed_;
+        }
         if (t.marker->seq == t.seq) {
           t.marker->done = true;
           t.marker->error = failed_;
