@@ -8,32 +8,55 @@
 namespace nerve::actors {
 
 namespace detail {
-void retain(actor* a) noexcept { a->refs_.fetch_add(1, std::memory_order_relaxed); }
-void release(actor* a) noexcept {
-  if (a->refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete a;
+actor_cell* cell_of(actor* a) noexcept { return a->cell_; }
+void release(actor_cell* c) noexcept {
+  if (c->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  // The last reference: the actor goes (unless its runtime already destroyed it), then the cell.
+  if (actor* a = c->self.exchange(nullptr, std::memory_order_acq_rel)) {
+    if (runtime* rt = c->owner.load(std::memory_order_acquire)) rt->unlink(c);
+    delete a;
+  }
+  delete c;
 }
 }  // namespace detail
 
-actor_id address::id() const noexcept { return a_ ? a_->id() : 0; }
-std::string_view address::name() const noexcept { return a_ ? std::string_view(a_->name()) : std::string_view{}; }
-unsigned address::loop() const noexcept { return a_ ? a_->loop_index() : 0; }
-bool address::stopped() const noexcept { return !a_ || a_->stopped(); }
+actor_id address::id() const noexcept {
+  auto* a = get();
+  return a ? a->id() : 0;
+}
+std::string_view address::name() const noexcept {
+  auto* a = get();
+  return a ? std::string_view(a->name()) : std::string_view{};
+}
+unsigned address::loop() const noexcept {
+  auto* a = get();
+  return a ? a->loop_index() : 0;
+}
+bool address::stopped() const noexcept {
+  auto* a = get();
+  return !a || a->stopped();
+}
 
 struct actor::pending_request {
   std::function<void(std::shared_ptr<void>, std::exception_ptr)> cb;
   std::unique_ptr<boost::asio::steady_timer> timer;
 };
 
-actor::actor(std::string name) : name_(std::move(name)) {
+actor::actor(std::string name) : cell_(new detail::actor_cell), name_(std::move(name)) {
+  cell_->self.store(this, std::memory_order_relaxed);
   ready_link_.owner = this;
   ready_link_.run = [](void* owner, bool discard) noexcept {
     auto* a = static_cast<actor*>(owner);
+    auto* c = a->cell_;
     if (!discard) a->drain();
-    detail::release(a);  // the reference schedule() took
+    detail::release(c);  // the reference schedule() took
   };
 }
 
 actor::~actor() {
+  // Deleted directly (a constructor threw, or spawn failed before any address existed):
+  // nobody detached the cell, so it goes with the actor.
+  if (cell_->self.load(std::memory_order_acquire) == this) delete cell_;
   // Whatever is still queued (the runtime was destroyed before the actor drained) is freed here.
   for (auto* q : {&urgent_, &normal_})
     while (auto* n = q->pop()) {
@@ -94,7 +117,7 @@ void actor::commit(std::unique_ptr<envelope> e) noexcept {
 void actor::schedule() {
   // Once per wake-up (pending_ went 0 -> 1, or a drain left work behind): the actor is in
   // its loop's ready queue at most once. The reference keeps it alive until it has run.
-  detail::retain(this);
+  detail::retain(cell_);
   loop_->schedule(&ready_link_);
 }
 

@@ -210,8 +210,7 @@ class actor {
  private:
   friend class runtime;
   friend class address;
-  friend void detail::retain(actor*) noexcept;
-  friend void detail::release(actor*) noexcept;
+  friend detail::actor_cell* detail::cell_of(actor*) noexcept;
   template <class R>
   friend struct actor_reply_sink;
 
@@ -262,7 +261,7 @@ class actor {
   detail::compact_mpsc_queue normal_;
   detail::ready_link ready_link_;  // this actor's entry in its loop's ready queue (queued at most once)
   // -- identity
-  std::atomic<std::uint32_t> refs_{0};
+  detail::actor_cell* cell_;  // the reference count addresses share (outlives the actor when they do)
   actor_id id_ = 0;
   std::size_t capacity_ = 0;
   unsigned batch_ = 64;

@@ -2,7 +2,9 @@
 /// \file
 /// `address`: a copyable, thread-safe handle to an actor.
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string_view>
 #include <utility>
@@ -12,29 +14,47 @@
 namespace nerve::actors {
 
 class actor;
+class runtime;
 
 namespace detail {
-void retain(actor* a) noexcept;
-void release(actor* a) noexcept;
-}
+/// What an address points to: the reference count of one actor, and the actor while it
+/// exists. The cell outlives the actor when addresses outlive its runtime: the runtime
+/// destroys every actor it spawned when it is destroyed (which frees actors that hold
+/// each other's addresses: a pipeline's neighbours, a layer and its consumers), and an
+/// address left over then reads as stopped.
+struct actor_cell {
+  std::atomic<std::uint32_t> refs{0};
+  std::atomic<actor*> self{nullptr};          ///< null once the actor was destroyed
+  std::atomic<runtime*> owner{nullptr};       ///< the runtime whose list holds the cell
+  actor_cell* prev = nullptr;                 ///< that list, under the runtime's lock
+  actor_cell* next = nullptr;
+};
+actor_cell* cell_of(actor* a) noexcept;
+inline void retain(actor_cell* c) noexcept { c->refs.fetch_add(1, std::memory_order_relaxed); }
+void release(actor_cell* c) noexcept;
+}  // namespace detail
 
 /// A handle to an actor: send to it, compare it, keep it. Holding an address keeps the
 /// actor's memory alive (so sends to a stopped actor fail cleanly with `send_status::closed`)
-/// but not the actor running. Copying is thread-safe (an atomic reference count).
+/// but not the actor running, and not beyond its runtime: when the runtime is destroyed it
+/// destroys its actors, and an address still held reads as stopped with an empty `get()`.
+/// Copying is thread-safe (an atomic reference count).
 class address {
  public:
   address() noexcept = default;
-  explicit address(actor* a) noexcept : a_(a) {
-    if (a_) detail::retain(a_);
+  explicit address(actor* a) noexcept : c_(a ? detail::cell_of(a) : nullptr) {
+    if (c_) detail::retain(c_);
   }
-  address(const address& o) noexcept : address(o.a_) {}
-  address(address&& o) noexcept : a_(std::exchange(o.a_, nullptr)) {}
+  address(const address& o) noexcept : c_(o.c_) {
+    if (c_) detail::retain(c_);
+  }
+  address(address&& o) noexcept : c_(std::exchange(o.c_, nullptr)) {}
   address& operator=(address o) noexcept {
-    std::swap(a_, o.a_);
+    std::swap(c_, o.c_);
     return *this;
   }
   ~address() {
-    if (a_) detail::release(a_);
+    if (c_) detail::release(c_);
   }
 
   /// The actor's id; 0 for an empty address.
@@ -46,14 +66,18 @@ class address {
   /// True when the actor has stopped (or failed): sends will be refused.
   bool stopped() const noexcept;
 
-  explicit operator bool() const noexcept { return a_ != nullptr; }
-  /// The actor object. Only for the runtime and for code running on the actor's own loop.
-  actor* get() const noexcept { return a_; }
+  explicit operator bool() const noexcept { return c_ != nullptr; }
+  /// The actor object (null once its runtime was destroyed). Only for the runtime and for
+  /// code running on the actor's own loop.
+  actor* get() const noexcept { return c_ ? c_->self.load(std::memory_order_relaxed) : nullptr; }
 
-  friend bool operator==(const address& a, const address& b) noexcept { return a.a_ == b.a_; }
+  /// Stable for the address's lifetime (the actor's cell): for hashing.
+  const void* identity() const noexcept { return c_; }
+
+  friend bool operator==(const address& a, const address& b) noexcept { return a.c_ == b.c_; }
 
  private:
-  actor* a_ = nullptr;
+  detail::actor_cell* c_ = nullptr;
 };
 
 }  // namespace nerve::actors
@@ -61,6 +85,6 @@ class address {
 template <>
 struct std::hash<nerve::actors::address> {
   std::size_t operator()(const nerve::actors::address& a) const noexcept {
-    return std::hash<const void*>{}(a.get());
+    return std::hash<const void*>{}(a.identity());
   }
 };

@@ -96,6 +96,42 @@ runtime::~runtime() {
     shutdown(shutdown_mode::cancel);
   } catch (...) {
   }
+  if (shut_down_) destroy_actors();  // not while loops might still run (a shutdown that failed)
+}
+
+void runtime::unlink(detail::actor_cell* c) noexcept {
+  std::lock_guard lk(cells_mu_);
+  if (c->owner.load(std::memory_order_relaxed) != this) return;
+  (c->prev ? c->prev->next : cells_) = c->next;
+  if (c->next) c->next->prev = c->prev;
+  c->prev = c->next = nullptr;
+  c->owner.store(nullptr, std::memory_order_relaxed);
+}
+
+// Every loop has stopped and been joined: destroy every actor still alive, whoever holds
+// its address. Actors that hold each other's addresses (neighbours, consumers and
+// producers, a supervisor and its children) would otherwise keep each other forever.
+// Addresses held outside outlive the runtime as cells that read as stopped.
+void runtime::destroy_actors() noexcept {
+  // Wake-ups nobody will run hold references (and point into the actors): drop them first.
+  for (auto& l : loops_)
+    while (auto* n = l->ready.pop()) {
+      auto* link = static_cast<detail::ready_link*>(n);
+      link->run(link->owner, true);
+    }
+  std::vector<detail::actor_cell*> cells;
+  {
+    std::lock_guard lk(cells_mu_);
+    for (auto* c = cells_; c; c = c->next) {
+      detail::retain(c);  // so no cell goes while the actors below release their addresses
+      c->owner.store(nullptr, std::memory_order_relaxed);
+      cells.push_back(c);
+    }
+    for (auto* c : cells) c->prev = c->next = nullptr;
+    cells_ = nullptr;
+  }
+  for (auto* c : cells) delete c->self.exchange(nullptr, std::memory_order_acq_rel);
+  for (auto* c : cells) detail::release(c);
 }
 
 address runtime::start(std::unique_ptr<actor> a, const spawn_options& opts) {
@@ -126,6 +162,14 @@ address runtime::start(std::unique_ptr<actor> a, const spawn_options& opts) {
     if (raw->name_.empty()) raw->name_ = "actor-" + std::to_string(raw->id_);
     live_.push_back(addr);
     info_.push_back({raw->name_, loop, -1, {}});
+  }
+  {
+    std::lock_guard lk(cells_mu_);
+    auto* c = detail::cell_of(raw);
+    c->next = cells_;
+    if (cells_) cells_->prev = c;
+    cells_ = c;
+    c->owner.store(this, std::memory_order_relaxed);
   }
   loops_[loop]->actors.fetch_add(1, std::memory_order_relaxed);
   // on_start goes first through the urgent lane: before any message sent after spawn returns.
@@ -312,8 +356,12 @@ void runtime::shutdown(shutdown_mode mode) {
     timer_io_->stop();
     timer_thread_.join();
   }
-  std::lock_guard lk(table_mu_);
-  live_.clear();
+  std::vector<address> last;
+  {
+    std::lock_guard lk(table_mu_);
+    last.swap(live_);
+  }
+  // `last` releases the runtime's references outside the lock (a release may delete an actor).
 }
 
 boost::asio::io_context& runtime::timer_context() {

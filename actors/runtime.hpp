@@ -163,6 +163,7 @@ class runtime {
 
  private:
   friend class actor;
+  friend void detail::release(detail::actor_cell*) noexcept;
   struct actor_info {
     std::string name;
     unsigned loop;
@@ -173,6 +174,8 @@ class runtime {
   address start(std::unique_ptr<actor> a, const spawn_options& opts);
   void report_failure(actor& who, std::exception_ptr error);
   void forget(actor_id id);
+  void unlink(detail::actor_cell* c) noexcept;
+  void destroy_actors() noexcept;
   void notify_progress();
   bool quiescent() const noexcept;
   void stop_all(bool cancel);
@@ -188,6 +191,8 @@ class runtime {
   mutable std::mutex table_mu_;
   std::vector<address> live_;          // index id-1; emptied when an actor stops
   std::vector<actor_info> info_;       // index id-1; kept for the trace
+  std::mutex cells_mu_;                  // only for cells_ (taken when an actor is deleted, anywhere)
+  detail::actor_cell* cells_ = nullptr;  // every actor spawned here and not yet destroyed
 
   alignas(64) std::atomic<std::uint64_t> external_sent_{0};
   std::atomic<std::uint64_t> external_done_{0};  // begin_work/end_work from outside loops
