@@ -207,8 +207,6 @@ int main(int argc, char** argv) {
       if (list.size() != stages)
         throw std::invalid_argument("--devices names " + std::to_string(list.size()) + " devices for " +
                                     std::to_string(stages) + " stages");
-      if (!trace.empty() && std::any_of(list.begin(), list.end(), [](auto& d) { return d != "cpu"; }))
-        throw std::invalid_argument("--trace is not recorded on a GPU device yet");
       for (std::uint32_t s = 0; s < stages; ++s) {
         int backend = 0, ordinal = 0;
         if (!gpu::parse_device(list[s], backend, ordinal)) {
@@ -220,6 +218,7 @@ int main(int argc, char** argv) {
           gpu::device_options d;
           d.backend = gpu::backend_kind(backend);
           d.ordinal = ordinal;
+          if (!trace.empty()) d.recorder = &rt.trace();  // GPU spans on a track per stream
           dev = std::make_unique<gpu::device>(d);
         }
         device_of[s] = list[s] + " (" + dev->name() + ")";

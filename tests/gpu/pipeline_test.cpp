@@ -31,8 +31,12 @@
 #include "tests/gpu/gpu_fixture.hpp"
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -223,6 +227,47 @@ TEST_SUITE("gpu.pipeline") {
       // Device-resident between stages: nothing went through the host.
       for (auto t : transfers) CHECK(t == 0);
     }
+  }
+
+  TEST_CASE("a traced mixed pipeline records the device stage's stream work, and the same bits") {
+    auto ref_g = chain();
+    const auto plan = pl::make_schedule("1f1b", 2, 4);
+    train(ref_g, plan, {false, true}, 1);  // untraced
+    auto g = chain();
+    const auto path = (std::filesystem::temp_directory_path() / "nerve-gpu-pipeline-trace.json").string();
+    {
+      actors::runtime rt(actors::runtime_options{.loops = 2, .record = true});
+      auto o = stage_device_options();
+      o.recorder = &rt.trace();  // opened after the runtime: the recorder outlives it
+      gpu::device dev(o);
+      pl::pipeline p(rt, g, pl::partition_by_parameters(g, 2), plan, std::make_shared<layers::cross_entropy>(),
+                     [] { return layers::make_optimizer<float>("sgd", lr, momentum); },
+                     device_stages(dev, {false, true}));
+      auto b = make_batch(24, 100);
+      CHECK(p.train_step(std::move(b.x), b.t, 0).samples == 24);
+      p.download();
+      rt.synchronize();
+      pl::write_trace(rt, p, path);
+    }
+    check_bitwise(g, ref_g);  // recording changes no result
+
+    std::ifstream in(path);
+    const auto j = nlohmann::json::parse(in);
+    std::filesystem::remove(path);
+    std::map<std::pair<long, long>, std::string> tracks;
+    for (const auto& e : j.at("traceEvents"))
+      if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name")
+        tracks[{e.at("pid").get<long>(), e.at("tid").get<long>()}] = e.at("args").at("name").get<std::string>();
+    std::size_t spans = 0;
+    for (const auto& e : j.at("traceEvents")) {
+      if (e.value("cat", "") != "gpu" || e.value("ph", "") != "X") continue;
+      ++spans;
+      const auto track = tracks[{e.at("pid").get<long>(), e.at("tid").get<long>()}];
+      CHECK(track.rfind("gpu stream ", 0) == 0);  // on its stream's named track
+      CHECK(e.at("dur").get<double>() >= 0);
+    }
+    // Stage 1 runs 4 forwards and 4 backwards on its stream, each waited for at least once.
+    CHECK(spans >= 2 * 4);
   }
 
   TEST_CASE("a 4-stage pipeline on one device runs on 4 streams, device-resident") {
