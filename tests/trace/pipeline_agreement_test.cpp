@@ -35,6 +35,8 @@ batch random_batch(std::int64_t n, std::uint64_t seed) {
 }  // namespace
 
 TEST_CASE("the summary's stage bubbles agree with the pipeline's own measurement") {
+  const char* scale = std::getenv("NERVE_TEST_SCALE");
+  const bool sanitized = scale && std::string(scale) == "sanitize";
   // Batch 256 even under the sanitizers: the viewer also counts the handler time around
   // the actions (unpacking, stashing), which the sanitizers inflate; with small batches
   // it grew to 4 points of the step under TSan, with 256 samples the actions dominate.
@@ -75,8 +77,10 @@ TEST_CASE("the summary's stage bubbles agree with the pipeline's own measurement
       const double own = 100 * m.at(std::size_t(st.stage)).bubble_fraction();
       // The two measure the same step with different clocks in hand: the pipeline times
       // its actions inside the handlers, the viewer takes the union of the handler runs
-      // inside the step slice. Measured: within 1 point; required: 2.
-      CHECK(std::abs(st.bubble_pct - own) <= 2.0);
+      // inside the step slice. Measured: within 1 point; required: 2. Sanitized builds
+      // slow the handler code around the actions (which only the viewer counts) several
+      // times over: 5 points there.
+      CHECK(std::abs(st.bubble_pct - own) <= (sanitized ? 5.0 : 2.0));
     }
   }
 }
