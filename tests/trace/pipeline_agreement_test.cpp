@@ -77,10 +77,11 @@ TEST_CASE("the summary's stage bubbles agree with the pipeline's own measurement
       const double own = 100 * m.at(std::size_t(st.stage)).bubble_fraction();
       // The two measure the same step with different clocks in hand: the pipeline times
       // its actions inside the handlers, the viewer takes the union of the handler runs
-      // inside the step slice. Measured: within 1 point; required: 2. Sanitized builds
-      // slow the handler code around the actions (which only the viewer counts) several
-      // times over: 5 points there.
-      CHECK(std::abs(st.bubble_pct - own) <= (sanitized ? 5.0 : 2.0));
+      // inside the step slice. Measured: within 1 point on a quiet machine, 2.0 with
+      // layers_test beside it on 2 cores (the viewer also counts the handler code around
+      // the actions, which preemption and sanitizers stretch): 5 points required, 8 in
+      // sanitized builds, where that code runs several times slower.
+      CHECK(std::abs(st.bubble_pct - own) <= (sanitized ? 8.0 : 5.0));
     }
   }
 }
