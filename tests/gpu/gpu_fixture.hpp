@@ -28,6 +28,18 @@ inline gpu::device_options cuda_options(gpu::wait_mode mode = gpu::wait_mode::po
   return o;
 }
 
+/// The device of the suites compiled twice (layers_test.cpp, pipeline_test.cpp): the
+/// CPU stand-in in gpu_test (NERVE_GPU_LAYERS_STANDIN), CUDA in gpu_device_test.
+inline gpu::device_options layers_suite_options() {
+#if NERVE_GPU_LAYERS_STANDIN
+  gpu::device_options o;
+  o.backend = gpu::backend_kind::standin;
+  return o;
+#else
+  return cuda_options();
+#endif
+}
+
 struct cuda_fixture {
   gpu::device dev{cuda_options()};
   gpu::stream s = dev.create_stream();

@@ -46,18 +46,9 @@ using gpu::test::unit_roundoff;
 
 namespace {
 
-gpu::device_options layer_device_options() {
-#if NERVE_GPU_LAYERS_STANDIN
-  gpu::device_options o;
-  o.backend = gpu::backend_kind::standin;
-  return o;
-#else
-  return gpu::test::cuda_options();
-#endif
-}
 
 struct layer_fixture {
-  gpu::device dev{layer_device_options()};
+  gpu::device dev{gpu::test::layers_suite_options()};
   gpu::stream s = dev.create_stream();
   // A fixed seed, so a failure reproduces; NERVE_TEST_SEED=N tries other data.
   std::mt19937_64 rng{[] {

@@ -29,6 +29,7 @@
 #include "layers/linear.hpp"
 #include "layers/pipeline/pipeline.hpp"
 #include "tests/gpu/gpu_fixture.hpp"
+#include "tests/pipeline/chain.hpp"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -48,34 +49,8 @@ namespace pl = nerve::pipeline;
 
 namespace {
 
-gpu::device_options stage_device_options() {
-#if NERVE_GPU_LAYERS_STANDIN
-  gpu::device_options o;
-  o.backend = gpu::backend_kind::standin;
-  return o;
-#else
-  return gpu::test::cuda_options();
-#endif
-}
 
-/// input [12] → fc1 → relu1 → … → fc4 → relu4 → fc5 [4]: nine layers.
-layers::graph chain(bool with_dropout = false) {
-  layers::graph_builder b;
-  b.input("input", layers::shape{12});
-  std::string prev = "input";
-  for (int i = 1; i <= 4; ++i) {
-    const std::string fc = "fc" + std::to_string(i), relu = "relu" + std::to_string(i);
-    b.add(fc, layers::linear(i == 1 ? 12 : 16, 16), {prev});
-    b.add(relu, layers::relu(), {fc});
-    prev = relu;
-  }
-  if (with_dropout) {
-    b.add("drop", layers::dropout(0.5), {prev});
-    prev = "drop";
-  }
-  b.add("fc5", layers::linear(16, 4), {prev});
-  return b.build(7);
-}
+layers::graph chain(bool with_dropout = false) { return test::small_chain(7, with_dropout); }
 
 struct batch {
   layers::tensor x;
@@ -121,7 +96,7 @@ struct run_result {
 run_result train(layers::graph& g, const pl::schedule& plan, const std::vector<bool>& on_device, int steps,
                  std::vector<std::int64_t>* host_transfers = nullptr, bool emergent = false) {
   actors::runtime rt(actors::runtime_options{.loops = 2});
-  gpu::device dev(stage_device_options());
+  gpu::device dev(gpu::test::layers_suite_options());
   auto options = device_stages(dev, on_device);
   options.emergent = emergent;
   auto criterion = std::make_shared<layers::cross_entropy>();
@@ -237,7 +212,7 @@ TEST_SUITE("gpu.pipeline") {
     const auto path = (std::filesystem::temp_directory_path() / "nerve-gpu-pipeline-trace.json").string();
     {
       actors::runtime rt(actors::runtime_options{.loops = 2, .record = true});
-      auto o = stage_device_options();
+      auto o = gpu::test::layers_suite_options();
       o.recorder = &rt.trace();  // opened after the runtime: the recorder outlives it
       gpu::device dev(o);
       pl::pipeline p(rt, g, pl::partition_by_parameters(g, 2), plan, std::make_shared<layers::cross_entropy>(),
@@ -275,7 +250,7 @@ TEST_SUITE("gpu.pipeline") {
     train(ref_g, pl::make_schedule("1f1b", 1, 8), {true}, 2);
     auto g = chain();
     actors::runtime rt(actors::runtime_options{.loops = 4});
-    gpu::device dev(stage_device_options());
+    gpu::device dev(gpu::test::layers_suite_options());
     auto criterion = std::make_shared<layers::cross_entropy>();
     const auto plan = pl::make_schedule("1f1b", 4, 8);
     pl::pipeline p(rt, g, pl::partition_by_parameters(g, 4), plan, criterion,
@@ -308,7 +283,7 @@ TEST_SUITE("gpu.pipeline") {
       CAPTURE(failing);
       auto g = chain();
       actors::runtime rt(actors::runtime_options{.loops = 2});
-      gpu::device dev(stage_device_options());
+      gpu::device dev(gpu::test::layers_suite_options());
       auto criterion = std::make_shared<layers::cross_entropy>();
       const auto plan = pl::make_schedule("1f1b", 2, 4);
       // Stage 0 on the CPU, stage 1 on the device; or both on the device.
@@ -344,7 +319,7 @@ TEST_SUITE("gpu.pipeline") {
   TEST_CASE("a device layer's error ends the step with that error, every stage stopped") {
     auto g = chain();
     actors::runtime rt(actors::runtime_options{.loops = 2});
-    gpu::device dev(stage_device_options());
+    gpu::device dev(gpu::test::layers_suite_options());
     auto criterion = std::make_shared<layers::cross_entropy>();
     pl::pipeline p(rt, g, pl::partition_by_parameters(g, 2), pl::make_schedule("1f1b", 2, 4), criterion,
                    [] { return layers::make_optimizer<float>("sgd", lr, momentum); },
@@ -365,7 +340,7 @@ TEST_SUITE("gpu.pipeline") {
   TEST_CASE("a layer without a device twin is refused when the pipeline is built") {
     auto g = chain(true);
     actors::runtime rt(actors::runtime_options{.loops = 2});
-    gpu::device dev(stage_device_options());
+    gpu::device dev(gpu::test::layers_suite_options());
     auto criterion = std::make_shared<layers::cross_entropy>();
     const auto plan = pl::make_schedule("1f1b", 2, 2);
     try {

@@ -11,6 +11,7 @@
 #include "layers/linear.hpp"
 #include "layers/pipeline/pipeline.hpp"
 #include "layers/presets.hpp"
+#include "tests/pipeline/chain.hpp"
 
 using namespace nerve;
 using namespace nerve::pipeline;
@@ -23,20 +24,7 @@ bool sanitize_scale() {
   return s && std::string(s) == "sanitize";
 }
 
-/// input [12] → fc1 → relu1 → fc2 → relu2 → fc3 → relu3 → fc4 → relu4 → fc5 [4]: nine layers.
-layers::graph small_chain(std::uint64_t seed = 7) {
-  layers::graph_builder b;
-  b.input("input", layers::shape{12});
-  std::string prev = "input";
-  for (int i = 1; i <= 4; ++i) {
-    const std::string fc = "fc" + std::to_string(i), relu = "relu" + std::to_string(i);
-    b.add(fc, layers::linear(i == 1 ? 12 : 16, 16), {prev});
-    b.add(relu, layers::relu(), {fc});
-    prev = relu;
-  }
-  b.add("fc5", layers::linear(16, 4), {prev});
-  return b.build(seed);
-}
+using nerve::test::small_chain;
 
 struct batch {
   tensor x;
