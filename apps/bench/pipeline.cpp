@@ -97,7 +97,7 @@ run_result run_once(const options& o, const std::string& name, std::uint32_t sta
   return r;
 }
 
-nlohmann::json stage_json(const np::stage_metrics& m, double theory) {
+nlohmann::json stage_json(const np::stage_metrics& m, double theory, double predicted) {
   return {{"stage", m.stage},
           {"busy_s", m.busy_s},
           {"idle_s", m.idle_s},
@@ -106,6 +106,11 @@ nlohmann::json stage_json(const np::stage_metrics& m, double theory) {
           {"idle_optimizer_s", m.idle_optimizer_s},
           {"bubble_fraction", m.bubble_fraction()},
           {"bubble_theory", theory},
+          {"bubble_predicted", predicted},
+          {"f_mean_s", m.f_count ? m.f_s / double(m.f_count) : 0.0},
+          {"b_mean_s", m.b_count ? m.b_s / double(m.b_count) : 0.0},
+          {"w_mean_s", m.w_count ? m.w_s / double(m.w_count) : 0.0},
+          {"optimizer_s", m.optimizer_s},
           {"peak_stashed_microbatches", m.peak_stashed},
           {"peak_stash_bytes", m.peak_stash_bytes}};
 }
@@ -146,22 +151,31 @@ void run(const options& o) {
     const double s = median(piped[k]);
     auto plan = np::make_schedule(o.schedules[k], o.stages, o.micro_batches, o.schedules[k] == "interleaved" ? 2 : 1);
     const double theory = np::bubble_theory(plan);
+    const auto predicted = np::predicted_bubbles(plan, last[k].stages);
+    // The speedup the cut allows: the stages' busy time summed (one stage doing it all)
+    // over the predicted step time (stage 0's busy time over its predicted busy share).
+    double busy_sum = 0;
+    for (auto& m : last[k].stages) busy_sum += m.busy_s;
+    const double cap = last[k].stages.empty() || predicted[0] >= 1
+                           ? 0
+                           : busy_sum * (1 - predicted[0]) / last[k].stages[0].busy_s;
     nlohmann::json j{{"schedule", o.schedules[k]},
                      {"samples_per_s", s},
                      {"speedup", s / b},
+                     {"speedup_predicted", cap},
                      {"all", piped[k]},
                      {"pieces", last[k].pieces},
                      {"stages_last_repeat", nlohmann::json::array()}};
-    for (auto& m : last[k].stages) j["stages_last_repeat"].push_back(stage_json(m, theory));
+    for (auto& m : last[k].stages) j["stages_last_repeat"].push_back(stage_json(m, theory, predicted[m.stage]));
     out["runs"].push_back(j);
     if (!o.json) {
-      std::printf("%-12s %8.0f samples/s  %.2fx   pieces %s\n", o.schedules[k].c_str(), s, s / b,
-                  last[k].pieces.c_str());
+      std::printf("%-12s %8.0f samples/s  %.2fx (the cut allows %.2fx)   pieces %s\n", o.schedules[k].c_str(), s,
+                  s / b, cap, last[k].pieces.c_str());
       for (auto& m : last[k].stages)
-        std::printf("    stage %u: busy %.3f s, idle %.3f s (input %.3f, optimizer %.3f), bubble %5.1f%% (theory %4.1f%%), "
-                    "peak %zu micro-batches\n",
+        std::printf("    stage %u: busy %.3f s, idle %.3f s (input %.3f, optimizer %.3f), bubble %5.1f%% (theory %4.1f%%, "
+                    "predicted for this cut %4.1f%%), peak %zu micro-batches\n",
                     m.stage, m.busy_s, m.idle_s, m.idle_input_s, m.idle_optimizer_s, 100 * m.bubble_fraction(),
-                    100 * theory, m.peak_stashed);
+                    100 * theory, 100 * predicted[m.stage], m.peak_stashed);
     }
   }
   if (o.json) std::printf("%s\n", out.dump(2).c_str());

@@ -325,6 +325,7 @@ int main(int argc, char** argv) {
 
     const double theory = np::bubble_theory(plan);
     const auto metrics = pipe.metrics();
+    const auto predicted = np::predicted_bubbles(plan, metrics);
     if (json) {
       nlohmann::json j;
       j["model"] = model;
@@ -353,6 +354,7 @@ int main(int argc, char** argv) {
                                       {"idle_optimizer_s", m.idle_optimizer_s},
                                       {"bubble_fraction", m.bubble_fraction()},
                                       {"bubble_theory", theory},
+                                      {"bubble_predicted", predicted[s]},
                                       {"peak_stashed_microbatches", m.peak_stashed},
                                       {"peak_stash_bytes", m.peak_stash_bytes}});
       }
@@ -361,12 +363,14 @@ int main(int argc, char** argv) {
       if (!trace.empty()) j["trace"] = trace;
       std::cout << j.dump(2) << "\n";
     } else {
-      std::printf("\n%-6s %10s %10s %10s %10s %10s %8s %8s %8s %10s\n", "stage", "busy s", "idle s", "input s",
-                  "backpr. s", "optim. s", "bubble", "theory", "peak mb", "peak MiB");
+      std::printf("\n%-6s %10s %10s %10s %10s %10s %8s %8s %8s %8s %10s\n", "stage", "busy s", "idle s", "input s",
+                  "backpr. s", "optim. s", "bubble", "theory", "this cut", "peak mb", "peak MiB");
       for (const auto& m : metrics)
-        std::printf("%-6u %10.3f %10.3f %10.3f %10.3f %10.3f %7.1f%% %7.1f%% %8zu %10.2f\n", m.stage, m.busy_s,
+        std::printf("%-6u %10.3f %10.3f %10.3f %10.3f %10.3f %7.1f%% %7.1f%% %7.1f%% %8zu %10.2f\n", m.stage, m.busy_s,
                     m.idle_s, m.idle_input_s, m.idle_backpressure_s, m.idle_optimizer_s, 100 * m.bubble_fraction(),
-                    100 * theory, m.peak_stashed, double(m.peak_stash_bytes) / (1 << 20));
+                    100 * theory, 100 * predicted[m.stage], m.peak_stashed, double(m.peak_stash_bytes) / (1 << 20));
+      std::printf("theory: equal stages, (S-1)/(M+S-1) for gpipe and 1f1b; this cut: the schedule simulated with each "
+                  "stage's measured action times\n");
       std::printf("\nplanned (%s):\n%s\n%s", emergent ? "emergent runs without a list; 1f1b shown" : plan.name.c_str(),
                   np::to_table(plan).c_str(), np::measured_table(pipe).c_str());
       std::printf("%.0f samples/s over %lld steps\n", train_seconds > 0 ? double(trained) / train_seconds : 0,

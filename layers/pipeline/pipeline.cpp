@@ -108,7 +108,7 @@ struct stage_report {
   std::vector<double> losses;  // last stage: per micro-batch
   std::vector<std::int64_t> correct;
   std::int64_t begin_ns = 0, end_ns = 0;
-  std::int64_t busy_ns = 0, input_wait_ns = 0, backpressure_ns = 0;
+  std::int64_t busy_ns = 0, input_wait_ns = 0, backpressure_ns = 0, optimizer_ns = 0;
   std::size_t peak_stashed = 0, peak_bytes = 0;
   std::vector<timed_action> actions;  // seconds from the step's t0
 };
@@ -456,7 +456,9 @@ class stage_actor : public actors::actor {
     if (c_.engine) {
       // Enqueued; the report goes out when the stream's work is done (engine_done).
       c_.engine->optimizer_step();
-      rep_.busy_ns += now() - start;
+      const auto enqueued = now() - start;
+      rep_.busy_ns += enqueued;
+      rep_.optimizer_ns += enqueued;
       auto& rt = system();
       c_.engine->when_done(executor(), [&rt, self = self()](std::exception_ptr e) {
         (void)rt.try_send(self, engine_done{std::move(e)}, actors::lane::urgent);
@@ -467,7 +469,9 @@ class stage_actor : public actors::actor {
     for (auto& c : c_.chunks)
       for (auto& p : c->parameters()) params.push_back(std::move(p));
     c_.opt->step(params);
-    rep_.busy_ns += now() - start;
+    const auto stepped = now() - start;
+    rep_.busy_ns += stepped;
+    rep_.optimizer_ns += stepped;
     deliver();
   }
 
@@ -723,6 +727,15 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
     x.actions += std::int64_t(r.actions.size());
     x.peak_stashed = std::max(x.peak_stashed, r.peak_stashed);
     x.peak_stash_bytes = std::max(x.peak_stash_bytes, r.peak_bytes);
+    x.optimizer_s += double(r.optimizer_ns) * 1e-9;
+    for (const auto& t : r.actions) {
+      const double d = t.end - t.start;
+      switch (t.a.op) {
+        case op::F: x.f_s += d, ++x.f_count; break;
+        case op::B: x.b_s += d, ++x.b_count; break;
+        case op::W: x.w_s += d, ++x.w_count; break;
+      }
+    }
     last_step_[s] = std::move(r.actions);
   }
   auto& rec = rt_.trace();
@@ -784,6 +797,34 @@ void write_trace(actors::runtime& rt, const pipeline& p, const std::string& path
   std::ofstream out(path);
   out << j.dump();
   if (!out) throw std::runtime_error("pipeline: cannot write the trace to " + path);
+}
+
+std::vector<double> predicted_bubbles(const schedule& plan, const std::vector<stage_metrics>& m) {
+  if (m.size() != plan.stages)
+    throw std::invalid_argument("predicted_bubbles: " + std::to_string(m.size()) + " stage metrics for " +
+                                std::to_string(plan.stages) + " stages");
+  auto mean = [](double total, std::int64_t n) { return n > 0 ? total / double(n) : 0.0; };
+  std::vector<action_costs> costs(plan.stages);
+  std::vector<double> optimizer(plan.stages, 0);
+  for (std::uint32_t s = 0; s < plan.stages; ++s) {
+    // A non-split B is all of backward: its measured mean goes in b, and w stays 0.
+    costs[s] = {mean(m[s].f_s, m[s].f_count), mean(m[s].b_s, m[s].b_count), mean(m[s].w_s, m[s].w_count)};
+    optimizer[s] = mean(m[s].optimizer_s, m[s].steps);
+  }
+  const auto sim = simulate(plan, costs);
+  double step_end = 0;
+  std::vector<double> busy(plan.stages, 0), last(plan.stages, 0);
+  for (std::uint32_t s = 0; s < plan.stages; ++s) {
+    for (std::size_t i = 0; i < sim.end[s].size(); ++i) {
+      busy[s] += sim.end[s][i] - sim.start[s][i];
+      last[s] = std::max(last[s], sim.end[s][i]);
+    }
+    busy[s] += optimizer[s];
+    step_end = std::max(step_end, last[s] + optimizer[s]);
+  }
+  std::vector<double> out(plan.stages, 0);
+  for (std::uint32_t s = 0; s < plan.stages; ++s) out[s] = step_end > 0 ? 1.0 - busy[s] / step_end : 0.0;
+  return out;
 }
 
 std::string measured_table(const pipeline& p, std::size_t columns) {

@@ -56,6 +56,11 @@ struct stage_metrics {
   std::size_t peak_stashed = 0;
   std::size_t peak_stash_bytes = 0;
   std::int64_t actions = 0;
+  /// Of `busy_s`: seconds in F actions (the last stage's include the loss), in B actions
+  /// (all of backward when the schedule does not split it), in W actions and in the
+  /// optimizer step; and how many actions of each kind ran.
+  double f_s = 0, b_s = 0, w_s = 0, optimizer_s = 0;
+  std::int64_t f_count = 0, b_count = 0, w_count = 0;
 };
 
 /// One action as it ran, times in seconds from the step's start.
@@ -141,6 +146,14 @@ class pipeline {
   std::vector<std::vector<timed_action>> last_step_;
   bool failed_ = false;
 };
+
+/// The bubble each stage would have if its actions took what they took on average in
+/// `m` and messages were free: `simulate` with the measured per-stage costs, each
+/// stage's optimizer step after its last action, the step ending when the last optimizer
+/// does. `bubble_theory` assumes equal stages; this is the theory for the stages as cut,
+/// so an uneven cut shows up here and not as a gap between measurement and theory.
+/// `m` has one entry per stage of `plan`; stages that ran nothing predict 0.
+std::vector<double> predicted_bubbles(const schedule& plan, const std::vector<stage_metrics>& m);
 
 /// Writes `rt`'s trace with the pipeline's metadata, and names the stage tracks
 /// (tid 2000000 + stage) so viewers show one lane per stage.

@@ -76,7 +76,8 @@ std::string describe(const schedule& s, const action& a) {
 
 /// Runs the schedule: each stage's next action starts once its stage is free and its
 /// dependencies ended. Returns the position each stage got to (all sizes: finished).
-std::vector<std::size_t> run(const schedule& s, const action_costs& costs, simulation* out) {
+/// `costs` has one entry per stage.
+std::vector<std::size_t> run(const schedule& s, const std::vector<action_costs>& costs, simulation* out) {
   done_table done(s.micro_batches, s.pieces());
   std::vector<std::size_t> next(s.stages, 0);
   std::vector<double> free_at(s.stages, 0);
@@ -104,7 +105,7 @@ std::vector<std::size_t> run(const schedule& s, const action_costs& costs, simul
           ready = std::max(ready, e);
         }
         if (!ok) break;
-        const double end = ready + cost_of(s, a.op, costs);
+        const double end = ready + cost_of(s, a.op, costs[st]);
         done.at(a.op, a.micro_batch, s.piece(st, a.chunk)) = end;
         if (!s.split_backward && a.op == op::B) done.at(op::W, a.micro_batch, s.piece(st, a.chunk)) = end;
         if (out) {
@@ -413,7 +414,7 @@ void validate(const schedule& s) {
         }
   }
   // Wait cycles: simulate, and explain where it stops.
-  auto next = run(s, {}, nullptr);
+  auto next = run(s, std::vector<action_costs>(s.stages), nullptr);
   bool stuck = false;
   for (std::uint32_t st = 0; st < s.stages; ++st) stuck |= next[st] < s.actions[st].size();
   if (!stuck) return;
@@ -457,8 +458,16 @@ void validate(const schedule& s) {
 
 simulation simulate(const schedule& s, action_costs costs) {
   check_shape(s);
+  return simulate(s, std::vector<action_costs>(s.stages, costs));
+}
+
+simulation simulate(const schedule& s, const std::vector<action_costs>& per_stage) {
+  check_shape(s);
+  if (per_stage.size() != s.stages)
+    throw std::invalid_argument("simulate: " + std::to_string(per_stage.size()) + " stage costs for " +
+                                std::to_string(s.stages) + " stages");
   simulation r;
-  auto next = run(s, costs, &r);
+  auto next = run(s, per_stage, &r);
   for (std::uint32_t st = 0; st < s.stages; ++st)
     if (next[st] < s.actions[st].size())
       throw schedule_error("schedule '" + s.name + "': cannot simulate an invalid schedule (validate it)", int(st),

@@ -124,6 +124,10 @@ struct simulation {
 /// Runs `s` (which must be valid) with `costs`: each action starts as soon as its
 /// stage is free and what it waits for has ended. Message transfer is free.
 simulation simulate(const schedule& s, action_costs costs = {});
+/// The same with costs per stage (`per_stage[s]` for every chunk of stage s): the
+/// timeline of stages cut unevenly. Throws `std::invalid_argument` unless there is one
+/// entry per stage.
+simulation simulate(const schedule& s, const std::vector<action_costs>& per_stage);
 
 /// Theory for GPipe and 1F1B with equal stages: (S-1)/(M+S-1).
 double bubble_theory(std::uint32_t stages, std::uint32_t micro_batches) noexcept;

@@ -234,6 +234,50 @@ TEST_SUITE("pipeline.run") {
     CHECK(p.last_step()[0][2].a == action{op::B, 0, 0});
   }
 
+  TEST_CASE("busy time splits into F, B, W and the optimizer, and predicts the bubble of the cut") {
+    for (auto name : {"1f1b", "zb-h1"}) {
+      CAPTURE(name);
+      const bool split = std::string(name) == "zb-h1";
+      auto g = small_chain();
+      actors::runtime rt(actors::runtime_options{.loops = 2});
+      const auto plan = make_schedule(name, 2, 4);
+      nerve::pipeline::pipeline p(rt, g, partition_by_parameters(g, 2), plan,
+                                  std::make_shared<layers::cross_entropy>(), sgd_factory());
+      for (int s = 0; s < 3; ++s) {
+        auto data = make_batch(g, 8, std::uint64_t(s));
+        p.train_step(std::move(data.x), data.t, std::uint64_t(s));
+      }
+      const auto m = p.metrics();
+      for (const auto& x : m) {
+        CAPTURE(x.stage);
+        CHECK(x.f_count == 3 * 4);
+        CHECK(x.b_count == 3 * 4);
+        CHECK(x.w_count == (split ? 3 * 4 : 0));
+        CHECK(x.f_s > 0);
+        CHECK(x.b_s > 0);
+        CHECK((x.w_s > 0) == split);
+        CHECK(x.optimizer_s > 0);
+        CHECK(x.f_s + x.b_s + x.w_s + x.optimizer_s == doctest::Approx(x.busy_s).epsilon(1e-6));
+      }
+      // The prediction is the simulation with these costs: a bubble in [0, 1) for every
+      // stage, and the theory exactly when every stage costs the same.
+      const auto predicted = predicted_bubbles(plan, m);
+      REQUIRE(predicted.size() == 2);
+      for (double b : predicted) {
+        CHECK(b >= 0);
+        CHECK(b < 1);
+      }
+      auto even = m;
+      for (auto& x : even) {
+        x.f_s = double(x.f_count), x.b_s = split ? double(x.b_count) : 2.0 * double(x.b_count);
+        x.w_s = double(x.w_count), x.optimizer_s = 0;
+      }
+      const auto theory = predicted_bubbles(plan, even);
+      for (double b : theory) CHECK(b == doctest::Approx(bubble_theory(plan)));
+      CHECK_THROWS_AS(predicted_bubbles(plan, std::vector<stage_metrics>(3)), std::invalid_argument);
+    }
+  }
+
   TEST_CASE("emergent mode reproduces 1f1b on the first and last stage") {
     for (std::uint32_t S : {2u, 3u, 4u}) {
       CAPTURE(S);

@@ -84,6 +84,25 @@ TEST_SUITE("pipeline.schedule") {
     }
   }
 
+  TEST_CASE("uneven stages: 1f1b takes F0 + M(F1+B1) + B0 when stage 1 is the slower one") {
+    // Stage 1 costs twice stage 0: it never waits after its first F, and stage 0 idles
+    // for the difference. Hand-worked timeline for M = 4 in the comment of each check.
+    const std::vector<action_costs> costs{{1, 1, 0}, {2, 2, 0}};
+    for (std::uint32_t M : {1u, 4u, 8u}) {
+      CAPTURE(M);
+      auto sim = simulate(make_schedule("1f1b", 2, M), costs);
+      CHECK(sim.makespan == doctest::Approx(1 + 4.0 * M + 1));  // M = 4: 18
+      CHECK(sim.bubble[1] == doctest::Approx(1 - 4.0 * M / (4.0 * M + 2)));
+      CHECK(sim.bubble[0] == doctest::Approx(1 - 2.0 * M / (4.0 * M + 2)));
+    }
+    // Equal per-stage costs give the single-cost timeline.
+    auto even = simulate(make_schedule("zb-h1", 3, 5), std::vector<action_costs>(3, {1, 1, 1}));
+    auto one = simulate(make_schedule("zb-h1", 3, 5));
+    CHECK(even.makespan == one.makespan);
+    CHECK(even.bubble == one.bubble);
+    CHECK_THROWS_WITH(simulate(make_schedule("1f1b", 3, 5), costs), doctest::Contains("2 stage costs for 3 stages"));
+  }
+
   TEST_CASE("interleaved reaches (S-1)/(vM+S-1) when S divides M") {
     for (std::uint32_t S = 2; S <= 4; ++S)
       for (std::uint32_t v : {2u, 3u})
