@@ -1,5 +1,7 @@
 #include "actors/actor.hpp"
 
+#include <thread>
+
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
@@ -14,9 +16,19 @@ void release(actor_cell* c) noexcept {
   // The last reference: the actor goes (unless its runtime already destroyed it), then the cell.
   if (actor* a = c->self.exchange(nullptr, std::memory_order_acq_rel)) {
     if (runtime* rt = c->owner.load(std::memory_order_acquire)) rt->unlink(c);
-    delete a;
+    destroy_actor(a);
   }
   delete c;
+}
+void destroy_actor(actor* a) noexcept {
+  if (a->arena_bytes_ == 0) {
+    delete a;
+    return;
+  }
+  auto& arena = *a->rt_->arena_;
+  const std::size_t bytes = a->arena_bytes_;
+  a->~actor();
+  arena.deallocate(a, bytes);
 }
 }  // namespace detail
 
@@ -135,9 +147,18 @@ void actor::after_normal_pop() {
   if (has_space_waiters_.load(std::memory_order_seq_cst)) fire_space_waiters();
 }
 
+struct actor::waiters_guard {
+  explicit waiters_guard(actor& a) noexcept : a_(a) {
+    while (a_.waiters_lock_.exchange(true, std::memory_order_acquire))
+      while (a_.waiters_lock_.load(std::memory_order_relaxed)) std::this_thread::yield();
+  }
+  ~waiters_guard() { a_.waiters_lock_.store(false, std::memory_order_release); }
+  actor& a_;
+};
+
 void actor::add_space_waiter(space_waiter w) {
   {
-    std::lock_guard lk(waiters_mu_);
+    waiters_guard lk(*this);
     waiters_.push_back(std::move(w));
     has_space_waiters_.store(true, std::memory_order_seq_cst);
   }
@@ -150,7 +171,7 @@ void actor::add_space_waiter(space_waiter w) {
 void actor::fire_space_waiters() {
   std::vector<space_waiter> ws;
   {
-    std::lock_guard lk(waiters_mu_);
+    waiters_guard lk(*this);
     ws.swap(waiters_);
     has_space_waiters_.store(false, std::memory_order_seq_cst);
   }
@@ -172,6 +193,14 @@ void actor::drain() {
   const auto saved_running = loop->running;
   loop->running = id_;
   std::int64_t taken = 0;
+  if (!started_) [[unlikely]] {
+    // The start is counted in pending_ (and as sent) by runtime::start like a message,
+    // but carries no envelope: one allocation and one queue push less per spawn.
+    started_ = true;
+    ++taken;
+    run_start();
+    loop->count_handled();
+  }
   while (taken < static_cast<std::int64_t>(batch_)) {
     envelope* raw = pop();
     if (!raw) break;  // empty, or a push half done: the pending count tells below
@@ -191,6 +220,20 @@ void actor::drain() {
   const auto before = pending_.fetch_sub(taken, std::memory_order_acq_rel);
   if (before != taken) schedule();  // more queued (or arriving): another turn, after the other actors'
   rt_->notify_progress();
+}
+
+void actor::run_start() {
+  // Handled as the message it stands for (an urgent closure from the actor to itself),
+  // so a throwing on_start fails the actor and a recorded run shows it as before.
+  typed_envelope<closure> start(closure{[this] { on_start(); }});  // fits std::function's buffer: no allocation
+  start.tag = tag_of<closure>();
+  start.sender = id_;
+  start.where = lane::urgent;
+  start.bytes = sizeof(closure);
+  start.sent_ticks = start_ticks_;
+  start.sent_depth = 0;
+  invoke(start);
+  if (stop_requested_ && !stop_done_) close_and_stop();
 }
 
 void actor::invoke(envelope& e) {
