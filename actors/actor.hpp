@@ -211,6 +211,7 @@ class actor {
   friend class runtime;
   friend class address;
   friend detail::actor_cell* detail::cell_of(actor*) noexcept;
+  friend void detail::destroy_actor(actor*) noexcept;
   template <class R>
   friend struct actor_reply_sink;
 
@@ -231,13 +232,17 @@ class actor {
   void commit(std::unique_ptr<envelope> e) noexcept;  // after a successful reserve
   void schedule();
   void drain();
+  void run_start(std::int64_t& clock);  // on_start, as the first message the actor handles
   envelope* pop() noexcept;
   void after_normal_pop();
   void add_space_waiter(space_waiter w);
+  struct waiters_guard;  // holds waiters_lock_
   void fire_space_waiters();
 
   // Loop side.
-  void invoke(envelope& e);
+  /// `clock`: recording, the ticks at which the previous recorded run of this drain ended
+  /// (0: none, or not recording); this run starts then, and `clock` becomes its end.
+  void invoke(envelope& e, std::int64_t& clock);
   void dispatch(envelope& e);
   void handle_response(response& r);
   void drop(envelope& e, const char* reason) noexcept;
@@ -257,26 +262,29 @@ class actor {
   std::atomic<std::int64_t> normal_size_{0};
   std::atomic<bool> closed_{false};
   std::atomic<bool> has_space_waiters_{false};
+  std::atomic<bool> waiters_lock_{false};  // guards waiters_ (rare path; a byte, not a 40-byte mutex, per actor)
+  bool started_ = false;  // loop side: on_start ran (the first drain runs it before any message)
+  bool stop_requested_ = false;
+  bool stop_done_ = false;
+  unsigned batch_ = 64;
   detail::compact_mpsc_queue urgent_;
   detail::compact_mpsc_queue normal_;
   detail::ready_link ready_link_;  // this actor's entry in its loop's ready queue (queued at most once)
   // -- identity
   detail::actor_cell* cell_;  // the reference count addresses share (outlives the actor when they do)
   actor_id id_ = 0;
+  std::uint32_t arena_bytes_ = 0;  // the size it was placed with in its runtime's arena; 0: operator new
   std::size_t capacity_ = 0;
-  unsigned batch_ = 64;
   runtime* rt_ = nullptr;
   detail::loop_state* loop_ = nullptr;
   std::string name_;
   address supervisor_;
+  std::int64_t start_ticks_ = 0;  // recording: ticks at spawn (the start's "send"); 0 when not recorded
   // -- loop side
   envelope* current_ = nullptr;
-  bool stop_requested_ = false;
-  bool stop_done_ = false;
   std::vector<handler_entry> handlers_;
   std::uint64_t next_request_ = 0;
   std::unique_ptr<std::unordered_map<std::uint64_t, pending_request>> requests_;
-  std::mutex waiters_mu_;                 // rare path: senders waiting for room
   std::vector<space_waiter> waiters_;
 };
 

@@ -32,6 +32,8 @@ struct actor_cell {
 actor_cell* cell_of(actor* a) noexcept;
 inline void retain(actor_cell* c) noexcept { c->refs.fetch_add(1, std::memory_order_relaxed); }
 void release(actor_cell* c) noexcept;
+/// Destroys a spawned actor and frees its storage (its runtime's arena, or the heap).
+void destroy_actor(actor* a) noexcept;
 }  // namespace detail
 
 /// A handle to an actor: send to it, compare it, keep it. Holding an address keeps the

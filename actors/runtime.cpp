@@ -68,6 +68,7 @@ runtime::runtime(runtime_options opts) : opts_(opts) {
   if (opts_.batch == 0) opts_.batch = 1;
   if (opts_.mailbox_capacity == 0) throw wiring_error("runtime: mailbox_capacity must be at least 1");
   recorder_.enable(opts_.record);
+  loop_actors_.assign(opts_.loops, 0);
   for (unsigned i = 0; i < opts_.loops; ++i) loops_.push_back(std::make_unique<detail::loop_state>(this, i));
   if (opts_.manual) return;
   for (auto& l : loops_) guards_.push_back(boost::asio::make_work_guard(l->io));
@@ -97,10 +98,11 @@ runtime::~runtime() {
   } catch (...) {
   }
   if (shut_down_) destroy_actors();  // not while loops might still run (a shutdown that failed)
+  else (void)arena_.release();       // nor free the memory of actors that may still run
 }
 
 void runtime::unlink(detail::actor_cell* c) noexcept {
-  std::lock_guard lk(cells_mu_);
+  std::lock_guard lk(table_mu_);
   if (c->owner.load(std::memory_order_relaxed) != this) return;
   (c->prev ? c->prev->next : cells_) = c->next;
   if (c->next) c->next->prev = c->prev;
@@ -121,7 +123,7 @@ void runtime::destroy_actors() noexcept {
     }
   std::vector<detail::actor_cell*> cells;
   {
-    std::lock_guard lk(cells_mu_);
+    std::lock_guard lk(table_mu_);
     for (auto* c = cells_; c; c = c->next) {
       detail::retain(c);  // so no cell goes while the actors below release their addresses
       c->owner.store(nullptr, std::memory_order_relaxed);
@@ -130,50 +132,61 @@ void runtime::destroy_actors() noexcept {
     for (auto* c : cells) c->prev = c->next = nullptr;
     cells_ = nullptr;
   }
-  for (auto* c : cells) delete c->self.exchange(nullptr, std::memory_order_acq_rel);
+  for (auto* c : cells) {
+    if (actor* a = c->self.exchange(nullptr, std::memory_order_acq_rel)) detail::destroy_actor(a);
+  }
   for (auto* c : cells) detail::release(c);
 }
 
-address runtime::start(std::unique_ptr<actor> a, const spawn_options& opts) {
+void runtime::check_spawn(const spawn_options& opts) const {
   if (shut_down_) throw wiring_error("spawn after the runtime was shut down");
-  unsigned loop;
-  if (opts.loop) {
-    if (*opts.loop >= loops_.size())
-      throw wiring_error("spawn on loop " + std::to_string(*opts.loop) + " but the runtime has " +
-                         std::to_string(loops_.size()) + " loops");
-    loop = *opts.loop;
-  } else if (opts_.policy == placement::least_actors) {
-    loop = 0;
-    for (unsigned i = 1; i < loops_.size(); ++i)
-      if (loops_[i]->actors.load(std::memory_order_relaxed) < loops_[loop]->actors.load(std::memory_order_relaxed)) loop = i;
-  } else {
-    loop = next_loop_.fetch_add(1, std::memory_order_relaxed) % loops_.size();
-  }
-  actor* raw = a.release();
-  address addr(raw);
+  if (opts.loop && *opts.loop >= loops_.size())
+    throw wiring_error("spawn on loop " + std::to_string(*opts.loop) + " but the runtime has " +
+                       std::to_string(loops_.size()) + " loops");
+}
+
+address runtime::start(actor* raw, std::size_t arena_bytes, const spawn_options& opts) {
   raw->rt_ = this;
-  raw->loop_ = loops_[loop].get();
+  raw->arena_bytes_ = static_cast<std::uint32_t>(arena_bytes);
+  address addr(raw);
   raw->capacity_ = opts.capacity ? opts.capacity : opts_.mailbox_capacity;
   raw->batch_ = opts_.batch;
   raw->supervisor_ = opts.supervisor;
+  if (recorder_.enabled()) raw->start_ticks_ = recorder::ticks();  // the start's "send"
   {
+    // Placement, id, registry and the list of cells under one lock: no atomic per spawn
+    // (the per-loop counts used to share a cache line with the loop's own counters).
     std::lock_guard lk(table_mu_);
+    unsigned loop;
+    if (opts.loop) {
+      loop = *opts.loop;
+    } else if (opts_.policy == placement::least_actors) {
+      loop = 0;
+      for (unsigned i = 1; i < loops_.size(); ++i)
+        if (loop_actors_[i] < loop_actors_[loop]) loop = i;
+    } else {
+      loop = next_loop_;
+      next_loop_ = next_loop_ + 1 == loops_.size() ? 0 : next_loop_ + 1;
+    }
+    ++loop_actors_[loop];
+    raw->loop_ = loops_[loop].get();  // before stop_all (any thread) can find it in live_
     raw->id_ = static_cast<actor_id>(live_.size() + 1);
     if (raw->name_.empty()) raw->name_ = "actor-" + std::to_string(raw->id_);
     live_.push_back(addr);
-    info_.push_back({raw->name_, loop, -1, {}});
-  }
-  {
-    std::lock_guard lk(cells_mu_);
+    info_.push_back(actor_info{raw->name_, loop});
     auto* c = detail::cell_of(raw);
     c->next = cells_;
     if (cells_) cells_->prev = c;
     cells_ = c;
     c->owner.store(this, std::memory_order_relaxed);
   }
-  loops_[loop]->actors.fetch_add(1, std::memory_order_relaxed);
-  // on_start goes first through the urgent lane: before any message sent after spawn returns.
-  (void)raw->try_tell(closure{[raw] { raw->on_start(); }}, lane::urgent, raw->id_);
+  // The start: counted like a message sent now (synchronize waits for on_start) and run by
+  // the actor's first drain before any message, so it goes before anything sent after
+  // spawn returns, without an envelope of its own.
+  auto* here = detail::current_loop;
+  if (here && here->rt == this) here->count_sent();
+  else external_sent_.fetch_add(1, std::memory_order_acq_rel);
+  if (raw->pending_.fetch_add(1, std::memory_order_acq_rel) == 0) raw->schedule();
   return addr;
 }
 
@@ -184,8 +197,8 @@ void runtime::forget(actor_id id) {
     if (id == 0 || id > live_.size()) return;
     gone = std::move(live_[id - 1]);
     live_[id - 1] = address{};
+    if (gone) --loop_actors_[info_[id - 1].loop];
   }
-  if (gone) loops_[gone.get()->loop_index()]->actors.fetch_sub(1, std::memory_order_relaxed);
   // `gone` releases the runtime's reference here (the running drain still holds its own).
 }
 
@@ -197,8 +210,7 @@ std::size_t runtime::spawned() const noexcept {
 void runtime::annotate(actor_id id, int stage, std::string group) {
   std::lock_guard lk(table_mu_);
   if (id == 0 || id > info_.size()) throw wiring_error("annotate: no actor with id " + std::to_string(id));
-  info_[id - 1].stage = stage;
-  info_[id - 1].group = std::move(group);
+  annotations_[id] = {stage, std::move(group)};
 }
 
 void runtime::stop(const address& a) {
@@ -313,8 +325,8 @@ void runtime::stop_all(bool cancel) {
   std::vector<address> all;
   {
     std::lock_guard lk(table_mu_);
-    for (auto& a : live_)
-      if (a) all.push_back(a);
+    for (std::size_t i = 0; i < live_.size(); ++i)
+      if (live_[i]) all.push_back(live_[i]);
   }
   for (auto& a : all) {
     actor* p = a.get();
@@ -356,10 +368,10 @@ void runtime::shutdown(shutdown_mode mode) {
     timer_io_->stop();
     timer_thread_.join();
   }
-  std::vector<address> last;
+  detail::segmented_vector<address> last;
   {
     std::lock_guard lk(table_mu_);
-    last.swap(live_);
+    last = live_.take();
   }
   // `last` releases the runtime's references outside the lock (a release may delete an actor).
 }
@@ -387,9 +399,13 @@ void runtime::write_trace(const std::string& path, const nlohmann::json& extra) 
   nlohmann::json actors = nlohmann::json::array();
   {
     std::lock_guard lk(table_mu_);
-    for (std::size_t i = 0; i < info_.size(); ++i)
-      actors.push_back({{"id", i + 1}, {"name", info_[i].name}, {"loop", info_[i].loop}, {"stage", info_[i].stage},
-                        {"group", info_[i].group}});
+    const actor_annotation none;
+    for (std::size_t i = 0; i < info_.size(); ++i) {
+      auto it = annotations_.find(static_cast<actor_id>(i + 1));
+      const auto& an = it == annotations_.end() ? none : it->second;
+      actors.push_back({{"id", i + 1}, {"name", info_[i].name}, {"loop", info_[i].loop}, {"stage", an.stage},
+                        {"group", an.group}});
+    }
   }
   recorder_.write_file(path, actors, extra);
 }

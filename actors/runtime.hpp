@@ -16,13 +16,16 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include "actors/actor.hpp"
+#include "actors/detail/actor_arena.hpp"
 #include "actors/detail/loop_state.hpp"
+#include "actors/detail/segmented_vector.hpp"
 #include "actors/recorder.hpp"
 
 namespace nerve::actors {
@@ -82,7 +85,21 @@ class runtime {
   template <class A, class... Args>
   address spawn_with(spawn_options opts, Args&&... args) {
     static_assert(std::is_base_of_v<actor, A>, "spawn: A must derive from nerve::actors::actor");
-    return start(std::unique_ptr<actor>(new A(std::forward<Args>(args)...)), opts);
+    check_spawn(opts);
+    if constexpr (alignof(A) > detail::actor_arena::granule) {
+      return start(new A(std::forward<Args>(args)...), 0, opts);
+    } else {
+      // Placed in the runtime's arena (see detail/actor_arena.hpp): reused slots, huge pages.
+      void* mem = arena_->allocate(sizeof(A));
+      A* a;
+      try {
+        a = ::new (mem) A(std::forward<Args>(args)...);
+      } catch (...) {
+        arena_->deallocate(mem, sizeof(A));
+        throw;
+      }
+      return start(a, sizeof(A), opts);
+    }
   }
 
   /// Sends from outside any actor. Throws `send_error` when the receiver stopped or is full.
@@ -166,12 +183,16 @@ class runtime {
   friend void detail::release(detail::actor_cell*) noexcept;
   struct actor_info {
     std::string name;
-    unsigned loop;
+    unsigned loop = 0;
+  };
+  struct actor_annotation {  // annotate(): few actors have one
     int stage = -1;
     std::string group;
   };
 
-  address start(std::unique_ptr<actor> a, const spawn_options& opts);
+  void check_spawn(const spawn_options& opts) const;
+  /// Registers and starts a constructed actor; `arena_bytes`: its size in arena_ (0: from new).
+  address start(actor* a, std::size_t arena_bytes, const spawn_options& opts);
   void report_failure(actor& who, std::exception_ptr error);
   void forget(actor_id id);
   void unlink(detail::actor_cell* c) noexcept;
@@ -183,16 +204,23 @@ class runtime {
   void check_not_loop_thread(const char* what) const;
   boost::asio::io_context& timer_context();
 
+  friend void detail::destroy_actor(actor*) noexcept;
+  // First, so it is destroyed last. Left allocated (leaked) by a runtime whose shutdown
+  // failed: its actors are not destroyed then, and their memory must stay valid.
+  std::unique_ptr<detail::actor_arena> arena_ = std::make_unique<detail::actor_arena>();
   runtime_options opts_;
   std::vector<std::unique_ptr<detail::loop_state>> loops_;
   std::vector<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guards_;
-  std::atomic<unsigned> next_loop_{0};
 
+  // The registry: one lock, taken once per spawn, per stop and per actor deleted. Segmented
+  // arrays, so the 100,000th spawn appends as cheaply as the first (no reallocation).
   mutable std::mutex table_mu_;
-  std::vector<address> live_;          // index id-1; emptied when an actor stops
-  std::vector<actor_info> info_;       // index id-1; kept for the trace
-  std::mutex cells_mu_;                  // only for cells_ (taken when an actor is deleted, anywhere)
-  detail::actor_cell* cells_ = nullptr;  // every actor spawned here and not yet destroyed
+  detail::segmented_vector<address> live_;     // index id-1; emptied when an actor stops
+  detail::segmented_vector<actor_info> info_;  // index id-1; kept for the trace
+  std::unordered_map<actor_id, actor_annotation> annotations_;
+  std::vector<std::size_t> loop_actors_;       // live actors per loop (placement::least_actors)
+  unsigned next_loop_ = 0;                     // placement::round_robin
+  detail::actor_cell* cells_ = nullptr;        // every actor spawned here and not yet destroyed
 
   alignas(64) std::atomic<std::uint64_t> external_sent_{0};
   std::atomic<std::uint64_t> external_done_{0};  // begin_work/end_work from outside loops

@@ -53,7 +53,6 @@ struct loop_state {
   std::thread thread;
   alignas(64) std::atomic<std::uint64_t> sent{0};
   std::atomic<std::uint64_t> handled{0};
-  std::atomic<std::uint64_t> actors{0};  ///< placed here, for placement policies
   alignas(64) mpsc_queue ready;           ///< actors to drain; pushed from any thread
   alignas(64) std::atomic<bool> sleeping{false};  ///< the loop thread blocks (or is about to) in io.run_one()
   std::uint32_t running = 0;  ///< loop thread only: the actor whose drain runs now (0: none)
