@@ -116,7 +116,7 @@ def main():
     ap.add_argument("--models", default="mlp,deep-mlp")
     ap.add_argument("--batches", default="32,64,256,1024")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--min-seconds", type=float, default=0.05, help="each repeat runs at least this long")
+    ap.add_argument("--min-seconds", type=float, default=0.25, help="each repeat runs at least this long")
     ap.add_argument("--epoch", action="store_true", help="also time one mlp epoch on Fashion-MNIST")
     ap.add_argument("--epoch-repeats", type=int, default=3)
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
