@@ -96,6 +96,14 @@ long minor_faults() {
   return r.ru_minflt;
 }
 
+/// CPU seconds of the whole process so far, user and system. On a shared machine the CPU
+/// time of a one-thread step hardly moves with the load, where the wall time doubles.
+double cpu_seconds() {
+  rusage r{};
+  getrusage(RUSAGE_SELF, &r);
+  return double(r.ru_utime.tv_sec + r.ru_stime.tv_sec) + 1e-6 * double(r.ru_utime.tv_usec + r.ru_stime.tv_usec);
+}
+
 void progress(const train_bench_options& o, const std::string& s) {
   if (!o.quiet) std::cerr << "[train] " << s << std::endl;
 }
@@ -325,22 +333,26 @@ json time_steps(const train_bench_options& o, const std::string& model, std::siz
   };
   // Page faults per step beside the times: fresh pages cost microseconds each on these VMs,
   // and which path faulted used to depend on allocation history (layers/memory.hpp).
-  std::vector<double> direct_faults, actor_faults;
+  std::vector<double> direct_faults, actor_faults, direct_cpu, actor_cpu;
   auto run_direct = [&](std::size_t k) {
     auto in = inputs(k);
     const long f0 = minor_faults();
+    const double c0 = cpu_seconds();
     auto t0 = clock_type::now();
     for (auto& [xi, yi] : in) ex.train_step(std::move(xi), yi, *criterion, opt);
     const double s = seconds_since(t0) / static_cast<double>(k);
+    direct_cpu.push_back((cpu_seconds() - c0) / static_cast<double>(k));
     direct_faults.push_back(double(minor_faults() - f0) / static_cast<double>(k));
     return s;
   };
   auto run_actor = [&](std::size_t k) {
     auto in = inputs(k);
     const long f0 = minor_faults();
+    const double c0 = cpu_seconds();
     auto t0 = clock_type::now();
     for (auto& [xi, yi] : in) net.train_step(std::move(xi), std::move(yi)).get();
     const double s = seconds_since(t0) / static_cast<double>(k);
+    actor_cpu.push_back((cpu_seconds() - c0) / static_cast<double>(k));
     actor_faults.push_back(double(minor_faults() - f0) / static_cast<double>(k));
     return s;
   };
@@ -352,6 +364,8 @@ json time_steps(const train_bench_options& o, const std::string& model, std::siz
   std::vector<double> direct, actor;
   direct_faults.clear();
   actor_faults.clear();
+  direct_cpu.clear();
+  actor_cpu.clear();
   for (unsigned r = 0; r < o.repeats; ++r) {
     if (r % 2 == 0) {
       direct.push_back(run_direct(k));
@@ -376,6 +390,8 @@ json time_steps(const train_bench_options& o, const std::string& model, std::siz
          {"direct_min_seconds", *std::min_element(direct.begin(), direct.end())},
          {"actor_min_seconds", *std::min_element(actor.begin(), actor.end())},
          {"actor_overhead_min", *std::min_element(actor.begin(), actor.end()) / *std::min_element(direct.begin(), direct.end()) - 1.0},
+         {"direct_cpu_seconds", median(direct_cpu)},
+         {"actor_cpu_seconds", median(actor_cpu)},
          {"direct_faults_per_step", median(direct_faults)},
          {"actor_faults_per_step", median(actor_faults)},
          {"direct_gflops", flops / d / 1e9},
@@ -599,6 +615,11 @@ void run_train(const train_bench_options& o) {
                 j["torch_gflops"] = j["gflop_per_step"].get<double>() / ts;
                 j["actor_vs_torch"] = j["actor_seconds"].get<double>() / ts;
                 j["direct_vs_torch"] = j["direct_seconds"].get<double>() / ts;
+                if (s.contains("median_cpu_seconds")) {
+                  const double tc = s["median_cpu_seconds"];
+                  j["torch_cpu_seconds"] = tc;
+                  j["actor_vs_torch_cpu"] = j["actor_cpu_seconds"].get<double>() / tc;
+                }
               }
           out.push_back(j);
         }
