@@ -12,10 +12,9 @@ namespace nerve::layers {
 /// kernel: blocks over the (moving) mmap threshold are unmapped when freed, and a heap
 /// whose free top exceeds the trim threshold is shrunk. The next step then touches
 /// fresh pages, and each page fault on the shared virtual machines costs microseconds:
-/// measured 1,377 faults and +45% CPU time per `deep-mlp` step at batch 256 on one
-/// thread, on whichever thread's arena happened to be trimmed (the direct executor's
-/// or an event loop's), which made the actor-vs-direct comparison depend on the
-/// allocation history. With this policy a step reuses the pages of the previous one
+/// measured 918–1,593 faults and +45% CPU time per `deep-mlp` step at batch 256 on one
+/// thread, on whichever thread's heap happened to be trimmed, which made the
+/// actor-vs-direct comparison depend on the allocation history. With this policy a step reuses the pages of the previous one
 /// (0 faults per step on either path); the process keeps its high-water mark.
 ///
 /// Sets glibc's `M_MMAP_THRESHOLD` to 32 MiB (the most it accepts on 64-bit; larger
