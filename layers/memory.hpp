@@ -14,8 +14,9 @@ namespace nerve::layers {
 /// fresh pages, and each page fault on the shared virtual machines costs microseconds:
 /// measured 918–1,593 faults and +45% CPU time per `deep-mlp` step at batch 256 on one
 /// thread, on whichever thread's heap happened to be trimmed, which made the
-/// actor-vs-direct comparison depend on the allocation history. With this policy a step reuses the pages of the previous one
-/// (0 faults per step on either path); the process keeps its high-water mark.
+/// actor-vs-direct comparison depend on the allocation history. With this policy a
+/// step reuses the pages of the previous one (0 faults per step on either path); the
+/// process keeps its high-water mark.
 ///
 /// Sets glibc's `M_MMAP_THRESHOLD` to 32 MiB (the most it accepts on 64-bit; larger
 /// blocks are still mapped and unmapped) and `M_TRIM_THRESHOLD` to 1 GiB, process-wide,
