@@ -11,6 +11,7 @@
 
 #include "layers/graph.hpp"
 #include "layers/loss.hpp"
+#include "layers/memory.hpp"
 #include "layers/optimizer.hpp"
 
 namespace nerve::layers {
@@ -40,8 +41,9 @@ class basic_direct_executor {
   using tensor_type = basic_tensor<Scalar>;
   using graph_type = basic_graph<Scalar>;
 
-  /// Runs `graph`, which must outlive the executor.
-  explicit basic_direct_executor(graph_type& g) : graph_(g) {}
+  /// Runs `graph`, which must outlive the executor. Sets the training heap policy
+  /// (`keep_freed_memory`) so steps reuse their pages.
+  explicit basic_direct_executor(graph_type& g) : graph_(g) { keep_freed_memory(); }
 
   /// Forward of one micro-batch: `inputs` in the order of `graph.inputs()`.
   /// Returns the graph's output and stashes what backward needs under

@@ -3,6 +3,8 @@
 #include <deque>
 #include <stdexcept>
 
+#include "layers/memory.hpp"
+
 namespace nerve::layers {
 
 namespace {
@@ -203,6 +205,7 @@ network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> crit
     : rt_(rt), graph_(g) {
   if (!criterion) throw std::invalid_argument("network: no loss given");
   if (!make_optimizer) throw std::invalid_argument("network: no optimizer factory given");
+  keep_freed_memory();  // steps reuse the pages of the previous step (layers/memory.hpp)
   auto& nodes = g.nodes();
   const auto loops = rt.loop_count();
   if (!opt.loops.empty() && opt.loops.size() != nodes.size())

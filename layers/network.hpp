@@ -48,7 +48,8 @@ struct network_options {
 
 class network {
  public:
-  /// Spawns the actors for `g` (which must outlive the network) on `rt`.
+  /// Spawns the actors for `g` (which must outlive the network) on `rt`. Sets the training
+  /// heap policy (`keep_freed_memory`, layers/memory.hpp) so steps reuse their pages.
   network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> criterion, optimizer_factory make_optimizer,
           network_options options = {});
   /// Stops the network's actors.

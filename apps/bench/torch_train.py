@@ -10,7 +10,7 @@ OPENBLAS_NUM_THREADS set to it); also usable alone:
 Prints one JSON object on stdout: the BLAS library PyTorch actually loaded (read from
 /proc/self/maps, so it says OpenBLAS or the reference BLAS as it is), per model and batch
 the median seconds of one training step (forward, cross-entropy, backward, SGD with
-momentum 0.9, lr 0.1: what the nerve presets use), and with --epoch the seconds of one
+momentum 0.9, lr 0.1: what the nerve presets use), wall-clock and process CPU time, and with --epoch the seconds of one
 `mlp` epoch on Fashion-MNIST (batch 256, shuffled, pixels in [0, 1]; data already in
 memory, evaluation excluded, as nerve-train's epoch seconds).
 Needs Debian's python3-torch (1.13).
@@ -71,13 +71,14 @@ def step_seconds(name, batch, steps, repeats, warmup):
 
     for _ in range(warmup):
         step()
-    samples = []
+    samples, cpu = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(steps):
             step()
         samples.append((time.perf_counter() - t0) / steps)
-    return samples
+        cpu.append((time.process_time() - c0) / steps)
+    return samples, cpu
 
 
 def read_idx(path):
@@ -116,7 +117,7 @@ def main():
     ap.add_argument("--models", default="mlp,deep-mlp")
     ap.add_argument("--batches", default="32,64,256,1024")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--min-seconds", type=float, default=0.05, help="each repeat runs at least this long")
+    ap.add_argument("--min-seconds", type=float, default=0.25, help="each repeat runs at least this long")
     ap.add_argument("--epoch", action="store_true", help="also time one mlp epoch on Fashion-MNIST")
     ap.add_argument("--epoch-repeats", type=int, default=3)
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
@@ -131,11 +132,12 @@ def main():
            "steps": []}
     for name in [m for m in a.models.split(",") if m]:
         for batch in (int(b) for b in a.batches.split(",")):
-            one = min(step_seconds(name, batch, 1, 1, 2))
+            one = min(step_seconds(name, batch, 1, 1, 2)[0])
             steps = max(1, int(a.min_seconds / max(one, 1e-6)))
-            s = step_seconds(name, batch, steps, a.repeats, warmup=2)
+            s, c = step_seconds(name, batch, steps, a.repeats, warmup=2)
             out["steps"].append({"model": name, "batch": batch, "steps_per_repeat": steps,
-                                 "median_seconds": statistics.median(s), "samples_seconds": s})
+                                 "median_seconds": statistics.median(s), "samples_seconds": s,
+                                 "median_cpu_seconds": statistics.median(c), "samples_cpu_seconds": c})
     if a.epoch:
         if os.path.exists(os.path.join(a.data, "train-images-idx3-ubyte.gz")):
             s = epoch_seconds(a.data, a.epoch_repeats)

@@ -3,6 +3,8 @@
 // Sections (all by default, or those named with --only):
 //   peak      the machine's FMA peak (a register-only FMA loop) and a 1024^3 float GEMM
 //             through nerve's gemm (each compiled-in engine), per thread count: GFLOP/s
+//   shapes    the three products of each deep-mlp Linear layer at each batch (forward X·Wᵀ,
+//             input gradient dY·W, weight gradient dYᵀ·X), single-threaded, per engine: GFLOP/s
 //   steps     one training step (forward, cross-entropy, backward, SGD momentum 0.9,
 //             lr 0.1) of mlp and deep-mlp at each batch and thread count, run as actors
 //             (nerve::layers::network, all layers on loop 0 as nerve-train does) and by the
@@ -17,6 +19,7 @@
 //
 // Every figure is the median of --repeats; ratios compare figures taken in this one run.
 #include <immintrin.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <array>
@@ -65,10 +68,10 @@ struct train_bench_options {
   std::vector<std::string> models{"mlp", "deep-mlp"};
   std::vector<std::size_t> batches{32, 64, 256, 1024};
   std::vector<unsigned> threads{1, 2};
-  std::vector<std::string> only{"peak", "steps", "epoch", "branches"};
+  std::vector<std::string> only{"peak", "shapes", "steps", "epoch", "branches"};
   unsigned repeats = 5;
   unsigned epoch_repeats = 3;
-  double min_seconds = 0.05;
+  double min_seconds = 0.25;
   std::string python = "/usr/bin/python3";
   std::string torch_script = NERVE_BENCH_TORCH_SCRIPT;
   std::string data = "/usr/share/datasets/fashion-mnist";
@@ -85,6 +88,21 @@ double median(std::vector<double> v) {
 }
 
 double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+
+/// Minor page faults of the whole process so far (the actor path computes on a loop thread).
+long minor_faults() {
+  rusage r{};
+  getrusage(RUSAGE_SELF, &r);
+  return r.ru_minflt;
+}
+
+/// CPU seconds of the whole process so far, user and system. On a shared machine the CPU
+/// time of a one-thread step hardly moves with the load, where the wall time doubles.
+double cpu_seconds() {
+  rusage r{};
+  getrusage(RUSAGE_SELF, &r);
+  return double(r.ru_utime.tv_sec + r.ru_stime.tv_sec) + 1e-6 * double(r.ru_utime.tv_usec + r.ru_stime.tv_usec);
+}
 
 void progress(const train_bench_options& o, const std::string& s) {
   if (!o.quiet) std::cerr << "[train] " << s << std::endl;
@@ -197,6 +215,67 @@ json run_peak(const train_bench_options& o) {
   return out;
 }
 
+// ---- shapes -------------------------------------------------------------------------------
+
+/// GFLOP/s (median of `repeats`) of one product shape through nerve's gemm, as the Linear
+/// layer calls it (row-major, the same transposes and beta).
+double product_gflops(nl::trans ta, nl::trans tb, std::int64_t m, std::int64_t n, std::int64_t k, float beta,
+                      unsigned repeats) {
+  std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)), c(static_cast<std::size_t>(m * n));
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (auto& v : a) v = u(rng);
+  for (auto& v : b) v = u(rng);
+  const std::int64_t lda = ta == nl::trans::yes ? m : k, ldb = tb == nl::trans::yes ? k : n;
+  auto once = [&] { nl::gemm<float>(ta, tb, m, n, k, 1.f, a.data(), lda, b.data(), ldb, beta, c.data(), n); };
+  once();
+  std::vector<double> rates;
+  for (unsigned r = 0; r < repeats; ++r) {
+    auto t0 = clock_type::now();
+    int it = 0;
+    do {
+      once();
+      ++it;
+    } while (seconds_since(t0) < 0.05);
+    rates.push_back(2.0 * double(m) * double(n) * double(k) * it / seconds_since(t0) / 1e9);
+  }
+  return median(rates);
+}
+
+json run_shapes(const train_bench_options& o) {
+  json out = json::array();
+  const auto saved = nl::current_gemm_engine();
+  nl::set_gemm_threads(1);
+  for (auto batch : o.batches) {
+    const auto n = static_cast<std::int64_t>(batch);
+    struct product {
+      const char* name;
+      nl::trans ta, tb;
+      std::int64_t m, n, k;
+      float beta;
+    };
+    // fc2..fc4 of deep-mlp (1024 -> 1024) and fc1's two products (784 -> 1024; no input gradient).
+    const product ps[] = {{"forward x·Wt 784->1024", nl::trans::no, nl::trans::yes, n, 1024, 784, 1.f},
+                          {"weight grad dyt·x 784->1024", nl::trans::yes, nl::trans::no, 1024, 784, n, 1.f},
+                          {"forward x·Wt 1024->1024", nl::trans::no, nl::trans::yes, n, 1024, 1024, 1.f},
+                          {"input grad dy·W 1024->1024", nl::trans::no, nl::trans::no, n, 1024, 1024, 0.f},
+                          {"weight grad dyt·x 1024->1024", nl::trans::yes, nl::trans::no, 1024, 1024, n, 1.f}};
+    for (const auto& p : ps) {
+      json j{{"batch", batch}, {"product", p.name}, {"m", p.m}, {"n", p.n}, {"k", p.k}, {"gflops", json::object()}};
+      std::vector<nl::gemm_engine> engines{nl::gemm_engine::eigen};
+      if (nl::has_openblas()) engines.push_back(nl::gemm_engine::openblas);
+      for (auto e : engines) {
+        nl::set_gemm_engine(e);
+        j["gflops"][std::string(nl::to_string(e))] = product_gflops(p.ta, p.tb, p.m, p.n, p.k, p.beta, o.repeats);
+      }
+      nl::set_gemm_engine(saved);
+      progress(o, "shape batch=" + std::to_string(batch) + " " + p.name + ": " + j["gflops"].dump());
+      out.push_back(j);
+    }
+  }
+  return out;
+}
+
 // ---- steps --------------------------------------------------------------------------------
 
 std::vector<std::int64_t> dims_of(const std::string& model) {
@@ -252,17 +331,30 @@ json time_steps(const train_bench_options& o, const std::string& model, std::siz
     for (std::size_t i = 0; i < k; ++i) v.emplace_back(x.clone(), y.clone());
     return v;
   };
+  // Page faults per step beside the times: fresh pages cost microseconds each on these VMs,
+  // and which path faulted used to depend on allocation history (layers/memory.hpp).
+  std::vector<double> direct_faults, actor_faults, direct_cpu, actor_cpu;
   auto run_direct = [&](std::size_t k) {
     auto in = inputs(k);
+    const long f0 = minor_faults();
+    const double c0 = cpu_seconds();
     auto t0 = clock_type::now();
     for (auto& [xi, yi] : in) ex.train_step(std::move(xi), yi, *criterion, opt);
-    return seconds_since(t0) / static_cast<double>(k);
+    const double s = seconds_since(t0) / static_cast<double>(k);
+    direct_cpu.push_back((cpu_seconds() - c0) / static_cast<double>(k));
+    direct_faults.push_back(double(minor_faults() - f0) / static_cast<double>(k));
+    return s;
   };
   auto run_actor = [&](std::size_t k) {
     auto in = inputs(k);
+    const long f0 = minor_faults();
+    const double c0 = cpu_seconds();
     auto t0 = clock_type::now();
     for (auto& [xi, yi] : in) net.train_step(std::move(xi), std::move(yi)).get();
-    return seconds_since(t0) / static_cast<double>(k);
+    const double s = seconds_since(t0) / static_cast<double>(k);
+    actor_cpu.push_back((cpu_seconds() - c0) / static_cast<double>(k));
+    actor_faults.push_back(double(minor_faults() - f0) / static_cast<double>(k));
+    return s;
   };
   // Warm up both, then size a repeat to about min_seconds.
   run_direct(2);
@@ -270,6 +362,10 @@ json time_steps(const train_bench_options& o, const std::string& model, std::siz
   const double one = std::min(run_direct(1), run_actor(1));
   const std::size_t k = std::max<std::size_t>(1, static_cast<std::size_t>(o.min_seconds / std::max(one, 1e-6)));
   std::vector<double> direct, actor;
+  direct_faults.clear();
+  actor_faults.clear();
+  direct_cpu.clear();
+  actor_cpu.clear();
   for (unsigned r = 0; r < o.repeats; ++r) {
     if (r % 2 == 0) {
       direct.push_back(run_direct(k));
@@ -294,13 +390,18 @@ json time_steps(const train_bench_options& o, const std::string& model, std::siz
          {"direct_min_seconds", *std::min_element(direct.begin(), direct.end())},
          {"actor_min_seconds", *std::min_element(actor.begin(), actor.end())},
          {"actor_overhead_min", *std::min_element(actor.begin(), actor.end()) / *std::min_element(direct.begin(), direct.end()) - 1.0},
+         {"direct_cpu_seconds", median(direct_cpu)},
+         {"actor_cpu_seconds", median(actor_cpu)},
+         {"direct_faults_per_step", median(direct_faults)},
+         {"actor_faults_per_step", median(actor_faults)},
          {"direct_gflops", flops / d / 1e9},
          {"actor_gflops", flops / a / 1e9},
          {"direct_samples_seconds", direct},
          {"actor_samples_seconds", actor}};
   progress(o, model + " batch=" + std::to_string(batch) + " threads=" + std::to_string(threads) + ": direct " +
                   std::to_string(d * 1e3) + " ms, actors " + std::to_string(a * 1e3) + " ms (" +
-                  std::to_string(100 * (a / d - 1)) + "%)");
+                  std::to_string(100 * (a / d - 1)) + "%; page faults per step " + std::to_string(median(direct_faults)) +
+                  " direct, " + std::to_string(median(actor_faults)) + " actors)");
   return j;
 }
 
@@ -430,6 +531,12 @@ void print_text(const json& r) {
       for (auto& [k, v] : p["gemm_1024_gflops"].items()) std::printf(" %s %.1f", k.c_str(), v.get<double>());
       std::printf(" GFLOP/s\n");
     }
+  if (r.contains("shapes"))
+    for (auto& p : r["shapes"]) {
+      std::printf("batch %5zu %-30s", p["batch"].get<std::size_t>(), p["product"].get<std::string>().c_str());
+      for (auto& [k, v] : p["gflops"].items()) std::printf(" %s %.1f", k.c_str(), v.get<double>());
+      std::printf(" GFLOP/s (1 thread)\n");
+    }
   if (r.contains("steps")) {
     std::printf("\n%-9s %5s %3s %11s %11s %8s %11s %9s %8s\n", "model", "batch", "thr", "direct ms", "actors ms", "overhead",
                 "pytorch ms", "vs torch", "GFLOP/s");
@@ -471,12 +578,13 @@ void print_text(const json& r) {
 
 void run_train(const train_bench_options& o) {
   for (auto& s : o.only)
-    if (s != "peak" && s != "steps" && s != "epoch" && s != "branches")
-      throw std::invalid_argument("--only: unknown section '" + s + "' (peak, steps, epoch, branches)");
+    if (s != "peak" && s != "shapes" && s != "steps" && s != "epoch" && s != "branches")
+      throw std::invalid_argument("--only: unknown section '" + s + "' (peak, shapes, steps, epoch, branches)");
   for (auto& m : o.models) (void)dims_of(m);
   json r{{"benchmark", "train"}, {"gemm_engine", std::string(nl::to_string(nl::current_gemm_engine()))},
          {"hardware_threads", std::thread::hardware_concurrency()}, {"repeats", o.repeats}};
   if (wants(o, "peak")) r["peak"] = run_peak(o);
+  if (wants(o, "shapes")) r["shapes"] = run_shapes(o);
   const bool steps = wants(o, "steps"), epoch = wants(o, "epoch");
   if (steps || epoch) {
     json torch = json::array();
@@ -507,6 +615,11 @@ void run_train(const train_bench_options& o) {
                 j["torch_gflops"] = j["gflop_per_step"].get<double>() / ts;
                 j["actor_vs_torch"] = j["actor_seconds"].get<double>() / ts;
                 j["direct_vs_torch"] = j["direct_seconds"].get<double>() / ts;
+                if (s.contains("median_cpu_seconds")) {
+                  const double tc = s["median_cpu_seconds"];
+                  j["torch_cpu_seconds"] = tc;
+                  j["actor_vs_torch_cpu"] = j["actor_cpu_seconds"].get<double>() / tc;
+                }
               }
           out.push_back(j);
         }
@@ -548,11 +661,11 @@ void add_train(CLI::App& app) {
   auto models = std::make_shared<std::string>("mlp,deep-mlp");
   auto batches = std::make_shared<std::string>("32,64,256,1024");
   auto threads = std::make_shared<std::string>("1,2");
-  auto only = std::make_shared<std::string>("peak,steps,epoch,branches");
+  auto only = std::make_shared<std::string>("peak,shapes,steps,epoch,branches");
   sub->add_option("--models", *models, "Comma-separated: mlp, deep-mlp")->capture_default_str();
   sub->add_option("--batches", *batches, "Comma-separated batch sizes")->capture_default_str();
   sub->add_option("--threads", *threads, "Comma-separated thread counts (event loops and threads per product)")->capture_default_str();
-  sub->add_option("--only", *only, "Comma-separated sections: peak, steps, epoch, branches")->capture_default_str();
+  sub->add_option("--only", *only, "Comma-separated sections: peak, shapes, steps, epoch, branches")->capture_default_str();
   sub->add_option("--repeats", o->repeats, "Repeats per figure (the median is reported)")->capture_default_str()->check(CLI::PositiveNumber);
   sub->add_option("--epoch-repeats", o->epoch_repeats, "Epochs timed per side")->capture_default_str()->check(CLI::PositiveNumber);
   sub->add_option("--min-seconds", o->min_seconds, "A step repeat runs at least this long")->capture_default_str();

@@ -10,6 +10,7 @@
 #include "actors/runtime.hpp"
 #include "layers/activation.hpp"
 #include "layers/executor.hpp"
+#include "layers/gemm.hpp"
 #include "layers/join.hpp"
 #include "layers/linear.hpp"
 #include "layers/network.hpp"
@@ -53,7 +54,8 @@ optimizer_factory sgd_factory(sgd_options o) {
 }
 
 /// Runs `steps` steps of `model` both ways and compares bits after every step.
-void check_parity(std::string_view model, std::size_t micro_batches, bool spread, unsigned loops) {
+void check_parity(std::string_view model, std::size_t micro_batches, bool spread, unsigned loops,
+                  std::int64_t batch = 24) {
   auto direct_graph = make_preset(model, 7);
   auto actor_graph = make_preset(model, 7);
   REQUIRE(same_bits(direct_graph, actor_graph));
@@ -66,8 +68,8 @@ void check_parity(std::string_view model, std::size_t micro_batches, bool spread
   network net(rt, actor_graph, criterion, sgd_factory(o), network_options{.spread = spread});
   const shape in = direct_graph.nodes()[direct_graph.inputs()[0]].output_shape;
   for (std::uint64_t step = 0; step < 3; ++step) {
-    auto x = random_batch(24, in, 100 + step);
-    auto y = random_labels(24, 10, 200 + step);
+    auto x = random_batch(batch, in, 100 + step);
+    auto y = random_labels(batch, 10, 200 + step);
     auto want = direct.train_step(x.clone(), y, *criterion, direct_opt, micro_batches, step);
     auto got = net.train_step(std::move(x), y.clone(), micro_batches, step).get();
     CHECK(got.loss == want.loss);  // bitwise: the same sums in the same order
@@ -91,6 +93,16 @@ TEST_SUITE("layers.network") {
         }
       }
     }
+  }
+
+  TEST_CASE("deep-mlp at the benchmark's batch 256: actor-run steps are bitwise the direct ones") {
+    // The shapes nerve-bench train times (blocked products, split over threads at 2).
+    for (int threads : {1, 2}) {
+      CAPTURE(threads);
+      set_gemm_threads(threads);
+      check_parity("deep-mlp", 1, false, 1, 256);
+    }
+    set_gemm_threads(1);
   }
 
   TEST_CASE("evaluate and predict match the direct executor and change nothing") {
