@@ -193,17 +193,12 @@ void actor::drain() {
   const auto saved_running = loop->running;
   loop->running = id_;
   std::int64_t taken = 0;
-  // Recording, one clock read per handled message plus one per drain: a run starts when
-  // the previous one ended (the envelope freed and the next one popped in between, tens of
-  // nanoseconds, count towards it). A read of the TSC costs ~17 ns on the 2-core VM,
-  // a sixth of what a packed chain/64 delivery costs there.
-  std::int64_t clock = 0;
   if (!started_) [[unlikely]] {
     // The start is counted in pending_ (and as sent) by runtime::start like a message,
     // but carries no envelope: one allocation and one queue push less per spawn.
     started_ = true;
     ++taken;
-    run_start(clock);
+    run_start();
     loop->count_handled();
   }
   while (taken < static_cast<std::int64_t>(batch_)) {
@@ -214,11 +209,8 @@ void actor::drain() {
     if (closed_.load(std::memory_order_relaxed) && stop_done_) {
       drop(*e, "closed");
     } else {
-      invoke(*e, clock);
-      if (stop_requested_ && !stop_done_) {
-        close_and_stop();
-        clock = 0;  // on_stop ran since
-      }
+      invoke(*e);
+      if (stop_requested_ && !stop_done_) close_and_stop();
     }
     e.reset();  // the payload dies before the message counts as handled
     loop->count_handled();
@@ -230,7 +222,7 @@ void actor::drain() {
   rt_->notify_progress();
 }
 
-void actor::run_start(std::int64_t& clock) {
+void actor::run_start() {
   // Handled as the message it stands for (an urgent closure from the actor to itself),
   // so a throwing on_start fails the actor and a recorded run shows it as before.
   typed_envelope<closure> start(closure{[this] { on_start(); }});  // fits std::function's buffer: no allocation
@@ -240,18 +232,14 @@ void actor::run_start(std::int64_t& clock) {
   start.bytes = sizeof(closure);
   start.sent_ticks = start_ticks_;
   start.sent_depth = 0;
-  invoke(start, clock);
-  if (stop_requested_ && !stop_done_) {
-    close_and_stop();
-    clock = 0;
-  }
+  invoke(start);
+  if (stop_requested_ && !stop_done_) close_and_stop();
 }
 
-void actor::invoke(envelope& e, std::int64_t& clock) {
+void actor::invoke(envelope& e) {
   auto& rec = rt_->recorder_;
   const bool recording = e.sent_ticks != 0 && rec.enabled();
-  const std::int64_t start = recording ? (clock != 0 ? clock : recorder::ticks()) : 0;
-  clock = 0;
+  const std::int64_t start = recording ? recorder::ticks() : 0;
   current_ = &e;
   try {
     dispatch(e);
@@ -279,7 +267,6 @@ void actor::invoke(envelope& e, std::int64_t& clock) {
     m.sent = e.sent_ticks;
     m.start = start;
     m.end = recorder::ticks();
-    clock = m.end;
     m.tag = e.tag;
     m.bytes = e.bytes;
     m.mb = e.micro_batch;

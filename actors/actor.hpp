@@ -232,7 +232,7 @@ class actor {
   void commit(std::unique_ptr<envelope> e) noexcept;  // after a successful reserve
   void schedule();
   void drain();
-  void run_start(std::int64_t& clock);  // on_start, as the first message the actor handles
+  void run_start();  // on_start, as the first message the actor handles
   envelope* pop() noexcept;
   void after_normal_pop();
   void add_space_waiter(space_waiter w);
@@ -240,9 +240,7 @@ class actor {
   void fire_space_waiters();
 
   // Loop side.
-  /// `clock`: recording, the ticks at which the previous recorded run of this drain ended
-  /// (0: none, or not recording); this run starts then, and `clock` becomes its end.
-  void invoke(envelope& e, std::int64_t& clock);
+  void invoke(envelope& e);
   void dispatch(envelope& e);
   void handle_response(response& r);
   void drop(envelope& e, const char* reason) noexcept;

@@ -105,7 +105,7 @@ TEST_SUITE("actors.recorder") {
     std::remove(path.c_str());
   }
 
-  TEST_CASE("a recorder after another one holds its own records only, and a drain's runs follow each other") {
+  TEST_CASE("a recorder after another one holds its own records only, and runs never overlap") {
     // The first recorder fills more than one 2 MiB chunk; its chunks go back to the pool and
     // the second recorder writes into them: nothing of the first may show through.
     const int first = 40000, second = 1000;
@@ -135,14 +135,10 @@ TEST_SUITE("actors.recorder") {
     CHECK(mbs.size() == second);
     CHECK(*mbs.begin() == 100000);
     CHECK(*mbs.rbegin() == 100000 + second - 1);
-    // One clock read per run: within a drain (batch 64) a run starts where the previous
-    // one ended; runs never overlap (1 ns: ticks to nanoseconds rounding).
-    int adjacent = 0;
+    // Runs on one loop never overlap (1 ns: ticks to nanoseconds rounding).
     for (std::size_t i = 1; i < runs.size(); ++i) {
       const auto prev_end = runs[i - 1].ts_ns + runs[i - 1].dur_ns;
       CHECK(runs[i].ts_ns >= prev_end - 1);
-      if (runs[i].ts_ns - prev_end <= 1) ++adjacent;
     }
-    CHECK(adjacent >= second - second / 64 - 1);
   }
 }

@@ -63,6 +63,10 @@ TEST_CASE("the summary's stage bubbles agree with the pipeline's own measurement
     trace::diagnostics diags;
     auto t = trace::read_trace_file(path, diags);
     std::filesystem::remove(path);
+    for (const auto& d : diags.items) INFO(d.to_string());
+    std::string found;
+    for (const auto& d : diags.items) found += d.to_string() + "\n";
+    INFO(found);
     REQUIRE(diags.error_count() == 0);
     trace::trace_index index(t);
     trace::summary_options o;
