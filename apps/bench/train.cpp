@@ -175,6 +175,24 @@ double fma_peak_gflops(unsigned threads) {
   return flops / s / 1e9;
 }
 
+/// GFLOP/s of `once`, which does `flops` per call: one untimed call, then the median of
+/// `repeats` timings, each calling it for at least `min_seconds`.
+template <class F>
+double median_gflops(F&& once, double flops, unsigned repeats, double min_seconds) {
+  once();
+  std::vector<double> rates;
+  for (unsigned r = 0; r < repeats; ++r) {
+    auto t0 = clock_type::now();
+    int calls = 0;
+    do {
+      once();
+      ++calls;
+    } while (seconds_since(t0) < min_seconds);
+    rates.push_back(flops * calls / seconds_since(t0) / 1e9);
+  }
+  return median(rates);
+}
+
 double gemm_gflops(nl::gemm_engine engine, unsigned threads, unsigned repeats) {
   const std::int64_t n = 1024;
   std::vector<float> a(n * n), b(n * n), c(n * n);
@@ -185,20 +203,11 @@ double gemm_gflops(nl::gemm_engine engine, unsigned threads, unsigned repeats) {
   const auto saved = nl::current_gemm_engine();
   nl::set_gemm_engine(engine);
   nl::set_gemm_threads(static_cast<int>(threads));
-  auto once = [&] { nl::gemm<float>(nl::trans::no, nl::trans::no, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n); };
-  once();
-  std::vector<double> rates;
-  for (unsigned r = 0; r < repeats; ++r) {
-    auto t0 = clock_type::now();
-    int k = 0;
-    do {
-      once();
-      ++k;
-    } while (seconds_since(t0) < 0.1);
-    rates.push_back(2.0 * n * n * n * k / seconds_since(t0) / 1e9);
-  }
+  const double rate = median_gflops(
+      [&] { nl::gemm<float>(nl::trans::no, nl::trans::no, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n); },
+      2.0 * n * n * n, repeats, 0.1);
   nl::set_gemm_engine(saved);
-  return median(rates);
+  return rate;
 }
 
 json run_peak(const train_bench_options& o) {
@@ -227,19 +236,8 @@ double product_gflops(nl::trans ta, nl::trans tb, std::int64_t m, std::int64_t n
   for (auto& v : a) v = u(rng);
   for (auto& v : b) v = u(rng);
   const std::int64_t lda = ta == nl::trans::yes ? m : k, ldb = tb == nl::trans::yes ? k : n;
-  auto once = [&] { nl::gemm<float>(ta, tb, m, n, k, 1.f, a.data(), lda, b.data(), ldb, beta, c.data(), n); };
-  once();
-  std::vector<double> rates;
-  for (unsigned r = 0; r < repeats; ++r) {
-    auto t0 = clock_type::now();
-    int it = 0;
-    do {
-      once();
-      ++it;
-    } while (seconds_since(t0) < 0.05);
-    rates.push_back(2.0 * double(m) * double(n) * double(k) * it / seconds_since(t0) / 1e9);
-  }
-  return median(rates);
+  return median_gflops([&] { nl::gemm<float>(ta, tb, m, n, k, 1.f, a.data(), lda, b.data(), ldb, beta, c.data(), n); },
+                       2.0 * double(m) * double(n) * double(k), repeats, 0.05);
 }
 
 json run_shapes(const train_bench_options& o) {
