@@ -19,6 +19,7 @@
 //
 // Every figure is the median of --repeats; ratios compare figures taken in this one run.
 #include <immintrin.h>
+#include <sched.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -27,6 +28,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <cerrno>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -75,6 +78,8 @@ struct train_bench_options {
   std::string python = "/usr/bin/python3";
   std::string torch_script = NERVE_BENCH_TORCH_SCRIPT;
   std::string data = "/usr/share/datasets/fashion-mnist";
+  /// CPUs to pin the process (its loops, product threads and the PyTorch run) to; empty: no pinning.
+  std::vector<unsigned> cpus;
   bool no_torch = false;
   bool json_out = false;
   bool quiet = false;
@@ -579,8 +584,19 @@ void run_train(const train_bench_options& o) {
     if (s != "peak" && s != "shapes" && s != "steps" && s != "epoch" && s != "branches")
       throw std::invalid_argument("--only: unknown section '" + s + "' (peak, shapes, steps, epoch, branches)");
   for (auto& m : o.models) (void)dims_of(m);
+  if (!o.cpus.empty()) {
+    // Before any thread starts: the loops, the product threads and the PyTorch child inherit it.
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (unsigned c : o.cpus) {
+      if (c >= CPU_SETSIZE) throw std::invalid_argument("--cpus: no CPU " + std::to_string(c));
+      CPU_SET(c, &set);
+    }
+    if (sched_setaffinity(0, sizeof set, &set) != 0)
+      throw std::runtime_error("--cpus: cannot pin to those CPUs (" + std::string(std::strerror(errno)) + ")");
+  }
   json r{{"benchmark", "train"}, {"gemm_engine", std::string(nl::to_string(nl::current_gemm_engine()))},
-         {"hardware_threads", std::thread::hardware_concurrency()}, {"repeats", o.repeats}};
+         {"hardware_threads", std::thread::hardware_concurrency()}, {"repeats", o.repeats}, {"cpus", o.cpus}};
   if (wants(o, "peak")) r["peak"] = run_peak(o);
   if (wants(o, "shapes")) r["shapes"] = run_shapes(o);
   const bool steps = wants(o, "steps"), epoch = wants(o, "epoch");
@@ -670,10 +686,15 @@ void add_train(CLI::App& app) {
   sub->add_option("--python", o->python, "Python with torch (Debian's python3-torch)")->capture_default_str();
   sub->add_option("--torch-script", o->torch_script, "The PyTorch side")->capture_default_str();
   sub->add_option("--data", o->data, "Fashion-MNIST directory (epoch)")->capture_default_str();
+  auto cpus = std::make_shared<std::string>();
+  sub->add_option("--cpus", *cpus,
+                  "Comma-separated CPUs to pin the whole run to (e.g. --cpus 1 --threads 1: direct calls and actors on "
+                  "the same core; a VM's vCPUs can differ by 10%)");
   sub->add_flag("--no-torch", o->no_torch, "Skip PyTorch");
   sub->add_flag("--json", o->json_out, "Print one JSON object");
   sub->add_flag("--quiet,-q", o->quiet, "No progress lines on stderr");
-  sub->callback([o, models, batches, threads, only] {
+  sub->callback([o, models, batches, threads, only, cpus] {
+    if (!cpus->empty()) o->cpus = split_list<unsigned>(*cpus);
     o->models = split_list<std::string>(*models);
     o->batches = split_list<std::size_t>(*batches);
     o->threads = split_list<unsigned>(*threads);
