@@ -84,25 +84,8 @@ boost::asio::any_io_executor actor::executor() const { return loop_->io.get_exec
 // ---- mailbox (any thread) -----------------------------------------------------------
 
 send_status actor::enqueue(std::unique_ptr<envelope>& e) {
-  auto s = reserve(e->where);
-  if (s == send_status::ok) commit(std::move(e));
-  return s;
-}
-
-send_status actor::reserve(lane where) noexcept {
-  if (closed_.load(std::memory_order_acquire)) return send_status::closed;
-  if (where == lane::normal) {
-    // Compare-and-swap, not add-then-undo: a refused send never shows as queued, so
-    // queued() never reads more than the capacity (as back-pressure promises).
-    auto n = normal_size_.load(std::memory_order_relaxed);
-    do {
-      if (n >= static_cast<std::int64_t>(capacity_)) return send_status::full;
-    } while (!normal_size_.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel, std::memory_order_relaxed));
-  }
-  return send_status::ok;
-}
-
-void actor::commit(std::unique_ptr<envelope> e) noexcept {
+  const auto r = reserve(e->where);
+  if (r.status != send_status::ok) return r.status;
   // A stop racing with this send is fine: the drain drops what arrives after the close.
   // Counted as sent before it becomes visible, so synchronize() never sees it handled first.
   auto* here = detail::current_loop;
@@ -113,38 +96,67 @@ void actor::commit(std::unique_ptr<envelope> e) noexcept {
   // becomes part of the one record written when the message is handled (or dropped).
   if (rt_->recorder_.enabled()) [[unlikely]] {
     e->sent_ticks = recorder::ticks();
-    e->sent_depth = static_cast<std::int32_t>(normal_size_.load(std::memory_order_relaxed));
+    e->sent_depth = static_cast<std::int32_t>(queued());
   }
-  // Counted before it is pushed, so a drain never pops a message that pending_ does not
-  // count yet: pending_ stays >= the messages a drain can see and never goes negative.
-  // (Counting after the push let a drain take a message before its count, leave pending_
-  // at -1 with the actor re-queued, and a later 0 -> 1 send queue it a second time: a
-  // corrupt ready queue, lost wake-ups and crashes.)
+  // The reservation came first, so the drain never takes a message its counts do not
+  // know of: what it took never passes what was reserved. A drain that finds a
+  // reservation whose push is not done yet goes round again (try_idle).
   auto* raw = e.release();
-  const bool wake = pending_.fetch_add(1, std::memory_order_acq_rel) == 0;
   (raw->where == lane::urgent ? urgent_ : normal_).push(raw);
-  if (wake) schedule();
+  if (r.wake) schedule();
+  return send_status::ok;
+}
+
+actor::reservation actor::reserve(lane where) noexcept {
+  if (closed_.load(std::memory_order_acquire)) return {send_status::closed, false};
+  auto w = state_.load(std::memory_order_relaxed);
+  for (;;) {
+    std::uint64_t next;
+    if (where == lane::normal) {
+      // Compare-and-swap, not add-then-undo: a refused send never shows as queued, so
+      // queued() never reads more than the capacity (as back-pressure promises). A stale
+      // `w` can make the difference negative; its compare-and-swap then fails and retries.
+      const auto released = normal_released_.load(std::memory_order_acquire);
+      const auto queued = static_cast<std::int32_t>(normal_of(w) - released);
+      if (queued >= static_cast<std::int64_t>(capacity_)) return {send_status::full, false};
+      next = (w + normal_one) | scheduled_bit;
+    } else {
+      next = (w & ~urgent_mask) | ((w + urgent_one) & urgent_mask) | scheduled_bit;
+    }
+    if (state_.compare_exchange_weak(w, next, std::memory_order_acq_rel, std::memory_order_relaxed))
+      return {send_status::ok, (w & scheduled_bit) == 0};
+  }
 }
 
 void actor::schedule() {
-  // Once per wake-up (pending_ went 0 -> 1, or a drain left work behind): the actor is in
-  // its loop's ready queue at most once. The reference keeps it alive until it has run.
+  // Once per wake-up (the scheduled bit went 0 -> 1, or a drain left work behind): the actor
+  // is in its loop's ready queue at most once. The reference keeps it alive until it has run.
   detail::retain(cell_);
   loop_->schedule(&ready_link_);
 }
 
 envelope* actor::pop() noexcept {
-  if (auto* n = urgent_.pop()) return static_cast<envelope*>(n);
+  if (auto* n = urgent_.pop()) {
+    ++urgent_taken_;
+    return static_cast<envelope*>(n);
+  }
   if (auto* n = normal_.pop()) {
-    after_normal_pop();
+    // Room frees as each message is taken (a handler may send to its own full mailbox).
+    // Senders waiting for room are told once per drain, after a fence (drain()).
+    normal_released_.store(++normal_taken_, std::memory_order_release);
     return static_cast<envelope*>(n);
   }
   return nullptr;
 }
 
-void actor::after_normal_pop() {
-  normal_size_.fetch_sub(1, std::memory_order_seq_cst);
-  if (has_space_waiters_.load(std::memory_order_seq_cst)) fire_space_waiters();
+bool actor::try_idle() noexcept {
+  auto w = state_.load(std::memory_order_acquire);
+  for (;;) {
+    if (normal_of(w) != normal_taken_ || urgent_of(w) != (urgent_taken_ & (urgent_mask >> 1)))
+      return false;  // reserved and not taken: queued, or a push half done
+    if (state_.compare_exchange_weak(w, w & ~scheduled_bit, std::memory_order_acq_rel, std::memory_order_acquire))
+      return true;  // the next reservation schedules the actor
+  }
 }
 
 struct actor::waiters_guard {
@@ -163,9 +175,9 @@ void actor::add_space_waiter(space_waiter w) {
     has_space_waiters_.store(true, std::memory_order_seq_cst);
   }
   // The consumer may have made room between the sender's failed try and the registration.
-  if (normal_size_.load(std::memory_order_seq_cst) < static_cast<std::int64_t>(capacity_) ||
-      closed_.load(std::memory_order_acquire))
-    fire_space_waiters();
+  // The fence pairs with the drain's: either the drain sees the flag or this sees the room.
+  detail::full_fence();
+  if (queued() < capacity_ || closed_.load(std::memory_order_acquire)) fire_space_waiters();
 }
 
 void actor::fire_space_waiters() {
@@ -194,10 +206,11 @@ void actor::drain() {
   loop->running = id_;
   std::int64_t taken = 0;
   if (!started_) [[unlikely]] {
-    // The start is counted in pending_ (and as sent) by runtime::start like a message,
+    // The start is reserved (urgent) and counted as sent by runtime::start like a message,
     // but carries no envelope: one allocation and one queue push less per spawn.
     started_ = true;
     ++taken;
+    ++urgent_taken_;
     run_start();
     loop->count_handled();
   }
@@ -215,11 +228,15 @@ void actor::drain() {
     e.reset();  // the payload dies before the message counts as handled
     loop->count_handled();
   }
+  // One fence per drain, not per message: senders waiting for room (add_space_waiter's
+  // fence pairs with it) and synchronize() waiting for progress learn of this drain.
+  detail::full_fence();
+  if (has_space_waiters_.load(std::memory_order_relaxed)) fire_space_waiters();
   loop->running = saved_running;
   detail::current_loop = saved;
-  const auto before = pending_.fetch_sub(taken, std::memory_order_acq_rel);
-  if (before != taken) schedule();  // more queued (or arriving): another turn, after the other actors'
-  rt_->notify_progress();
+  rt_->notify_progress_fenced();
+  if (taken >= static_cast<std::int64_t>(batch_) || !try_idle())
+    schedule();  // more queued (or arriving): another turn, after the other actors'
 }
 
 void actor::run_start() {
@@ -273,7 +290,7 @@ void actor::invoke(envelope& e) {
     m.sender = e.sender;
     m.receiver = id_;
     m.sent_depth = e.sent_depth;
-    m.run_depth = static_cast<std::int32_t>(normal_size_.load(std::memory_order_relaxed));
+    m.run_depth = static_cast<std::int32_t>(queued());
     m.loop = loop_->index;
     rec.write(m);
   }

@@ -127,9 +127,13 @@ class actor {
   unsigned loop_index() const noexcept;
   /// Any thread: true once stopped or failed.
   bool stopped() const noexcept { return closed_.load(std::memory_order_acquire); }
-  /// Any thread: messages queued in the normal lane.
+  /// Any thread: messages queued in the normal lane (reserved by senders, not yet taken by
+  /// the actor's drain). Never more than the capacity.
   std::size_t queued() const noexcept {
-    return static_cast<std::size_t>(normal_size_.load(std::memory_order_relaxed));
+    const auto released = normal_released_.load(std::memory_order_acquire);  // first: it never passes the reserved count
+    const auto reserved = normal_of(state_.load(std::memory_order_acquire));
+    const auto n = static_cast<std::int32_t>(reserved - released);
+    return n > 0 ? static_cast<std::size_t>(n) : 0;
   }
   /// Any thread: the normal lane's capacity.
   std::size_t capacity() const noexcept { return capacity_; }
@@ -226,15 +230,27 @@ class actor {
     std::function<void()> fn;
   };
 
-  // Mailbox (any thread).
-  send_status enqueue(std::unique_ptr<envelope>& e);  // reserve + commit
-  send_status reserve(lane where) noexcept;           // room in the lane, or why not
-  void commit(std::unique_ptr<envelope> e) noexcept;  // after a successful reserve
+  // Mailbox (any thread). The state word (see `state_`) counts what senders reserved in each
+  // lane and whether the actor is scheduled; the drain counts what it took.
+  static constexpr std::uint64_t scheduled_bit = 1;
+  static constexpr std::uint64_t urgent_one = 2;                  // urgent reservations: bits 1..31
+  static constexpr std::uint64_t urgent_mask = 0xffff'fffeULL;
+  static constexpr std::uint64_t normal_one = 1ULL << 32;          // normal reservations: bits 32..63
+  /// The largest capacity the 32-bit counts allow (larger requests are clamped to it).
+  static constexpr std::size_t max_capacity = (std::size_t{1} << 31) - 1;
+  static constexpr std::uint32_t normal_of(std::uint64_t w) noexcept { return static_cast<std::uint32_t>(w >> 32); }
+  static constexpr std::uint32_t urgent_of(std::uint64_t w) noexcept { return static_cast<std::uint32_t>((w & urgent_mask) >> 1); }
+  struct reservation {
+    send_status status;
+    bool wake;  // the actor was idle: the sender schedules it after its push
+  };
+  send_status enqueue(std::unique_ptr<envelope>& e);  // reserve + push; refused, `e` stays with the caller
+  reservation reserve(lane where) noexcept;           // room in the lane (and the scheduled bit), or why not
   void schedule();
   void drain();
+  bool try_idle() noexcept;  // end of a drain: clears the scheduled bit if everything reserved was taken
   void run_start();  // on_start, as the first message the actor handles
   envelope* pop() noexcept;
-  void after_normal_pop();
   void add_space_waiter(space_waiter w);
   struct waiters_guard;  // holds waiters_lock_
   void fire_space_waiters();
@@ -256,8 +272,13 @@ class actor {
 
   // -- producer-side hot fields (no over-alignment: actors come by the hundred thousand and
   //    an over-aligned class costs an aligned allocation and padding each)
-  std::atomic<std::int64_t> pending_{0};
-  std::atomic<std::int64_t> normal_size_{0};
+  // One compare-and-swap per send reserves room, counts the message and decides who schedules
+  // the actor: [normal reserved : 32][urgent reserved : 31][scheduled : 1]. The counts wrap;
+  // differences with the drain's counts stay far below 2^31.
+  std::atomic<std::uint64_t> state_{0};
+  // The drain's count of normal messages taken, for senders' capacity checks (a plain store
+  // per message: no read-modify-write on the consumer side).
+  std::atomic<std::uint32_t> normal_released_{0};
   std::atomic<bool> closed_{false};
   std::atomic<bool> has_space_waiters_{false};
   std::atomic<bool> waiters_lock_{false};  // guards waiters_ (rare path; a byte, not a 40-byte mutex, per actor)
@@ -265,6 +286,8 @@ class actor {
   bool stop_requested_ = false;
   bool stop_done_ = false;
   unsigned batch_ = 64;
+  std::uint32_t normal_taken_ = 0;  // loop side: normal messages popped (normal_released_ publishes it)
+  std::uint32_t urgent_taken_ = 0;  // loop side: urgent messages popped, the start included (mod 2^31)
   detail::compact_mpsc_queue urgent_;
   detail::compact_mpsc_queue normal_;
   detail::ready_link ready_link_;  // this actor's entry in its loop's ready queue (queued at most once)
@@ -310,12 +333,27 @@ struct actor_reply_sink final : reply_sink_base {
 
 template <class T>
 send_status actor::try_tell(T&& msg, lane where, actor_id from) {
-  // Room is reserved before the payload moves, so a refused message stays with the caller.
-  if (auto s = reserve(where); s != send_status::ok) return s;
+  using U = std::remove_cvref_t<T>;
+  // A closed or full mailbox refuses before the payload moves (no allocation either). The
+  // check is advisory: the binding one is enqueue's, and a message refused there is handed
+  // back to `msg`, so a refused message stays with the caller either way.
+  if (closed_.load(std::memory_order_acquire)) return send_status::closed;
+  if (where == lane::normal && queued() >= capacity_) return send_status::full;
   auto e = make_envelope(std::move(msg), from, where);
-  e->bytes = payload_bytes_of(static_cast<typed_envelope<std::remove_cvref_t<T>>&>(*e).value);
-  commit(std::move(e));
-  return send_status::ok;
+  auto& value = static_cast<typed_envelope<U>&>(*e).value;
+  e->bytes = payload_bytes_of(value);
+  const auto s = enqueue(e);
+  if (s != send_status::ok) {
+    if constexpr (!std::is_const_v<std::remove_reference_t<T>>) {
+      if constexpr (std::is_move_assignable_v<U>) {
+        msg = std::move(value);
+      } else {
+        std::destroy_at(&msg);
+        std::construct_at(&msg, std::move(value));
+      }
+    }
+  }
+  return s;
 }
 
 template <class T, class F>

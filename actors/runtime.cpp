@@ -1,5 +1,6 @@
 #include "actors/runtime.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <thread>
 
@@ -149,7 +150,7 @@ address runtime::start(actor* raw, std::size_t arena_bytes, const spawn_options&
   raw->rt_ = this;
   raw->arena_bytes_ = static_cast<std::uint32_t>(arena_bytes);
   address addr(raw);
-  raw->capacity_ = opts.capacity ? opts.capacity : opts_.mailbox_capacity;
+  raw->capacity_ = std::min(opts.capacity ? opts.capacity : opts_.mailbox_capacity, actor::max_capacity);
   raw->batch_ = opts_.batch;
   raw->supervisor_ = opts.supervisor;
   if (recorder_.enabled()) raw->start_ticks_ = recorder::ticks();  // the start's "send"
@@ -186,7 +187,7 @@ address runtime::start(actor* raw, std::size_t arena_bytes, const spawn_options&
   auto* here = detail::current_loop;
   if (here && here->rt == this) here->count_sent();
   else external_sent_.fetch_add(1, std::memory_order_acq_rel);
-  if (raw->pending_.fetch_add(1, std::memory_order_acq_rel) == 0) raw->schedule();
+  if (raw->reserve(lane::urgent).wake) raw->schedule();
   return addr;
 }
 
@@ -248,6 +249,10 @@ bool runtime::idle() const noexcept { return quiescent(); }
 
 void runtime::notify_progress() {
   detail::full_fence();
+  notify_progress_fenced();
+}
+
+void runtime::notify_progress_fenced() {
   if (sync_waiters_.load(std::memory_order_relaxed) == 0) return;
   std::lock_guard lk(sync_mu_);
   sync_cv_.notify_all();

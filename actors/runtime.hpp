@@ -41,7 +41,7 @@ struct runtime_options {
   unsigned loops = 0;
   /// Deterministic mode: no threads; the caller steps the loops with `poll`/`run_until_idle`.
   bool manual = false;
-  /// Default capacity of an actor's normal lane (messages).
+  /// Default capacity of an actor's normal lane (messages; at most 2^31 - 1, larger values are clamped).
   std::size_t mailbox_capacity = 1024;
   /// Messages an actor handles per turn before yielding its loop to the next actor.
   unsigned batch = 64;
@@ -198,6 +198,7 @@ class runtime {
   void unlink(detail::actor_cell* c) noexcept;
   void destroy_actors() noexcept;
   void notify_progress();
+  void notify_progress_fenced();  // notify_progress after the caller's own full fence
   bool quiescent() const noexcept;
   void stop_all(bool cancel);
   [[noreturn]] void throw_send_error(send_status s, const address& to) const;
