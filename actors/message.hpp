@@ -11,10 +11,12 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <new>
 #include <string_view>
 #include <type_traits>
 #include <utility>
 
+#include "actors/detail/envelope_pool.hpp"
 #include "actors/detail/mpsc_queue.hpp"
 
 namespace nerve::actors {
@@ -95,6 +97,13 @@ struct envelope : detail::mpsc_node {
 
   virtual ~envelope() = default;
   virtual void* payload() noexcept = 0;
+
+  // Envelopes come from per-thread free lists (detail/envelope_pool.hpp). The sized delete
+  // gets the dynamic type's size through the virtual destructor.
+  static void* operator new(std::size_t bytes) { return detail::envelope_allocate(bytes); }
+  static void operator delete(void* p, std::size_t bytes) noexcept { detail::envelope_deallocate(p, bytes); }
+  static void* operator new(std::size_t bytes, std::align_val_t al) { return ::operator new(bytes, al); }
+  static void operator delete(void* p, std::size_t bytes, std::align_val_t al) noexcept { ::operator delete(p, bytes, al); }
 };
 
 template <class T>
