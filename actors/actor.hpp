@@ -303,6 +303,7 @@ class actor {
   std::int64_t start_ticks_ = 0;  // recording: ticks at spawn (the start's "send"); 0 when not recorded
   // -- loop side
   envelope* current_ = nullptr;
+  std::int64_t last_end_ticks_ = 0;  // recording: when this drain's previous handler returned (0: none yet)
   std::vector<handler_entry> handlers_;
   std::uint64_t next_request_ = 0;
   std::unique_ptr<std::unordered_map<std::uint64_t, pending_request>> requests_;
