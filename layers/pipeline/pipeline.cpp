@@ -728,9 +728,9 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
     x.peak_stashed = std::max(x.peak_stashed, r.peak_stashed);
     x.peak_stash_bytes = std::max(x.peak_stash_bytes, r.peak_bytes);
     x.optimizer_s += double(r.optimizer_ns) * 1e-9;
-    for (const auto& t : r.actions) {
-      const double d = t.end - t.start;
-      switch (t.a.op) {
+    for (const auto& done : r.actions) {
+      const double d = done.end - done.start;
+      switch (done.a.op) {
         case op::F: x.f_s += d, ++x.f_count; break;
         case op::B: x.b_s += d, ++x.b_count; break;
         case op::W: x.w_s += d, ++x.w_count; break;
