@@ -2,11 +2,14 @@
 // `many` runs in (so its peak RSS is its own), the recorder on/off comparison, and output.
 #include "apps/bench/messaging.hpp"
 
+#include <pthread.h>
+#include <sched.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -44,6 +47,54 @@ double proc_status_mib(const char* field) {
 }
 
 namespace {
+
+/// The machine's cross-core latency right now: nanoseconds per round trip of one cache line
+/// between two threads on the first two CPUs this process may use (20,000 round trips).
+/// On the shared build VM it moves between about 60 and about 350 ns from one second to
+/// the next (the host moves the vCPUs between cores); every workload whose hops cross
+/// loops moves with it, so each result carries the probe taken before and after it.
+/// 0 when fewer than two CPUs are available.
+double core_round_trip_ns() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) return 0;
+  int cpus[2], found = 0;
+  for (int c = 0; c < CPU_SETSIZE && found < 2; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus[found++] = c;
+  auto pin = [](int c) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(c, &one);
+    (void)pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+  };
+  constexpr int n = 20000;
+  alignas(64) std::atomic<int> line{0};
+  double ns = 0;
+  std::thread probe([&] {
+    pin(cpus[0]);
+    while (line.load(std::memory_order_acquire) != -1) {
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) {
+      line.store(2 * i + 1, std::memory_order_release);
+      while (line.load(std::memory_order_acquire) != 2 * i + 2) {
+      }
+    }
+    ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / n;
+  });
+  std::thread echo([&] {
+    pin(cpus[1]);
+    line.store(-1, std::memory_order_release);
+    for (int i = 0; i < n; ++i) {
+      while (line.load(std::memory_order_acquire) != 2 * i + 1) {
+      }
+      line.store(2 * i + 2, std::memory_order_release);
+    }
+  });
+  probe.join();
+  echo.join();
+  return ns;
+}
 
 struct messaging_options {
   std::string workload = "all";
@@ -199,6 +250,7 @@ nlohmann::json run_job(const messaging_options& o, const job& jb, unsigned threa
   bool timed_out = false;
   std::string label = jb.workload + (jb.workload == "chain" || jb.workload == "fan" ? " inflight=" + std::to_string(jb.inflight) : "") +
                       " threads=" + std::to_string(threads);
+  const double rtt_before = core_round_trip_ns();
   for (unsigned r = 0; r < o.repeats; ++r) {
     // With --record, off and on alternate within each repeat so drift on a shared machine hits both alike.
     if (compare_record) {
@@ -238,6 +290,7 @@ nlohmann::json run_job(const messaging_options& o, const job& jb, unsigned threa
                    {"median_seconds", median(secs)},
                    {"samples_per_s", per_s},
                    {"validated", !per_s.empty()}};
+  j["core_round_trip_ns"] = {rtt_before, core_round_trip_ns()};
   if (jb.workload == "chain" || jb.workload == "fan") j["inflight"] = jb.inflight;
   if (jb.workload == "chain") j["end_to_end_per_s"] = median(per_s) / chain_length;
   if (!be.placements.empty()) j["placement"] = p.placement;
