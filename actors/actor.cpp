@@ -93,10 +93,12 @@ send_status actor::enqueue(std::unique_ptr<envelope>& e) {
   if (here && here->rt == rt_) here->count_sent();
   else rt_->external_sent_.fetch_add(1, std::memory_order_acq_rel);
 
-  // Recording, the send costs a clock read and two stores into the envelope: the send
-  // becomes part of the one record written when the message is handled (or dropped).
+  // Recording, the send costs two stores into the envelope (and a clock read, unless the
+  // sending handler's start stands in for it: recorder.hpp): the send becomes part of the
+  // one record written when the message is handled (or dropped).
   if (rt_->recorder_.enabled()) [[unlikely]] {
-    e->sent_ticks = recorder::ticks();
+    const auto stamp = detail::tls_send_stamp;
+    e->sent_ticks = stamp != 0 ? stamp : recorder::ticks();
     e->sent_depth = static_cast<std::int32_t>(queued());
   }
   // The reservation came first, so the drain never takes a message its counts do not
@@ -263,12 +265,21 @@ void actor::invoke(envelope& e) {
   // message less. Never before its own send, so no flow arrow points backwards; and never
   // across drains, where the gap is the loop's idle time.
   std::int64_t start = 0;
-  if (recording) start = last_end_ticks_ != 0 ? std::max(last_end_ticks_, e.sent_ticks) : recorder::ticks();
+  // Sends from this run are stamped with its start unless its message type once ran long
+  // (then each send reads the clock): saved and restored, since runs can nest.
+  const auto outer_stamp = detail::tls_send_stamp;
+  bool long_type = true;
+  if (recording) {
+    start = last_end_ticks_ != 0 ? std::max(last_end_ticks_, e.sent_ticks) : recorder::ticks();
+    long_type = e.tag->long_runs.load(std::memory_order_relaxed);
+    detail::tls_send_stamp = long_type ? 0 : start;
+  }
   last_end_ticks_ = 0;  // set again below only when this run is recorded to its end
   current_ = &e;
   try {
     dispatch(e);
   } catch (...) {
+    if (recording) detail::tls_send_stamp = outer_stamp;
     auto err = std::current_exception();
     if (e.reply) std::exchange(e.reply, nullptr)->fail(err);
     current_ = nullptr;
@@ -285,6 +296,7 @@ void actor::invoke(envelope& e) {
     return;
   }
   current_ = nullptr;
+  if (recording) detail::tls_send_stamp = outer_stamp;
   if (e.reply) std::exchange(e.reply, nullptr)->fail(std::make_exception_ptr(
       wiring_error("actor '" + name_ + "' did not answer request '" + std::string(e.tag->name) + "'")));
   if (recording) {
@@ -293,6 +305,10 @@ void actor::invoke(envelope& e) {
     m.start = start;
     m.end = recorder::ticks();
     last_end_ticks_ = m.end;
+    // The type's last run decides for its next (a flag written only when it changes: a
+    // tag is shared by every loop).
+    if ((m.end - start >= long_run_ticks) != long_type) [[unlikely]]
+      e.tag->long_runs.store(!long_type, std::memory_order_relaxed);
     m.tag = e.tag;
     m.bytes = e.bytes;
     m.mb = e.micro_batch;

@@ -8,6 +8,7 @@
 /// (or handed by reference) to the receiver's handler: it is never copied.
 
 #include <concepts>
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -60,6 +61,10 @@ concept sized_message = requires(const T& m) { { m.payload_bytes() } -> std::con
 /// Runtime type identity of a message kind: one static object per type.
 struct type_tag {
   std::string_view name;
+  /// Set (once, never cleared) when a recorded handler run for this type took at least
+  /// `long_run_ticks`: sends from its later runs read the clock instead of taking their
+  /// run's start (recorder.hpp).
+  mutable std::atomic<bool> long_runs{false};
 };
 
 /// The tag of message type `T` (stable for the life of the program; thread-safe).

@@ -16,10 +16,10 @@ namespace nerve::actors {
 namespace {
 // Message records go to 2 MiB chunks, aligned and marked for transparent huge pages: on a
 // VM every fresh 4 KiB page costs a fault of several microseconds; a huge page takes one
-// fault per 2 MiB. The chunk is left uninitialised (`message_record` is an aggregate, so
-// assigning into malloc'd storage is fine); the kernel hands it over zeroed anyway.
+// fault per 2 MiB. The chunk is left uninitialised (`packed_message` is trivial, so writing
+// into malloc'd storage is fine); the kernel hands it over zeroed anyway.
 constexpr std::size_t chunk_bytes = std::size_t{2} << 20;
-constexpr std::size_t chunk_records = chunk_bytes / sizeof(message_record);
+constexpr std::size_t chunk_records = chunk_bytes / sizeof(detail::packed_message);
 
 // Chunks a recorder gives back are kept for the next one, up to `pool_chunks`: a process
 // records again and again (every benchmark repeat, every test, a training run per epoch
@@ -36,7 +36,7 @@ chunk_pool& pool() noexcept {
   return *p;
 }
 struct chunk_free {
-  void operator()(message_record* p) const noexcept {
+  void operator()(detail::packed_message* p) const noexcept {
     auto& pl = pool();
     {
       std::lock_guard lk(pl.mu);
@@ -51,7 +51,7 @@ struct chunk_free {
     std::free(p);
   }
 };
-using chunk_ptr = std::unique_ptr<message_record[], chunk_free>;
+using chunk_ptr = std::unique_ptr<detail::packed_message[], chunk_free>;
 chunk_ptr new_chunk() {
   {
     auto& pl = pool();
@@ -59,7 +59,7 @@ chunk_ptr new_chunk() {
     if (!pl.free.empty()) {
       void* p = pl.free.back();
       pl.free.pop_back();
-      return chunk_ptr(static_cast<message_record*>(p));
+      return chunk_ptr(static_cast<detail::packed_message*>(p));
     }
   }
   void* p = std::aligned_alloc(chunk_bytes, chunk_bytes);
@@ -67,7 +67,7 @@ chunk_ptr new_chunk() {
 #ifdef MADV_HUGEPAGE
   (void)madvise(p, chunk_bytes, MADV_HUGEPAGE);  // advice only: without THP it is a no-op
 #endif
-  return chunk_ptr(static_cast<message_record*>(p));
+  return chunk_ptr(static_cast<detail::packed_message*>(p));
 }
 std::atomic<std::uint64_t> next_instance{1};
 
@@ -125,10 +125,12 @@ struct recorder_buffer {
   std::uint64_t flows = 0;
   std::size_t full = 0;            // message records in the chunks before the last
   std::vector<chunk_ptr> chunks;
+  std::vector<message_record> wide;   // handled messages that do not pack (rare)
   std::vector<stored_record> others;  // everything but handled messages (rare)
-  std::size_t messages() const noexcept {
+  std::size_t packed() const noexcept {
     return chunks.empty() ? 0 : full + static_cast<std::size_t>(cursor.next - chunks.back().get());
   }
+  std::size_t messages() const noexcept { return packed() + wide.size(); }
 };
 }  // namespace detail
 
@@ -174,12 +176,22 @@ std::uint64_t recorder::next_flow() noexcept {
 
 void recorder::write_slow(const message_record& m) noexcept {
   auto& b = local();
-  if (b.cursor.next == b.cursor.end) {
-    const std::size_t taken = b.messages();
-    if (taken >= max_records_) {
+  if (b.messages() >= max_records_) {
+    lost_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  detail::packed_message p;
+  if (!detail::pack(p, m)) {
+    try {
+      b.wide.push_back(m);
+      if (b.cursor.end != b.cursor.next) --b.cursor.end;  // the limit counts both kinds
+    } catch (...) {
       lost_.fetch_add(1, std::memory_order_relaxed);
-      return;
     }
+    return;
+  }
+  if (b.cursor.next == b.cursor.end) {
+    const std::size_t taken = b.packed(), room = max_records_ - b.messages();
     try {
       b.chunks.push_back(new_chunk());
     } catch (...) {
@@ -188,9 +200,9 @@ void recorder::write_slow(const message_record& m) noexcept {
     }
     b.full = taken;
     auto* first = b.chunks.back().get();
-    b.cursor = {first, first + std::min(chunk_records, max_records_ - taken)};
+    b.cursor = {first, first + std::min(chunk_records, room)};
   }
-  *b.cursor.next++ = m;
+  *b.cursor.next++ = p;
 }
 
 void recorder::write_other(const record& r, bool in_ticks) noexcept {
@@ -270,6 +282,7 @@ void recorder::clear() {
     b->chunks.clear();
     b->cursor = {};
     b->full = 0;
+    b->wide.clear();
     b->others.clear();
   }
   lost_.store(0);
@@ -308,9 +321,7 @@ std::vector<record> recorder::snapshot() const {
   out.reserve(n);
   std::uint64_t flow = 0;  // message flows: 1, 2, ... (next_flow() ids start at 2^40)
   for (auto& b : buffers_) {
-    const std::size_t count = b->messages();
-    for (std::size_t i = 0; i < count; ++i) {
-      const auto& m = b->chunks[i / chunk_records][i % chunk_records];
+    auto add = [&](const message_record& m) {
       ++flow;
       record s;
       s.kind = record_kind::send;
@@ -337,7 +348,10 @@ std::vector<record> recorder::snapshot() const {
       h.aux = static_cast<std::int32_t>(m.loop);
       h.depth = m.run_depth;
       out.push_back(h);
-    }
+    };
+    const std::size_t count = b->packed();
+    for (std::size_t i = 0; i < count; ++i) add(detail::unpack(b->chunks[i / chunk_records][i % chunk_records]));
+    for (const auto& m : b->wide) add(m);
     for (const auto& o : b->others) {
       out.push_back(o.r);
       if (o.in_ticks) out.back().ts_ns = ns(o.r.ts_ns);

@@ -5,11 +5,15 @@
 /// the Chrome trace event format (docs/trace-format.md).
 ///
 /// Off, it costs one relaxed atomic load (a predictable branch) per send and per handler
-/// run. On, a message costs three reads of a cheap clock (the TSC on x86-64: at the send,
-/// and at the start and end of its handler run) and one 72-byte `message_record` appended
-/// to the handling thread's own chunk: the send's time and the receiver's mailbox depth
-/// travel in the envelope, so a send and its handling are one record, written once, with
-/// no lock, no atomic read-modify-write and no allocation except when a 2 MiB chunk fills.
+/// run. On, a message costs one or two reads of a cheap clock (the TSC on x86-64) and one
+/// 48-byte `detail::packed_message` appended to the handling thread's own chunk: the
+/// send's time and the receiver's mailbox depth travel in the envelope, so a send and its
+/// handling are one record, written once, with no lock, no atomic read-modify-write and no
+/// allocation except when a 2 MiB chunk fills. The clock is read at the end of every
+/// handler run (a run's start is the previous run's end within one drain) and at a send,
+/// except a send from a handler whose message type has never taken ~1 µs (2,048 ticks):
+/// that send is stamped with its handler's start, so it is at most that run's length
+/// early and never after its handling (docs/trace.md, "Send times").
 /// Everything else (flow ids, names, nanoseconds, JSON) is worked out at export.
 
 #include <atomic>
@@ -61,12 +65,13 @@ struct record {
   std::uint32_t peer = 0;      ///< send: receiver; handle: sender
   std::int32_t aux = -1;       ///< handle: loop; span: stage (action) or stream (gpu)
   std::int32_t aux2 = -1;      ///< span: planned step (action) or device (gpu)
-  std::int32_t depth = -1;     ///< send: receiver's queued messages after the enqueue; handle: before the run
+  std::int32_t depth = -1;     ///< send: receiver's queued messages after the enqueue; handle: when the run ended
   record_kind kind = record_kind::send;
 };
 
-/// One handled message in its compact form: the send and the handler run together.
-/// Times are recorder ticks (`recorder::ticks()`), converted to nanoseconds at export.
+/// One handled message: the send and the handler run together, as `actor` hands it to
+/// `recorder::write`. Times are recorder ticks (`recorder::ticks()`), converted to
+/// nanoseconds at export.
 struct message_record {
   std::int64_t sent = 0;     ///< ticks at the enqueue
   std::int64_t start = 0;    ///< ticks when the handler started
@@ -81,13 +86,83 @@ struct message_record {
   std::uint32_t loop = 0;
 };
 
+/// Handler runs whose message type once took at least this many ticks stamp their sends
+/// with a clock read of their own (about 1 µs on a 2 GHz TSC; on the steady-clock
+/// fallback, ticks are nanoseconds).
+inline constexpr std::int64_t long_run_ticks = 2048;
+
+namespace detail {
+/// A `message_record` as a chunk stores it: 48 bytes instead of 72 (at tens of millions
+/// of messages a second, the bytes written are much of what recording costs). Times are
+/// the end and two 32-bit differences; a record whose fields do not fit (a run or a
+/// queue wait over 2^31 ticks, payloads of 4 GiB, micro-batch ids past 2^31, depths
+/// past 2^24 - 2, loops past 65,535) is kept whole on a side list instead: nothing is
+/// clipped.
+struct packed_message {
+  std::int64_t end;
+  std::int32_t run;   ///< end - start
+  std::int32_t wait;  ///< start - sent (a few ticks below 0 when the send's core clock runs ahead)
+  const type_tag* tag;
+  actor_id sender;
+  actor_id receiver;
+  std::uint32_t bytes;
+  std::int32_t mb;
+  /// sent_depth + 1 (bits 0-23), run_depth + 1 (bits 24-47), loop (bits 48-63): one word,
+  /// written whole (bit-fields would read the chunk's cold line before writing it).
+  std::uint64_t depths_loop;
+};
+static_assert(sizeof(packed_message) == 48);
+
+/// Packs `m` into `p`; false (and `p` untouched) when a field does not fit.
+inline bool pack(packed_message& p, const message_record& m) noexcept {
+  const auto run = m.end - m.start, wait = m.start - m.sent;
+  constexpr std::int64_t i32 = std::int64_t{1} << 31;
+  constexpr std::uint32_t field24 = (1u << 24) - 1;
+  if (run < -i32 || run >= i32 || wait < -i32 || wait >= i32 || m.bytes > 0xffffffffu || m.mb < -i32 ||
+      m.mb >= i32 || static_cast<std::uint32_t>(m.sent_depth + 1) > field24 ||
+      static_cast<std::uint32_t>(m.run_depth + 1) > field24 || m.loop > 0xffffu) [[unlikely]]
+    return false;
+  p.end = m.end;
+  p.run = static_cast<std::int32_t>(run);
+  p.wait = static_cast<std::int32_t>(wait);
+  p.tag = m.tag;
+  p.sender = m.sender;
+  p.receiver = m.receiver;
+  p.bytes = static_cast<std::uint32_t>(m.bytes);
+  p.mb = static_cast<std::int32_t>(m.mb);
+  p.depths_loop = std::uint64_t{static_cast<std::uint32_t>(m.sent_depth + 1)} |
+                  std::uint64_t{static_cast<std::uint32_t>(m.run_depth + 1)} << 24 | std::uint64_t{m.loop} << 48;
+  return true;
+}
+inline message_record unpack(const packed_message& p) noexcept {
+  message_record m;
+  m.end = p.end;
+  m.start = p.end - p.run;
+  m.sent = m.start - p.wait;
+  m.tag = p.tag;
+  m.bytes = p.bytes;
+  m.mb = p.mb;
+  m.sender = p.sender;
+  m.receiver = p.receiver;
+  m.sent_depth = static_cast<std::int32_t>(p.depths_loop & 0xffffff) - 1;
+  m.run_depth = static_cast<std::int32_t>(p.depths_loop >> 24 & 0xffffff) - 1;
+  m.loop = static_cast<std::uint32_t>(p.depths_loop >> 48);
+  return m;
+}
+
+/// While a recorded handler runs on this thread: the ticks its sends are stamped with
+/// (its start), or 0 when sends read the clock (outside handlers, and in handlers of
+/// message types that once ran long). Written only by recorded runs.
+inline constinit thread_local std::int64_t tls_send_stamp = 0;
+}  // namespace detail
+
 namespace detail {
 struct recorder_buffer;
 /// Where a thread appends message records: a cursor into its current chunk. Written only
 /// by its thread; read by `snapshot` when no thread records.
 struct recorder_chunk_cursor {
-  message_record* next = nullptr;
-  message_record* end = nullptr;
+  packed_message* next = nullptr;
+  packed_message* end = nullptr;
 };
 /// The calling thread's buffer in the recorder it wrote to last (one entry: a thread
 /// records into one runtime's recorder nearly always; constant-initialised, so reading
@@ -136,8 +211,8 @@ class recorder {
     auto& tl = detail::tls_last_recorder;
     if (tl.instance == instance_) [[likely]] {
       auto* c = tl.cursor;
-      if (c->next != c->end) [[likely]] {
-        *c->next++ = m;
+      if (c->next != c->end && detail::pack(*c->next, m)) [[likely]] {
+        ++c->next;
         return;
       }
     }

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <set>
@@ -24,6 +25,39 @@ struct relay : actor {
       if (next) send(next, std::move(m));
     });
   }
+};
+
+// A payload and a micro-batch id too large for a packed record: kept whole.
+struct huge_msg {
+  static constexpr std::string_view kind = "huge";
+  std::int64_t micro_batch;
+  std::size_t payload_bytes() const { return std::size_t{5} << 30; }
+};
+struct huge_sink : actor {
+  huge_sink() : actor("huge") {
+    on<huge_msg>([](huge_msg&) {});
+    on<fwd_msg>([](fwd_msg&) {});
+  }
+};
+
+// Send stamping: `quick` runs send at once; `slow` runs work ~20 µs, then send.
+struct quick_msg {};
+struct slow_msg {};
+struct note_msg {};
+struct stamper : actor {
+  address to;
+  explicit stamper(address t) : actor("stamper"), to(std::move(t)) {
+    on<quick_msg>([this](quick_msg&) { send(to, note_msg{}); });
+    on<slow_msg>([this](slow_msg&) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+      while (std::chrono::steady_clock::now() < until) {
+      }
+      send(to, note_msg{});
+    });
+  }
+};
+struct note_sink : actor {
+  note_sink() : actor("notes") { on<note_msg>([](note_msg&) {}); }
 };
 }  // namespace
 
@@ -106,9 +140,10 @@ TEST_SUITE("actors.recorder") {
   }
 
   TEST_CASE("a recorder after another one holds its own records only, and runs never overlap") {
-    // The first recorder fills more than one 2 MiB chunk; its chunks go back to the pool and
-    // the second recorder writes into them: nothing of the first may show through.
-    const int first = 40000, second = 1000;
+    // The first recorder fills more than one 2 MiB chunk (43,690 records each); its chunks
+    // go back to the pool and the second recorder writes into them: nothing of the first
+    // may show through.
+    const int first = 100000, second = 1000;
     {
       runtime rt({.loops = 1, .manual = true, .record = true});
       auto sink = rt.spawn_with<relay>({.loop = 0, .capacity = first + 16, .supervisor = {}}, "sink", address{});
@@ -140,5 +175,108 @@ TEST_SUITE("actors.recorder") {
       const auto prev_end = runs[i - 1].ts_ns + runs[i - 1].dur_ns;
       CHECK(runs[i].ts_ns >= prev_end - 1);
     }
+  }
+
+  TEST_CASE("records whose fields do not pack are kept whole, linked like the others") {
+    runtime rt({.loops = 1, .manual = true, .record = true});
+    auto sink = rt.spawn<huge_sink>();
+    const std::int64_t big_mb = std::int64_t{3} << 31;  // past int32
+    for (int i = 0; i < 3; ++i) {
+      rt.send(sink, fwd_msg{i, {1.f}});
+      rt.send(sink, huge_msg{big_mb + i});
+    }
+    rt.run_until_idle();
+    auto recs = rt.trace().snapshot();
+    CHECK(recs.size() == 2 * (6 + 1));  // and the start
+    std::map<std::uint64_t, int> sends, handles;
+    std::set<std::int64_t> huge_mbs, fwd_mbs;
+    std::map<std::uint64_t, std::int64_t> sent_at;
+    for (auto& r : recs) {
+      if (r.kind == record_kind::send) {
+        ++sends[r.flow];
+        sent_at[r.flow] = r.ts_ns;
+      }
+      if (r.kind != record_kind::handle || !r.tag) continue;
+      ++handles[r.flow];
+      if (r.tag->name == "huge") {
+        CHECK(r.bytes == std::uint64_t{5} << 30);
+        huge_mbs.insert(r.mb);
+      } else if (r.tag->name == "forward") {
+        CHECK(r.bytes == 4);
+        fwd_mbs.insert(r.mb);
+      }
+    }
+    CHECK(huge_mbs == std::set<std::int64_t>{big_mb, big_mb + 1, big_mb + 2});
+    CHECK(fwd_mbs == std::set<std::int64_t>{0, 1, 2});
+    REQUIRE(sends.size() == 7);
+    for (auto& [flow, n] : sends) {
+      CHECK(n == 1);
+      CHECK(handles[flow] == 1);
+    }
+    // Sorted by time, packed and whole records interleave: every handling after its send.
+    for (auto& r : recs)
+      if (r.kind == record_kind::handle) CHECK(r.ts_ns >= sent_at[r.flow]);
+  }
+
+  TEST_CASE("a send is stamped with its run's start after a short run of its type, with the clock after a long one") {
+    runtime rt({.loops = 1, .manual = true, .record = true});
+    auto notes = rt.spawn<note_sink>();
+    auto st = rt.spawn<stamper>(notes);
+    rt.run_until_idle();
+    // One message at a time, so each run is the only one of its drain.
+    for (int i = 0; i < 20; ++i) {
+      rt.send(st, quick_msg{});
+      rt.run_until_idle();
+    }
+    for (int i = 0; i < 3; ++i) {
+      rt.send(st, slow_msg{});
+      rt.run_until_idle();
+    }
+    auto recs = rt.trace().snapshot();
+    auto& tr = rt.trace();
+    const auto t0 = recorder::ticks();
+    const double threshold_ns = static_cast<double>(tr.ns_of_ticks(t0 + long_run_ticks) - tr.ns_of_ticks(t0));
+    struct run {
+      std::int64_t start, dur;
+      std::string_view kind;
+    };
+    std::vector<run> runs;            // the stamper's runs, in order
+    std::vector<std::int64_t> stamps;  // its note sends, in order
+    std::map<std::uint64_t, std::int64_t> note_sent;
+    for (auto& r : recs) {
+      if (r.kind == record_kind::handle && r.track == st.id() && r.tag) runs.push_back({r.ts_ns, r.dur_ns, r.tag->name});
+      if (r.kind == record_kind::send && r.tag && r.tag->name == "note_msg") {
+        stamps.push_back(r.ts_ns);
+        note_sent[r.flow] = r.ts_ns;
+      }
+      if (r.kind == record_kind::handle && r.tag && r.tag->name == "note_msg") CHECK(r.ts_ns >= note_sent[r.flow]);
+    }
+    // The start's run first, then 20 quick and 3 slow, each sending one note.
+    REQUIRE(runs.size() == 24);
+    REQUIRE(stamps.size() == 23);
+    int stamped = 0, timed_slow = 0;
+    for (std::size_t k = 1; k < runs.size(); ++k) {
+      const auto& r = runs[k];
+      const auto s = stamps[k - 1];
+      CHECK(s >= r.start);                // never before its run
+      CHECK(s <= r.start + r.dur + 1);    // nor after it (1 ns: rounding)
+      // The previous run of the same type decides (the first of a type counts as short).
+      const run* prev = nullptr;
+      for (std::size_t j = k - 1; j >= 1 && !prev; --j)
+        if (runs[j].kind == r.kind) prev = &runs[j];
+      const double prev_dur = prev ? static_cast<double>(prev->dur) : 0.0;
+      if (prev_dur < 0.5 * threshold_ns) {
+        CHECK(s == r.start);
+        ++stamped;
+      } else if (prev_dur > 2 * threshold_ns) {
+        CHECK(s > r.start);  // its own clock read
+        if (r.kind == "slow_msg") {
+          CHECK(s >= r.start + 19'000);  // read after the 20 µs of work
+          ++timed_slow;
+        }
+      }
+    }
+    CHECK(stamped >= 1);     // the first slow run, at least
+    CHECK(timed_slow == 2);  // the second and third slow runs
   }
 }
