@@ -57,6 +57,8 @@ struct actor::pending_request {
 
 actor::actor(std::string name) : cell_(new detail::actor_cell), name_(std::move(name)) {
   cell_->self.store(this, std::memory_order_relaxed);
+  detail::mpsc_init(normal_in_, normal_out_, normal_stub_);
+  detail::mpsc_init(urgent_in_, urgent_out_, urgent_stub_);
   ready_link_.owner = this;
   ready_link_.run = [](void* owner, bool discard) noexcept {
     auto* a = static_cast<actor*>(owner);
@@ -71,11 +73,10 @@ actor::~actor() {
   // nobody detached the cell, so it goes with the actor.
   if (cell_->self.load(std::memory_order_acquire) == this) delete cell_;
   // Whatever is still queued (the runtime was destroyed before the actor drained) is freed here.
-  for (auto* q : {&urgent_, &normal_})
-    while (auto* n = q->pop()) {
-      std::unique_ptr<envelope> e(static_cast<envelope*>(n));
-      if (e->reply) e->reply->fail(std::make_exception_ptr(send_error(send_status::closed, "actor '" + name_ + "' was destroyed")));
-    }
+  while (auto* raw = pop()) {
+    std::unique_ptr<envelope> e(raw);
+    if (e->reply) e->reply->fail(std::make_exception_ptr(send_error(send_status::closed, "actor '" + name_ + "' was destroyed")));
+  }
 }
 
 unsigned actor::loop_index() const noexcept { return loop_ ? loop_->index : 0; }
@@ -105,7 +106,7 @@ send_status actor::enqueue(std::unique_ptr<envelope>& e) {
   // know of: what it took never passes what was reserved. A drain that finds a
   // reservation whose push is not done yet goes round again (try_idle).
   auto* raw = e.release();
-  (raw->where == lane::urgent ? urgent_ : normal_).push(raw);
+  detail::mpsc_push(raw->where == lane::urgent ? urgent_in_ : normal_in_, raw);
   if (r.wake) schedule();
   return send_status::ok;
 }
@@ -119,9 +120,16 @@ actor::reservation actor::reserve(lane where) noexcept {
       // Compare-and-swap, not add-then-undo: a refused send never shows as queued, so
       // queued() never reads more than the capacity (as back-pressure promises). A stale
       // `w` can make the difference negative; its compare-and-swap then fails and retries.
-      const auto released = normal_released_.load(std::memory_order_acquire);
-      const auto queued = static_cast<std::int32_t>(normal_of(w) - released);
-      if (queued >= static_cast<std::int64_t>(capacity_)) return {send_status::full, false};
+      // The hint is never ahead of normal_released_, so a count under the capacity against
+      // it is a count under the capacity for certain; only at the capacity does the send
+      // read the drain's line for the real count (and move the hint up to it).
+      const auto hint = released_hint_.load(std::memory_order_relaxed);
+      if (static_cast<std::uint32_t>(normal_of(w) - hint) >= capacity_) {
+        const auto released = normal_released_.load(std::memory_order_acquire);
+        if (released != hint) released_hint_.store(released, std::memory_order_relaxed);
+        const auto queued = static_cast<std::int32_t>(normal_of(w) - released);
+        if (queued >= static_cast<std::int64_t>(capacity_)) return {send_status::full, false};
+      }
       next = (w + normal_one) | scheduled_bit;
     } else {
       next = (w & ~urgent_mask) | ((w + urgent_one) & urgent_mask) | scheduled_bit;
@@ -139,11 +147,11 @@ void actor::schedule() {
 }
 
 envelope* actor::pop() noexcept {
-  if (auto* n = urgent_.pop()) {
+  if (auto* n = detail::mpsc_pop(urgent_in_, urgent_out_, urgent_stub_)) {
     ++urgent_taken_;
     return static_cast<envelope*>(n);
   }
-  if (auto* n = normal_.pop()) {
+  if (auto* n = detail::mpsc_pop(normal_in_, normal_out_, normal_stub_)) {
     // Room frees as each message is taken (a handler may send to its own full mailbox).
     // Senders waiting for room are told once per drain, after a fence (drain()).
     normal_released_.store(++normal_taken_, std::memory_order_release);
@@ -223,7 +231,7 @@ void actor::drain() {
     if (!raw) break;  // empty, or a push half done: the pending count tells below
     ++taken;
     std::unique_ptr<envelope> e(raw);
-    if (closed_.load(std::memory_order_relaxed) && stop_done_) {
+    if (stop_done_ && closed_.load(std::memory_order_relaxed)) {  // the drain's own flag first: no read of the senders' line
       drop(*e, "closed");
     } else {
       invoke(*e);

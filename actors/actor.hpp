@@ -270,39 +270,59 @@ class actor {
   [[noreturn]] void throw_send_error(send_status s, const address& to, std::string_view kind) const;
   void check_reply_type(const type_tag* expected, const type_tag* given) const;
 
-  // -- producer-side hot fields (no over-alignment: actors come by the hundred thousand and
-  //    an over-aligned class costs an aligned allocation and padding each)
+  // Fields by who writes them, a cache line each: an actor starts on a 64-byte boundary
+  // (arena slots, and the aligned operator new otherwise). A hop between loops then moves
+  // the senders' line to the sender and back once per drain, and the drain's line stays
+  // with the drain. (Before, both sides wrote one line per message, and the drain wrote
+  // the line that schedule() writes.)
+  //
+  // -- line 0, written by senders (after the vtable pointer): the state word, the normal
+  //    lane's head and stub, the ready-queue link. The drain writes it once per drain: the
+  //    compare-and-swap that clears the scheduled bit, the stub pushed back at the queue's
+  //    last node.
   // One compare-and-swap per send reserves room, counts the message and decides who schedules
   // the actor: [normal reserved : 32][urgent reserved : 31][scheduled : 1]. The counts wrap;
   // differences with the drain's counts stay far below 2^31.
   std::atomic<std::uint64_t> state_{0};
-  // The drain's count of normal messages taken, for senders' capacity checks (a plain store
-  // per message: no read-modify-write on the consumer side).
-  std::atomic<std::uint32_t> normal_released_{0};
+  // A lower bound of normal_released_ that senders keep on their line: while the reserved
+  // count is less than a capacity ahead of it there is room for certain, and a send does not
+  // read the drain's line at all; only a send that finds it a capacity behind reads
+  // normal_released_ and moves it up.
+  std::atomic<std::uint32_t> released_hint_{0};
   std::atomic<bool> closed_{false};
-  std::atomic<bool> has_space_waiters_{false};
-  std::atomic<bool> waiters_lock_{false};  // guards waiters_ (rare path; a byte, not a 40-byte mutex, per actor)
-  bool started_ = false;  // loop side: on_start ran (the first drain runs it before any message)
+  detail::mpsc_head normal_in_;  // the normal lane's producer side: head, and the stub
+  detail::mpsc_node normal_stub_;
+  detail::ready_link ready_link_;  // this actor's entry in its loop's ready queue (queued at most once)
+  // -- line 1, written by the drain (every message) and read by nobody else on the hot path.
+  // The drain's count of normal messages taken, for queued() and for senders that find the
+  // hint a capacity behind (a plain store per message: no read-modify-write).
+  alignas(64) std::atomic<std::uint32_t> normal_released_{0};
+  std::uint32_t normal_taken_ = 0;  // normal messages popped (normal_released_ publishes it)
+  std::uint32_t urgent_taken_ = 0;  // urgent messages popped, the start included (mod 2^31)
+  unsigned batch_ = 64;
+  bool started_ = false;  // on_start ran (the first drain runs it before any message)
   bool stop_requested_ = false;
   bool stop_done_ = false;
-  unsigned batch_ = 64;
-  std::uint32_t normal_taken_ = 0;  // loop side: normal messages popped (normal_released_ publishes it)
-  std::uint32_t urgent_taken_ = 0;  // loop side: urgent messages popped, the start included (mod 2^31)
-  detail::compact_mpsc_queue urgent_;
-  detail::compact_mpsc_queue normal_;
-  detail::ready_link ready_link_;  // this actor's entry in its loop's ready queue (queued at most once)
-  // -- identity
+  std::atomic<bool> has_space_waiters_{false};  // read once per drain
+  std::atomic<bool> waiters_lock_{false};  // guards waiters_ (rare path; a byte, not a 40-byte mutex, per actor)
+  detail::mpsc_tail normal_out_;  // the normal lane's consumer end
+  // The urgent lane whole: rare on the hot path, where the drain's pop reads only its tail
+  // and stub.
+  detail::mpsc_tail urgent_out_;
+  detail::mpsc_node urgent_stub_;
+  detail::mpsc_head urgent_in_;
+  envelope* current_ = nullptr;
+  // -- line 2, read by senders, written at spawn only.
+  alignas(64) std::size_t capacity_ = 0;
+  runtime* rt_ = nullptr;
+  detail::loop_state* loop_ = nullptr;
   detail::actor_cell* cell_;  // the reference count addresses share (outlives the actor when they do)
   actor_id id_ = 0;
   std::uint32_t arena_bytes_ = 0;  // the size it was placed with in its runtime's arena; 0: operator new
-  std::size_t capacity_ = 0;
-  runtime* rt_ = nullptr;
-  detail::loop_state* loop_ = nullptr;
+  std::int64_t start_ticks_ = 0;  // recording: ticks at spawn (the start's "send"); 0 when not recorded
+  // -- the rest
   std::string name_;
   address supervisor_;
-  std::int64_t start_ticks_ = 0;  // recording: ticks at spawn (the start's "send"); 0 when not recorded
-  // -- loop side
-  envelope* current_ = nullptr;
   std::int64_t last_end_ticks_ = 0;  // recording: when this drain's previous handler returned (0: none yet)
   std::vector<handler_entry> handlers_;
   std::uint64_t next_request_ = 0;

@@ -23,63 +23,84 @@ struct ready_link : mpsc_node {
   void* owner = nullptr;
 };
 
-/// `Padded`: head (producers) and tail (consumer) on cache lines of their own, for a queue
-/// many threads hammer (a loop's ready queue). Unpadded (24 bytes) for the two mailbox lanes
-/// every actor holds: 100,000 actors then cost 37 MiB less, and an actor's producer-side
-/// fields share a line anyway.
-template <bool Padded>
-class basic_mpsc_queue {
-  static constexpr std::size_t line = Padded ? 64 : alignof(mpsc_node*);
-
- public:
-  basic_mpsc_queue() noexcept : head_(&stub_), tail_(&stub_) {}
-  basic_mpsc_queue(const basic_mpsc_queue&) = delete;
-  basic_mpsc_queue& operator=(const basic_mpsc_queue&) = delete;
-
-  /// Thread-safe: any thread.
-  void push(mpsc_node* n) noexcept {
-    n->next.store(nullptr, std::memory_order_relaxed);
-    mpsc_node* prev = head_.exchange(n, std::memory_order_acq_rel);
-    prev->next.store(n, std::memory_order_release);
-  }
-
-  /// Consumer only. True when nothing was pushed that has not been popped; a push that is
-  /// half done counts as non-empty. With a seq_cst fence between a consumer's store and
-  /// this read (and between a producer's push and its read of that store), at least one
-  /// of the two sees the other: the loop's sleep protocol relies on it.
-  bool empty() const noexcept { return tail_ == &stub_ && head_.load(std::memory_order_relaxed) == &stub_; }
-
-  /// Consumer only. Returns nullptr when empty or while a push is half done.
-  mpsc_node* pop() noexcept {
-    mpsc_node* tail = tail_;
-    mpsc_node* next = tail->next.load(std::memory_order_acquire);
-    if (tail == &stub_) {
-      if (next == nullptr) return nullptr;
-      tail_ = next;
-      tail = next;
-      next = next->next.load(std::memory_order_acquire);
-    }
-    if (next != nullptr) {
-      tail_ = next;
-      return tail;
-    }
-    if (tail != head_.load(std::memory_order_acquire)) return nullptr;  // push in progress
-    push(&stub_);
-    next = tail->next.load(std::memory_order_acquire);
-    if (next != nullptr) {
-      tail_ = next;
-      return tail;
-    }
-    return nullptr;
-  }
-
- private:
-  alignas(line) std::atomic<mpsc_node*> head_;
-  alignas(line) mpsc_node* tail_;
-  mpsc_node stub_;
+/// The parts of a queue, kept apart so that a holder can put them on the cache lines of
+/// the threads that write them: producers write the head, and the stub's link when the
+/// queue was empty; the consumer writes the tail, and pushes the stub back at the queue's
+/// last node (an actor's mailbox puts the normal lane's head and stub on the senders' line
+/// and its tail on the drain's: actor.hpp).
+struct mpsc_head {
+  std::atomic<mpsc_node*> head{nullptr};
+};
+struct mpsc_tail {
+  mpsc_node* tail = nullptr;
 };
 
-using mpsc_queue = basic_mpsc_queue<true>;
-using compact_mpsc_queue = basic_mpsc_queue<false>;
+/// Empties a queue (before any push or pop).
+inline void mpsc_init(mpsc_head& h, mpsc_tail& t, mpsc_node& stub) noexcept {
+  stub.next.store(nullptr, std::memory_order_relaxed);
+  h.head.store(&stub, std::memory_order_relaxed);
+  t.tail = &stub;
+}
+
+/// Thread-safe: any thread.
+inline void mpsc_push(mpsc_head& h, mpsc_node* n) noexcept {
+  n->next.store(nullptr, std::memory_order_relaxed);
+  mpsc_node* prev = h.head.exchange(n, std::memory_order_acq_rel);
+  prev->next.store(n, std::memory_order_release);
+}
+
+/// Consumer only. True when nothing was pushed that has not been popped; a push that is
+/// half done counts as non-empty. With a seq_cst fence between a consumer's store and
+/// this read (and between a producer's push and its read of that store), at least one
+/// of the two sees the other: the loop's sleep protocol relies on it.
+inline bool mpsc_empty(const mpsc_head& h, const mpsc_tail& t, const mpsc_node& stub) noexcept {
+  return t.tail == &stub && h.head.load(std::memory_order_relaxed) == &stub;
+}
+
+/// Consumer only. Returns nullptr when empty or while a push is half done. Reads the
+/// producers' head only at the queue's last node.
+inline mpsc_node* mpsc_pop(mpsc_head& h, mpsc_tail& t, mpsc_node& stub) noexcept {
+  mpsc_node* tail = t.tail;
+  mpsc_node* next = tail->next.load(std::memory_order_acquire);
+  if (tail == &stub) {
+    if (next == nullptr) return nullptr;
+    t.tail = next;
+    tail = next;
+    next = next->next.load(std::memory_order_acquire);
+  }
+  if (next != nullptr) {
+    t.tail = next;
+    return tail;
+  }
+  if (tail != h.head.load(std::memory_order_acquire)) return nullptr;  // push in progress
+  mpsc_push(h, &stub);
+  next = tail->next.load(std::memory_order_acquire);
+  if (next != nullptr) {
+    t.tail = next;
+    return tail;
+  }
+  return nullptr;
+}
+
+/// A queue in one object, each end on a cache line of its own: for a queue many threads
+/// hammer (a loop's ready queue).
+class mpsc_queue {
+ public:
+  mpsc_queue() noexcept { mpsc_init(h_, t_, stub_); }
+  mpsc_queue(const mpsc_queue&) = delete;
+  mpsc_queue& operator=(const mpsc_queue&) = delete;
+
+  /// Thread-safe: any thread.
+  void push(mpsc_node* n) noexcept { mpsc_push(h_, n); }
+  /// Consumer only (see `mpsc_empty`).
+  bool empty() const noexcept { return mpsc_empty(h_, t_, stub_); }
+  /// Consumer only. Returns nullptr when empty or while a push is half done.
+  mpsc_node* pop() noexcept { return mpsc_pop(h_, t_, stub_); }
+
+ private:
+  alignas(64) mpsc_head h_;
+  alignas(64) mpsc_tail t_;
+  mpsc_node stub_;
+};
 
 }  // namespace nerve::actors::detail
