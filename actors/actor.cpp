@@ -96,11 +96,14 @@ send_status actor::enqueue(std::unique_ptr<envelope>& e) {
 
   // Recording, the send costs two stores into the envelope (and a clock read, unless the
   // sending handler's start stands in for it: recorder.hpp): the send becomes part of the
-  // one record written when the message is handled (or dropped).
+  // one record written when the message is handled (or dropped). The reservation count,
+  // not the depth: the depth needs the drain's count, on the drain's cache line, and the
+  // export works it out from the two counts (recorder.hpp).
   if (rt_->recorder_.enabled()) [[unlikely]] {
     const auto stamp = detail::tls_send_stamp;
     e->sent_ticks = stamp != 0 ? stamp : recorder::ticks();
-    e->sent_depth = static_cast<std::int32_t>(queued());
+    e->sent_reserved = r.normal;
+    e->sent_counted = true;
   }
   // The reservation came first, so the drain never takes a message its counts do not
   // know of: what it took never passes what was reserved. A drain that finds a
@@ -112,7 +115,7 @@ send_status actor::enqueue(std::unique_ptr<envelope>& e) {
 }
 
 actor::reservation actor::reserve(lane where) noexcept {
-  if (closed_.load(std::memory_order_acquire)) return {send_status::closed, false};
+  if (closed_.load(std::memory_order_acquire)) return {send_status::closed, false, 0};
   auto w = state_.load(std::memory_order_relaxed);
   for (;;) {
     std::uint64_t next;
@@ -128,14 +131,14 @@ actor::reservation actor::reserve(lane where) noexcept {
         const auto released = normal_released_.load(std::memory_order_acquire);
         if (released != hint) released_hint_.store(released, std::memory_order_relaxed);
         const auto queued = static_cast<std::int32_t>(normal_of(w) - released);
-        if (queued >= static_cast<std::int64_t>(capacity_)) return {send_status::full, false};
+        if (queued >= static_cast<std::int64_t>(capacity_)) return {send_status::full, false, 0};
       }
       next = (w + normal_one) | scheduled_bit;
     } else {
       next = (w & ~urgent_mask) | ((w + urgent_one) & urgent_mask) | scheduled_bit;
     }
     if (state_.compare_exchange_weak(w, next, std::memory_order_acq_rel, std::memory_order_relaxed))
-      return {send_status::ok, (w & scheduled_bit) == 0};
+      return {send_status::ok, (w & scheduled_bit) == 0, normal_of(next)};
   }
 }
 
@@ -260,7 +263,6 @@ void actor::run_start() {
   start.where = lane::urgent;
   start.bytes = sizeof(closure);
   start.sent_ticks = start_ticks_;
-  start.sent_depth = 0;
   invoke(start);
   if (stop_requested_ && !stop_done_) close_and_stop();
 }
@@ -273,6 +275,8 @@ void actor::invoke(envelope& e) {
   // message less. Never before its own send, so no flow arrow points backwards; and never
   // across drains, where the gap is the loop's idle time.
   std::int64_t start = 0;
+  // Which normal message this is, counted by the drain (the recorder's depth; -1: urgent).
+  const std::int64_t taken = e.where == lane::normal ? std::int64_t{normal_taken_} : -1;
   // Sends from this run are stamped with its start unless its message type once ran long
   // (then each send reads the clock): saved and restored, since runs can nest.
   const auto outer_stamp = detail::tls_send_stamp;
@@ -322,8 +326,8 @@ void actor::invoke(envelope& e) {
     m.mb = e.micro_batch;
     m.sender = e.sender;
     m.receiver = id_;
-    m.sent_depth = e.sent_depth;
-    m.run_depth = static_cast<std::int32_t>(queued());
+    m.reserved = e.sent_counted ? std::int64_t{e.sent_reserved} : -1;
+    m.taken = taken;
     m.loop = loop_->index;
     rec.write(m);
   }
@@ -341,7 +345,7 @@ void actor::record_send(const envelope& e) noexcept {
   r.tag = e.tag;
   r.track = e.sender;
   r.peer = id_;
-  r.depth = e.sent_depth;
+  r.depth = -1;  // a message never handled has no place in the drain's count
   rt_->recorder_.write_ticks(r);
 }
 

@@ -242,7 +242,8 @@ class actor {
   static constexpr std::uint32_t urgent_of(std::uint64_t w) noexcept { return static_cast<std::uint32_t>((w & urgent_mask) >> 1); }
   struct reservation {
     send_status status;
-    bool wake;  // the actor was idle: the sender schedules it after its push
+    bool wake;              // the actor was idle: the sender schedules it after its push
+    std::uint32_t normal;   // the normal lane's reservations after this one (the recorder's depth)
   };
   send_status enqueue(std::unique_ptr<envelope>& e);  // reserve + push; refused, `e` stays with the caller
   reservation reserve(lane where) noexcept;           // room in the lane (and the scheduled bit), or why not

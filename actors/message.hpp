@@ -61,9 +61,9 @@ concept sized_message = requires(const T& m) { { m.payload_bytes() } -> std::con
 /// Runtime type identity of a message kind: one static object per type.
 struct type_tag {
   std::string_view name;
-  /// Set (once, never cleared) when a recorded handler run for this type took at least
-  /// `long_run_ticks`: sends from its later runs read the clock instead of taking their
-  /// run's start (recorder.hpp).
+  /// Whether the last recorded handler run for this type took at least `long_run_ticks`
+  /// (written only when it changes): sends from the next run then read the clock instead
+  /// of taking their run's start (recorder.hpp).
   mutable std::atomic<bool> long_runs{false};
 };
 
@@ -93,8 +93,9 @@ struct reply_sink_base;
 struct envelope : detail::mpsc_node {
   const type_tag* tag = nullptr;
   actor_id sender = 0;
-  std::int32_t sent_depth = -1;   ///< recorded: the receiver's queued messages after the enqueue
+  std::uint32_t sent_reserved = 0;  ///< recorded: the receiver's normal reservations after the enqueue
   lane where = lane::normal;
+  bool sent_counted = false;        ///< recorded: sent_reserved is set
   std::int64_t micro_batch = -1;
   std::uint64_t bytes = 0;
   std::int64_t sent_ticks = 0;    ///< recorder ticks at the enqueue; 0 when not recorded

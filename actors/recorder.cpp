@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <stdexcept>
 #include <thread>
 
@@ -319,39 +320,76 @@ std::vector<record> recorder::snapshot() const {
   std::size_t n = 0;
   for (auto& b : buffers_) n += 2 * b->messages() + b->others.size();
   out.reserve(n);
-  std::uint64_t flow = 0;  // message flows: 1, 2, ... (next_flow() ids start at 2^40)
+  // Handled messages first, unpacked, for the depth at each send: the receiver's
+  // reservations just after it (carried from the send) less the normal messages its
+  // drain had taken by then (the `taken` of its last run started before the send).
+  std::vector<message_record> msgs;
+  {
+    std::size_t m = 0;
+    for (auto& b : buffers_) m += b->messages();
+    msgs.reserve(m);
+  }
   for (auto& b : buffers_) {
-    auto add = [&](const message_record& m) {
-      ++flow;
-      record s;
-      s.kind = record_kind::send;
-      s.ts_ns = ns(m.sent);
-      s.flow = flow;
-      s.bytes = m.bytes;
-      s.mb = m.mb;
-      s.tag = m.tag;
-      s.track = m.sender;
-      s.peer = m.receiver;
-      s.depth = m.sent_depth;
-      out.push_back(s);
-      record h;
-      h.kind = record_kind::handle;
-      h.ts_ns = ns(m.start);
-      h.dur_ns = span_ns(m.end - m.start);
-      h.flow = flow;
-      h.bytes = m.bytes;
-      h.mb = m.mb;
-      h.value = std::max<std::int64_t>(0, span_ns(m.start - m.sent));
-      h.tag = m.tag;
-      h.track = m.receiver;
-      h.peer = m.sender;
-      h.aux = static_cast<std::int32_t>(m.loop);
-      h.depth = m.run_depth;
-      out.push_back(h);
-    };
     const std::size_t count = b->packed();
-    for (std::size_t i = 0; i < count; ++i) add(detail::unpack(b->chunks[i / chunk_records][i % chunk_records]));
-    for (const auto& m : b->wide) add(m);
+    for (std::size_t i = 0; i < count; ++i) msgs.push_back(detail::unpack(b->chunks[i / chunk_records][i % chunk_records]));
+    msgs.insert(msgs.end(), b->wide.begin(), b->wide.end());
+  }
+  struct pop_at {
+    actor_id receiver;
+    std::int64_t start;
+    std::int64_t taken;  // mod count_modulus
+  };
+  std::vector<pop_at> pops;
+  for (const auto& m : msgs)
+    if (m.taken >= 0) pops.push_back({m.receiver, m.start, m.taken % detail::count_modulus});
+  auto before = [](const pop_at& a, const pop_at& b) { return a.receiver != b.receiver ? a.receiver < b.receiver : a.start < b.start; };
+  std::sort(pops.begin(), pops.end(), before);
+  auto depth_at = [&](const message_record& m) -> std::int32_t {
+    if (m.reserved < 0) return -1;
+    constexpr auto lowest = std::numeric_limits<std::int64_t>::min();
+    constexpr auto highest = std::numeric_limits<std::int64_t>::max();
+    const auto lo = std::lower_bound(pops.begin(), pops.end(), pop_at{m.receiver, lowest, 0}, before);
+    const auto hi = std::upper_bound(lo, pops.end(), pop_at{m.receiver, highest, 0}, before);
+    if (lo == hi) return -1;  // no run of the receiver recorded: nothing to count against
+    const auto it = std::lower_bound(lo, hi, pop_at{m.receiver, m.sent, 0}, before);  // first run at or after the send
+    // Taken by the send: as of the last run before it, or one less than the first after it.
+    const std::int64_t taken = it != lo ? std::prev(it)->taken : it->taken - 1;
+    constexpr auto mod = detail::count_modulus;
+    auto d = ((m.reserved % mod - taken) % mod + mod) % mod;
+    // At least the message itself: a run that a core's clock puts just before the send
+    // (or a send stamped with its run's start) can make the difference come out 0 or wrap.
+    if (d == 0 || d > mod / 2) d = 1;
+    return static_cast<std::int32_t>(d);
+  };
+  std::uint64_t flow = 0;  // message flows: 1, 2, ... (next_flow() ids start at 2^40)
+  for (const auto& m : msgs) {
+    ++flow;
+    record s;
+    s.kind = record_kind::send;
+    s.ts_ns = ns(m.sent);
+    s.flow = flow;
+    s.bytes = m.bytes;
+    s.mb = m.mb;
+    s.tag = m.tag;
+    s.track = m.sender;
+    s.peer = m.receiver;
+    s.depth = depth_at(m);
+    out.push_back(s);
+    record h;
+    h.kind = record_kind::handle;
+    h.ts_ns = ns(m.start);
+    h.dur_ns = span_ns(m.end - m.start);
+    h.flow = flow;
+    h.bytes = m.bytes;
+    h.mb = m.mb;
+    h.value = std::max<std::int64_t>(0, span_ns(m.start - m.sent));
+    h.tag = m.tag;
+    h.track = m.receiver;
+    h.peer = m.sender;
+    h.aux = static_cast<std::int32_t>(m.loop);
+    out.push_back(h);
+  }
+  for (auto& b : buffers_) {
     for (const auto& o : b->others) {
       out.push_back(o.r);
       if (o.in_ticks) out.back().ts_ns = ns(o.r.ts_ns);

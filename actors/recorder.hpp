@@ -7,14 +7,15 @@
 /// Off, it costs one relaxed atomic load (a predictable branch) per send and per handler
 /// run. On, a message costs one or two reads of a cheap clock (the TSC on x86-64) and one
 /// 48-byte `detail::packed_message` appended to the handling thread's own chunk: the
-/// send's time and the receiver's mailbox depth travel in the envelope, so a send and its
-/// handling are one record, written once, with no lock, no atomic read-modify-write and no
-/// allocation except when a 2 MiB chunk fills. The clock is read at the end of every
-/// handler run (a run's start is the previous run's end within one drain) and at a send,
-/// except a send from a handler whose message type has never taken ~1 µs (2,048 ticks):
-/// that send is stamped with its handler's start, so it is at most that run's length
-/// early and never after its handling (docs/trace.md, "Send times").
-/// Everything else (flow ids, names, nanoseconds, JSON) is worked out at export.
+/// send's time and the receiver's reservation count travel in the envelope, so a send and
+/// its handling are one record, written once, with no lock, no atomic read-modify-write
+/// and no allocation except when a 2 MiB chunk fills. The clock is read at the end of
+/// every handler run (a run's start is the previous run's end within one drain) and at a
+/// send, except a send from a handler whose message type's last recorded run took under
+/// ~1 µs (`long_run_ticks`): that send is stamped with its handler's start, so it is at
+/// most that run's length early and never after its handling (docs/trace.md, "Send
+/// times"). Everything else (flow ids, mailbox depths, names, nanoseconds, JSON) is
+/// worked out at export.
 
 #include <atomic>
 #include <chrono>
@@ -65,7 +66,7 @@ struct record {
   std::uint32_t peer = 0;      ///< send: receiver; handle: sender
   std::int32_t aux = -1;       ///< handle: loop; span: stage (action) or stream (gpu)
   std::int32_t aux2 = -1;      ///< span: planned step (action) or device (gpu)
-  std::int32_t depth = -1;     ///< send: receiver's queued messages after the enqueue; handle: when the run ended
+  std::int32_t depth = -1;     ///< send: receiver's queued normal messages after the enqueue (-1: not known)
   record_kind kind = record_kind::send;
 };
 
@@ -81,8 +82,15 @@ struct message_record {
   std::int64_t mb = -1;
   actor_id sender = 0;
   actor_id receiver = 0;
-  std::int32_t sent_depth = -1;  ///< receiver's queued messages just after the enqueue
-  std::int32_t run_depth = -1;   ///< receiver's queued messages when the run ended
+  /// The receiver's normal-lane reservations just after the enqueue (mod 2^32; -1: none).
+  std::int64_t reserved = -1;
+  /// Which normal message of the receiver this was, counted by its drain (1, 2, ... mod
+  /// 2^32; -1: an urgent one). The export works out the mailbox depth at a send from the
+  /// two counts: `reserved` less the `taken` of the receiver's last run started before
+  /// the send. Reading the drain's count at the send instead would move the drain's cache
+  /// line to the sender for every message (actor.hpp), which cost more than the rest of
+  /// recording together on two loops.
+  std::int64_t taken = -1;
   std::uint32_t loop = 0;
 };
 
@@ -92,12 +100,13 @@ struct message_record {
 inline constexpr std::int64_t long_run_ticks = 2048;
 
 namespace detail {
-/// A `message_record` as a chunk stores it: 48 bytes instead of 72 (at tens of millions
+/// A `message_record` as a chunk stores it: 48 bytes instead of 80 (at tens of millions
 /// of messages a second, the bytes written are much of what recording costs). Times are
-/// the end and two 32-bit differences; a record whose fields do not fit (a run or a
-/// queue wait over 2^31 ticks, payloads of 4 GiB, micro-batch ids past 2^31, depths
-/// past 2^24 - 2, loops past 65,535) is kept whole on a side list instead: nothing is
-/// clipped.
+/// the end and two 32-bit differences; the two counts are kept modulo 2^24 (the depth is
+/// their difference, far below it; 2^24 divides the counts' own 2^32). A record whose
+/// fields do not fit (a run or a queue wait over 2^31 ticks, payloads of 4 GiB,
+/// micro-batch ids past 2^31, loops past 16,383) is kept whole on a side list instead:
+/// nothing is clipped.
 struct packed_message {
   std::int64_t end;
   std::int32_t run;   ///< end - start
@@ -107,20 +116,20 @@ struct packed_message {
   actor_id receiver;
   std::uint32_t bytes;
   std::int32_t mb;
-  /// sent_depth + 1 (bits 0-23), run_depth + 1 (bits 24-47), loop (bits 48-63): one word,
-  /// written whole (bit-fields would read the chunk's cold line before writing it).
-  std::uint64_t depths_loop;
+  /// reserved mod 2^24 (bits 0-23), taken mod 2^24 (bits 24-47), loop (bits 48-61), and
+  /// whether each count is set (bits 62, 63): one word, written whole (bit-fields would
+  /// read the chunk's cold line before writing it).
+  std::uint64_t counts_loop;
 };
 static_assert(sizeof(packed_message) == 48);
+inline constexpr std::int64_t count_modulus = std::int64_t{1} << 24;
 
 /// Packs `m` into `p`; false (and `p` untouched) when a field does not fit.
 inline bool pack(packed_message& p, const message_record& m) noexcept {
   const auto run = m.end - m.start, wait = m.start - m.sent;
   constexpr std::int64_t i32 = std::int64_t{1} << 31;
-  constexpr std::uint32_t field24 = (1u << 24) - 1;
   if (run < -i32 || run >= i32 || wait < -i32 || wait >= i32 || m.bytes > 0xffffffffu || m.mb < -i32 ||
-      m.mb >= i32 || static_cast<std::uint32_t>(m.sent_depth + 1) > field24 ||
-      static_cast<std::uint32_t>(m.run_depth + 1) > field24 || m.loop > 0xffffu) [[unlikely]]
+      m.mb >= i32 || m.loop >= (1u << 14)) [[unlikely]]
     return false;
   p.end = m.end;
   p.run = static_cast<std::int32_t>(run);
@@ -130,8 +139,9 @@ inline bool pack(packed_message& p, const message_record& m) noexcept {
   p.receiver = m.receiver;
   p.bytes = static_cast<std::uint32_t>(m.bytes);
   p.mb = static_cast<std::int32_t>(m.mb);
-  p.depths_loop = std::uint64_t{static_cast<std::uint32_t>(m.sent_depth + 1)} |
-                  std::uint64_t{static_cast<std::uint32_t>(m.run_depth + 1)} << 24 | std::uint64_t{m.loop} << 48;
+  constexpr std::uint64_t mask = count_modulus - 1;
+  p.counts_loop = (static_cast<std::uint64_t>(m.reserved) & mask) | (static_cast<std::uint64_t>(m.taken) & mask) << 24 |
+                  std::uint64_t{m.loop} << 48 | std::uint64_t{m.reserved >= 0} << 62 | std::uint64_t{m.taken >= 0} << 63;
   return true;
 }
 inline message_record unpack(const packed_message& p) noexcept {
@@ -144,9 +154,9 @@ inline message_record unpack(const packed_message& p) noexcept {
   m.mb = p.mb;
   m.sender = p.sender;
   m.receiver = p.receiver;
-  m.sent_depth = static_cast<std::int32_t>(p.depths_loop & 0xffffff) - 1;
-  m.run_depth = static_cast<std::int32_t>(p.depths_loop >> 24 & 0xffffff) - 1;
-  m.loop = static_cast<std::uint32_t>(p.depths_loop >> 48);
+  m.reserved = p.counts_loop >> 62 & 1 ? static_cast<std::int64_t>(p.counts_loop & 0xffffff) : -1;
+  m.taken = p.counts_loop >> 63 ? static_cast<std::int64_t>(p.counts_loop >> 24 & 0xffffff) : -1;
+  m.loop = static_cast<std::uint32_t>(p.counts_loop >> 48 & 0x3fff);
   return m;
 }
 

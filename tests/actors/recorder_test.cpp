@@ -279,4 +279,23 @@ TEST_SUITE("actors.recorder") {
     CHECK(stamped >= 1);     // the first slow run, at least
     CHECK(timed_slow == 2);  // the second and third slow runs
   }
+
+  TEST_CASE("the mailbox depth at each send counts what the receiver had not yet taken") {
+    runtime rt({.loops = 1, .manual = true, .record = true});
+    auto sink = rt.spawn<relay>("sink", address{});
+    for (int i = 0; i < 5; ++i) rt.send(sink, fwd_msg{i, {}});
+    rt.run_until_idle();
+    for (int i = 5; i < 7; ++i) rt.send(sink, fwd_msg{i, {}});
+    rt.run_until_idle();
+    std::vector<std::int32_t> depths;
+    for (auto& r : rt.trace().snapshot())
+      if (r.kind == record_kind::send && r.tag && r.tag->name == "forward") depths.push_back(r.depth);
+    CHECK(depths == std::vector<std::int32_t>{1, 2, 3, 4, 5, 1, 2});
+    // The export draws them as the actor's mailbox counter.
+    auto j = rt.trace().to_chrome_trace(nlohmann::json::array(), nlohmann::json::object());
+    std::vector<int> counter;
+    for (auto& e : j["traceEvents"])
+      if (e["ph"] == "C" && e["name"] == "mailbox" && e["tid"] == sink.id()) counter.push_back(e["args"]["depth"].get<int>());
+    CHECK(counter == std::vector<int>{1, 2, 3, 4, 5, 1, 2});
+  }
 }
