@@ -277,8 +277,8 @@ void actor::invoke(envelope& e) {
   std::int64_t start = 0;
   // Which normal message this is, counted by the drain (the recorder's depth; -1: urgent).
   const std::int64_t taken = e.where == lane::normal ? std::int64_t{normal_taken_} : -1;
-  // Sends from this run are stamped with its start unless its message type once ran long
-  // (then each send reads the clock): saved and restored, since runs can nest.
+  // Sends from this run are stamped with its start unless its message type's last recorded
+  // run was long (then each send reads the clock): saved and restored, since runs can nest.
   const auto outer_stamp = detail::tls_send_stamp;
   bool long_type = true;
   if (recording) {
