@@ -123,16 +123,7 @@ actor::reservation actor::reserve(lane where) noexcept {
       // Compare-and-swap, not add-then-undo: a refused send never shows as queued, so
       // queued() never reads more than the capacity (as back-pressure promises). A stale
       // `w` can make the difference negative; its compare-and-swap then fails and retries.
-      // The hint is never ahead of normal_released_, so a count under the capacity against
-      // it is a count under the capacity for certain; only at the capacity does the send
-      // read the drain's line for the real count (and move the hint up to it).
-      const auto hint = released_hint_.load(std::memory_order_relaxed);
-      if (static_cast<std::uint32_t>(normal_of(w) - hint) >= capacity_) {
-        const auto released = normal_released_.load(std::memory_order_acquire);
-        if (released != hint) released_hint_.store(released, std::memory_order_relaxed);
-        const auto queued = static_cast<std::int32_t>(normal_of(w) - released);
-        if (queued >= static_cast<std::int64_t>(capacity_)) return {send_status::full, false, 0};
-      }
+      if (!has_room(w)) return {send_status::full, false, 0};
       next = (w + normal_one) | scheduled_bit;
     } else {
       next = (w & ~urgent_mask) | ((w + urgent_one) & urgent_mask) | scheduled_bit;

@@ -247,6 +247,18 @@ class actor {
   };
   send_status enqueue(std::unique_ptr<envelope>& e);  // reserve + push; refused, `e` stays with the caller
   reservation reserve(lane where) noexcept;           // room in the lane (and the scheduled bit), or why not
+  // Room for one more normal message, the reservations being those of state word `w`. The
+  // hint is never ahead of normal_released_, so a count under the capacity against it is
+  // under the capacity for certain; only at the capacity is the drain's line read for the
+  // real count (and the hint moved up to it).
+  bool has_room(std::uint64_t w) noexcept {
+    const auto hint = released_hint_.load(std::memory_order_relaxed);
+    if (static_cast<std::uint32_t>(normal_of(w) - hint) < capacity_) return true;
+    const auto released = normal_released_.load(std::memory_order_acquire);
+    if (released != hint) released_hint_.store(released, std::memory_order_relaxed);
+    return static_cast<std::int64_t>(static_cast<std::int32_t>(normal_of(w) - released)) <
+           static_cast<std::int64_t>(capacity_);
+  }
   void schedule();
   void drain();
   bool try_idle() noexcept;  // end of a drain: clears the scheduled bit if everything reserved was taken
@@ -360,7 +372,7 @@ send_status actor::try_tell(T&& msg, lane where, actor_id from) {
   // check is advisory: the binding one is enqueue's, and a message refused there is handed
   // back to `msg`, so a refused message stays with the caller either way.
   if (closed_.load(std::memory_order_acquire)) return send_status::closed;
-  if (where == lane::normal && queued() >= capacity_) return send_status::full;
+  if (where == lane::normal && !has_room(state_.load(std::memory_order_relaxed))) return send_status::full;
   auto e = make_envelope(std::move(msg), from, where);
   auto& value = static_cast<typed_envelope<U>&>(*e).value;
   e->bytes = payload_bytes_of(value);
