@@ -356,9 +356,11 @@ std::vector<record> recorder::snapshot() const {
     const std::int64_t taken = it != lo ? std::prev(it)->taken : it->taken - 1;
     constexpr auto mod = detail::count_modulus;
     auto d = ((m.reserved % mod - taken) % mod + mod) % mod;
-    // At least the message itself: a run that a core's clock puts just before the send
-    // (or a send stamped with its run's start) can make the difference come out 0 or wrap.
-    if (d == 0 || d > mod / 2) d = 1;
+    // A difference that wraps is a run that a core's clock puts just before the send (or a
+    // send stamped with its run's start): nothing more was queued. A normal message counts
+    // itself, so its depth is at least 1; an urgent one is not in the normal lane.
+    if (d > mod / 2) d = 0;
+    if (m.taken >= 0 && d == 0) d = 1;
     return static_cast<std::int32_t>(d);
   };
   std::uint64_t flow = 0;  // message flows: 1, 2, ... (next_flow() ids start at 2^40)

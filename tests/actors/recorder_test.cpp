@@ -298,4 +298,20 @@ TEST_SUITE("actors.recorder") {
       if (e["ph"] == "C" && e["name"] == "mailbox" && e["tid"] == sink.id()) counter.push_back(e["args"]["depth"].get<int>());
     CHECK(counter == std::vector<int>{1, 2, 3, 4, 5, 1, 2});
   }
+
+  TEST_CASE("an urgent send reports the normal lane's depth, which can be 0") {
+    runtime rt({.loops = 1, .manual = true, .record = true});
+    auto sink = rt.spawn<relay>("sink", address{});
+    rt.send(sink, fwd_msg{0, {}});
+    rt.send(sink, fwd_msg{1, {}});
+    rt.run_until_idle();
+    rt.send(sink, fwd_msg{2, {}}, lane::urgent);  // nothing queued in the normal lane
+    rt.send(sink, fwd_msg{3, {}});
+    rt.send(sink, fwd_msg{4, {}}, lane::urgent);  // one normal message queued
+    rt.run_until_idle();
+    std::map<std::int64_t, std::int32_t> depth_of;  // micro-batch -> depth at its send
+    for (auto& r : rt.trace().snapshot())
+      if (r.kind == record_kind::send && r.tag && r.tag->name == "forward") depth_of[r.mb] = r.depth;
+    CHECK(depth_of == std::map<std::int64_t, std::int32_t>{{0, 1}, {1, 2}, {2, 0}, {3, 1}, {4, 1}});
+  }
 }
