@@ -100,7 +100,7 @@ struct message_record {
 inline constexpr std::int64_t long_run_ticks = 2048;
 
 namespace detail {
-/// A `message_record` as a chunk stores it: 48 bytes instead of 80 (at tens of millions
+/// A `message_record` as a chunk stores it: 48 bytes, where chunks held 72 (at tens of millions
 /// of messages a second, the bytes written are much of what recording costs). Times are
 /// the end and two 32-bit differences; the two counts are kept modulo 2^24 (the depth is
 /// their difference, far below it; 2^24 divides the counts' own 2^32). A record whose
