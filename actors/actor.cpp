@@ -94,14 +94,15 @@ send_status actor::enqueue(std::unique_ptr<envelope>& e) {
   if (here && here->rt == rt_) here->count_sent();
   else rt_->external_sent_.fetch_add(1, std::memory_order_acq_rel);
 
-  // Recording, the send costs two stores into the envelope (and a clock read, unless the
+  // Recording, the send costs a few stores into the envelope (and a clock read, unless the
   // sending handler's start stands in for it: recorder.hpp): the send becomes part of the
   // one record written when the message is handled (or dropped). The reservation count,
   // not the depth: the depth needs the drain's count, on the drain's cache line, and the
   // export works it out from the two counts (recorder.hpp).
   if (rt_->recorder_.enabled()) [[unlikely]] {
     const auto stamp = detail::tls_send_stamp;
-    e->sent_ticks = stamp != 0 ? stamp : recorder::ticks();
+    e->sent_ticks = stamp.ticks != 0 ? stamp.ticks : recorder::ticks();
+    e->sent_run = static_cast<std::uint8_t>(stamp.run);
     e->sent_reserved = r.normal;
     e->sent_counted = true;
   }
@@ -210,7 +211,16 @@ void actor::drain() {
   const auto saved_running = loop->running;
   loop->running = id_;
   std::int64_t taken = 0;
-  last_end_ticks_ = 0;
+  // Recording: the loop's clock is idle (mark 0) between drains, and this drain times its
+  // runs afresh; a drain nested in a recording handler keeps the outer one's clock aside
+  // (the count of runs to time one by one carries on). Off, two loads per drain.
+  detail::loop_state::run_clock outer_clock;
+  const bool nested_in_recording = loop->clock.mark != 0;
+  if (nested_in_recording) [[unlikely]] {
+    outer_clock = loop->clock;
+    loop->clock.mark = 0;
+    loop->clock.shared = 0;
+  }
   if (!started_) [[unlikely]] {
     // The start is reserved (urgent) and counted as sent by runtime::start like a message,
     // but carries no envelope: one allocation and one queue push less per spawn.
@@ -233,6 +243,15 @@ void actor::drain() {
     }
     e.reset();  // the payload dies before the message counts as handled
     loop->count_handled();
+  }
+  if (loop->clock.mark != 0) [[unlikely]] {
+    if (loop->clock.shared != 0) close_group(recorder::ticks());
+    loop->clock.mark = 0;
+  }
+  if (nested_in_recording) [[unlikely]] {
+    loop->clock.mark = outer_clock.mark;
+    loop->clock.shared = outer_clock.shared;
+    loop->clock.last_tag = outer_clock.last_tag;
   }
   // One fence per drain, not per message: senders waiting for room (add_space_waiter's
   // fence pairs with it) and synchronize() waiting for progress learn of this drain.
@@ -261,23 +280,39 @@ void actor::run_start() {
 void actor::invoke(envelope& e) {
   auto& rec = rt_->recorder_;
   const bool recording = e.sent_ticks != 0 && rec.enabled();
-  // Within one drain the next handler starts where the last one ended (the gap is the
-  // runtime's pop, a few nanoseconds, which is busy time either way): one clock read per
-  // message less. Never before its own send, so no flow arrow points backwards; and never
-  // across drains, where the gap is the loop's idle time.
+  // Recording, a run is timed on its own (a clock read at its end) or shares the clock
+  // reads of a group of short runs (recorder.hpp): within one drain a run starts where
+  // the previous one ended (the gap is the runtime's pop, a few nanoseconds, which is busy
+  // time either way), and never across drains, where the gap is the loop's idle time.
+  auto& clock = loop_->clock;
   std::int64_t start = 0;
+  bool shared = false;
   // Which normal message this is, counted by the drain (the recorder's depth; -1: urgent).
   const std::int64_t taken = e.where == lane::normal ? std::int64_t{normal_taken_} : -1;
-  // Sends from this run are stamped with its start unless its message type's last recorded
-  // run was long (then each send reads the clock): saved and restored, since runs can nest.
-  const auto outer_stamp = detail::tls_send_stamp;
+  // Sends from this run are stamped with its start (a group's start, for a shared run)
+  // unless its message type's last timed run was long (then each send reads the clock):
+  // saved and restored, since runs can nest.
+  detail::send_stamp outer_stamp;
   bool long_type = true;
   if (recording) {
-    start = last_end_ticks_ != 0 ? std::max(last_end_ticks_, e.sent_ticks) : recorder::ticks();
+    outer_stamp = detail::tls_send_stamp;
     long_type = e.tag->long_runs.load(std::memory_order_relaxed);
-    detail::tls_send_stamp = long_type ? 0 : start;
+    if (clock.mark == 0) clock.mark = recorder::ticks();
+    shared = !long_type && clock.exact == 0 && rec.get_timing() == recorder::timing::shared &&
+             detail::shareable(e.bytes, e.micro_batch, loop_->index);
+    if (shared) {
+      start = clock.mark;
+    } else {
+      if (clock.shared != 0) close_group(recorder::ticks());  // the group ends where this run starts
+      start = std::max(clock.mark, e.sent_ticks);  // never before its own send
+    }
+    detail::tls_send_stamp = long_type ? detail::send_stamp{} : detail::send_stamp{start, shared ? clock.shared : 0};
+  } else if (clock.mark != 0) [[unlikely]] {
+    // A run not recorded (its message was sent before recording began) in a recording
+    // drain: the group ends here, and the next recorded run reads the clock afresh.
+    if (clock.shared != 0) close_group(recorder::ticks());
+    clock.mark = 0;
   }
-  last_end_ticks_ = 0;  // set again below only when this run is recorded to its end
   current_ = &e;
   try {
     dispatch(e);
@@ -287,10 +322,13 @@ void actor::invoke(envelope& e) {
     if (e.reply) std::exchange(e.reply, nullptr)->fail(err);
     current_ = nullptr;
     if (recording) {
+      const auto now = recorder::ticks();
+      if (clock.shared != 0) close_group(now);
+      clock.mark = now;
       record_send(e);
       record r;
       r.kind = record_kind::failure;
-      r.ts_ns = recorder::ticks();
+      r.ts_ns = now;
       r.tag = e.tag;
       r.track = id_;
       rec.write_ticks(r);
@@ -303,25 +341,67 @@ void actor::invoke(envelope& e) {
   if (e.reply) std::exchange(e.reply, nullptr)->fail(std::make_exception_ptr(
       wiring_error("actor '" + name_ + "' did not answer request '" + std::string(e.tag->name) + "'")));
   if (recording) {
-    message_record m;
-    m.sent = e.sent_ticks;
-    m.start = start;
-    m.end = recorder::ticks();
-    last_end_ticks_ = m.end;
-    // The type's last run decides for its next (a flag written only when it changes: a
-    // tag is shared by every loop).
-    if ((m.end - start >= long_run_ticks) != long_type) [[unlikely]]
-      e.tag->long_runs.store(!long_type, std::memory_order_relaxed);
-    m.tag = e.tag;
-    m.bytes = e.bytes;
-    m.mb = e.micro_batch;
-    m.sender = e.sender;
-    m.receiver = id_;
-    m.reserved = e.sent_counted ? std::int64_t{e.sent_reserved} : -1;
-    m.taken = taken;
-    m.loop = loop_->index;
-    rec.write(m);
+    // Straight from the envelope into the thread's next slot; the slow ways (a new chunk,
+    // a record that does not pack) out of line (recorder::slot).
+    auto fields = [&]() -> detail::message_fields {
+      return {e.tag,         e.sender, id_, e.bytes, e.micro_batch, e.sent_counted ? std::int64_t{e.sent_reserved} : -1,
+              taken, loop_->index, e.sent_run};
+    };
+    if (shared) {
+      if (auto* p = rec.slot()) [[likely]]
+        detail::pack_shared(*p, e.sent_ticks, fields());
+      else
+        record_slow(e, taken, 0, 0, true);
+      clock.last_tag = e.tag;
+      if (++clock.shared == shared_group_runs) close_group(recorder::ticks());
+    } else {
+      const auto end = recorder::ticks();
+      clock.mark = end;
+      if (clock.exact != 0) --clock.exact;
+      // The type's last run decides for its next (a flag written only when it changes: a
+      // tag is shared by every loop).
+      if ((end - start >= long_run_ticks) != long_type) [[unlikely]]
+        e.tag->long_runs.store(!long_type, std::memory_order_relaxed);
+      detail::packed_message* p = nullptr;
+      if (detail::fits(end - start, start - e.sent_ticks, e.bytes, e.micro_batch, loop_->index) && (p = rec.slot()))
+          [[likely]]
+        detail::pack_timed(*p, e.sent_ticks, start, end, fields());
+      else
+        record_slow(e, taken, start, end, false);
+    }
   }
+}
+
+void actor::record_slow(const envelope& e, std::int64_t taken, std::int64_t start, std::int64_t end,
+                        bool shared) noexcept {
+  message_record m;
+  m.sent = e.sent_ticks;
+  m.start = start;
+  m.end = end;
+  m.tag = e.tag;
+  m.bytes = e.bytes;
+  m.mb = e.micro_batch;
+  m.sender = e.sender;
+  m.receiver = id_;
+  m.reserved = e.sent_counted ? std::int64_t{e.sent_reserved} : -1;
+  m.taken = taken;
+  m.loop = loop_->index;
+  m.sent_run = e.sent_run;
+  if (shared) rt_->recorder_.write_shared_slow(m);
+  else rt_->recorder_.write_slow(m);
+}
+
+void actor::close_group(std::int64_t now) noexcept {
+  auto& clock = loop_->clock;
+  rt_->recorder_.write_group(id_, clock.mark, now, clock.shared);
+  if (now - clock.mark >= long_run_ticks) {
+    // One of the runs may have been long: with one run, that is its type's flag; with
+    // more, the loop times its next runs one by one, and those set their types' flags.
+    if (clock.shared == 1) clock.last_tag->long_runs.store(true, std::memory_order_relaxed);
+    else clock.exact = shared_group_runs;
+  }
+  clock.mark = now;
+  clock.shared = 0;
 }
 
 void actor::record_send(const envelope& e) noexcept {

@@ -274,6 +274,10 @@ class actor {
   void handle_response(response& r);
   void drop(envelope& e, const char* reason) noexcept;
   void record_send(const envelope& e) noexcept;  // recording: a send that will have no handler run
+  void close_group(std::int64_t now) noexcept;
+  // recording: a handled message by the recorder's slow ways (a new chunk, the side list)
+  [[gnu::noinline]] void record_slow(const envelope& e, std::int64_t taken, std::int64_t start, std::int64_t end,
+                                     bool shared) noexcept;  // recording: times the loop clock's open group up to `now`
   void close_and_stop();
   void send_envelope(const address& to, std::unique_ptr<envelope> e);
   send_status try_send_envelope(const address& to, std::unique_ptr<envelope>& e);
@@ -336,7 +340,6 @@ class actor {
   // -- the rest
   std::string name_;
   address supervisor_;
-  std::int64_t last_end_ticks_ = 0;  // recording: when this drain's previous handler returned (0: none yet)
   std::vector<handler_entry> handlers_;
   std::uint64_t next_request_ = 0;
   std::unique_ptr<std::unordered_map<std::uint64_t, pending_request>> requests_;

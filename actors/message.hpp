@@ -96,6 +96,9 @@ struct envelope : detail::mpsc_node {
   std::uint32_t sent_reserved = 0;  ///< recorded: the receiver's normal reservations after the enqueue
   lane where = lane::normal;
   bool sent_counted = false;        ///< recorded: sent_reserved is set
+  /// Recorded and stamped by a run in a group (recorder.hpp): which run of the group sent
+  /// it (0: the first, or not in a group); `sent_ticks` is then the group's start.
+  std::uint8_t sent_run = 0;
   std::int64_t micro_batch = -1;
   std::uint64_t bytes = 0;
   std::int64_t sent_ticks = 0;    ///< recorder ticks at the enqueue; 0 when not recorded

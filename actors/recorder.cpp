@@ -124,18 +124,97 @@ struct recorder_buffer {
   std::thread::id thread;
   std::uint32_t index = 0;
   std::uint64_t flows = 0;
-  std::size_t full = 0;            // message records in the chunks before the last
+  std::size_t full = 0;            // records (message and group) in the chunks before the last
   std::vector<chunk_ptr> chunks;
   std::vector<message_record> wide;   // handled messages that do not pack (rare)
   std::vector<stored_record> others;  // everything but handled messages (rare)
   std::size_t packed() const noexcept {
     return chunks.empty() ? 0 : full + static_cast<std::size_t>(cursor.next - chunks.back().get());
   }
-  std::size_t messages() const noexcept { return packed() + wide.size(); }
+  /// Handled messages recorded: packed (less the group records among them) and wide.
+  std::size_t messages() const noexcept { return packed() - cursor.groups + wide.size(); }
 };
 }  // namespace detail
 
 using detail::recorder_buffer;
+
+namespace {
+// The groups a snapshot met, for the sends their runs made (stamped with the group's
+// start and the run's place in it): where each run started, as exported.
+struct group_starts {
+  struct group {
+    actor_id actor;
+    std::int64_t from;
+    std::size_t first;  // into starts
+    std::size_t runs;
+  };
+  std::vector<group> groups;
+  std::vector<std::int64_t> starts;
+  void sort() {
+    std::sort(groups.begin(), groups.end(),
+              [](const group& a, const group& b) { return a.actor != b.actor ? a.actor < b.actor : a.from < b.from; });
+  }
+  // The start of the `run`-th run of `actor`'s group that started at `from`; `from` itself
+  // when there is no such group (its record lost to the limit).
+  std::int64_t start_of(actor_id actor, std::int64_t from, std::uint32_t run) const {
+    auto it = std::lower_bound(groups.begin(), groups.end(), std::pair{actor, from}, [](const group& g, const auto& key) {
+      return g.actor != key.first ? g.actor < key.first : g.from < key.second;
+    });
+    if (it == groups.end() || it->actor != actor || it->from != from || run >= it->runs) return from;
+    return starts[it->first + run];
+  }
+};
+
+// Times the shared runs of `group`'s receiver among `pending` (indices into `out`, in the
+// order they ran) and takes them off the list: the group's measured span split evenly, in
+// order, none before its own send (a send stamped on another core may come a little after
+// the span's even share says the run began). Runs of other receivers stay: a drain nested
+// in a handler (or the one it nested in) closes its groups on its own.
+void time_group(std::vector<message_record>& out, std::vector<std::size_t>& pending,
+                const detail::packed_message& group, group_starts& seen) {
+  const auto receiver = group.receiver;
+  const auto from = static_cast<std::int64_t>(group.counts_loop), to = group.end;
+  std::int64_t n = 0;
+  for (auto i : pending) n += out[i].receiver == receiver;
+  seen.groups.push_back({receiver, from, seen.starts.size(), static_cast<std::size_t>(n)});
+  if (n == 0) return;  // its runs' records lost to the limit
+  std::int64_t k = 0, prev = from;
+  const std::int64_t d = to - from;
+  auto at = [&](std::int64_t j) { return from + d / n * j + d % n * j / n; };  // from + d*j/n, no overflow
+  auto keep = pending.begin();
+  for (auto i : pending) {
+    auto& m = out[i];
+    if (m.receiver != receiver) {
+      *keep++ = i;
+      continue;
+    }
+    m.start = std::max({at(k), prev, m.sent});
+    m.end = std::max(at(++k), m.start);
+    m.shared = group.sender;
+    seen.starts.push_back(m.start);
+    prev = m.end;
+  }
+  pending.erase(keep, pending.end());
+}
+
+// A thread's handled messages in the order it wrote them, shared runs timed by their groups.
+void unpack_buffer(const recorder_buffer& b, std::vector<message_record>& out, group_starts& seen) {
+  std::vector<std::size_t> pending;
+  const std::size_t count = b.packed();
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto& p = b.chunks[i / chunk_records][i % chunk_records];
+    if (p.tag == nullptr) {
+      time_group(out, pending, p, seen);
+      continue;
+    }
+    out.push_back(detail::unpack(p));
+    if (p.run == detail::shared_run) pending.push_back(out.size() - 1);
+  }
+  // Shared runs whose group record was not written (the record limit): at their send.
+  for (auto i : pending) out[i].start = out[i].end = out[i].sent;
+  out.insert(out.end(), b.wide.begin(), b.wide.end());
+}
+}  // namespace
 
 recorder::recorder() : instance_(next_instance.fetch_add(1)) {
   (void)process_pair();
@@ -175,14 +254,35 @@ std::uint64_t recorder::next_flow() noexcept {
   return (std::uint64_t{b.index} + 1) << 40 | ++b.flows;
 }
 
-void recorder::write_slow(const message_record& m) noexcept {
-  auto& b = local();
+detail::packed_message* recorder::next_slot(recorder_buffer& b) noexcept {
   if (b.messages() >= max_records_) {
     lost_.fetch_add(1, std::memory_order_relaxed);
-    return;
+    return nullptr;
   }
+  if (b.cursor.next == b.cursor.end) {
+    const std::size_t taken = b.packed(), room = max_records_ - b.messages();
+    try {
+      b.chunks.push_back(new_chunk());
+    } catch (...) {
+      lost_.fetch_add(1, std::memory_order_relaxed);
+      return nullptr;
+    }
+    b.full = taken;
+    auto* first = b.chunks.back().get();
+    b.cursor.next = first;
+    b.cursor.end = first + std::min(chunk_records, room);
+  }
+  return b.cursor.next++;
+}
+
+void recorder::write_slow(const message_record& m) noexcept {
+  auto& b = local();
   detail::packed_message p;
   if (!detail::pack(p, m)) {
+    if (b.messages() >= max_records_) {
+      lost_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
     try {
       b.wide.push_back(m);
       if (b.cursor.end != b.cursor.next) --b.cursor.end;  // the limit counts both kinds
@@ -191,19 +291,19 @@ void recorder::write_slow(const message_record& m) noexcept {
     }
     return;
   }
-  if (b.cursor.next == b.cursor.end) {
-    const std::size_t taken = b.packed(), room = max_records_ - b.messages();
-    try {
-      b.chunks.push_back(new_chunk());
-    } catch (...) {
-      lost_.fetch_add(1, std::memory_order_relaxed);
-      return;
-    }
-    b.full = taken;
-    auto* first = b.chunks.back().get();
-    b.cursor = {first, first + std::min(chunk_records, room)};
+  if (auto* slot = next_slot(b)) *slot = p;
+}
+
+void recorder::write_shared_slow(const message_record& m) noexcept {
+  if (auto* slot = next_slot(local())) detail::pack_shared(*slot, m.sent, detail::fields_of(m));
+}
+
+void recorder::write_group_slow(actor_id receiver, std::int64_t from, std::int64_t to, std::uint32_t runs) noexcept {
+  auto& b = local();
+  if (auto* slot = next_slot(b)) {
+    detail::pack_group(*slot, receiver, from, to, runs);
+    ++b.cursor.groups;
   }
-  *b.cursor.next++ = p;
 }
 
 void recorder::write_other(const record& r, bool in_ticks) noexcept {
@@ -329,10 +429,16 @@ std::vector<record> recorder::snapshot() const {
     for (auto& b : buffers_) m += b->messages();
     msgs.reserve(m);
   }
-  for (auto& b : buffers_) {
-    const std::size_t count = b->packed();
-    for (std::size_t i = 0; i < count; ++i) msgs.push_back(detail::unpack(b->chunks[i / chunk_records][i % chunk_records]));
-    msgs.insert(msgs.end(), b->wide.begin(), b->wide.end());
+  group_starts groups;
+  for (auto& b : buffers_) unpack_buffer(*b, msgs, groups);
+  // A send stamped by a run in a group carries the group's start: it moves to the start
+  // of the run that made it, as exported, so its arrow leaves that run's slice. Each side
+  // of a flow is spread over its own group, so the handling may then come before it: the
+  // send moves back to the handling's start (arrows never point backwards).
+  groups.sort();
+  for (auto& m : msgs) {
+    if (m.sent_run == 0) continue;
+    m.sent = std::min(groups.start_of(m.sender, m.sent, m.sent_run), m.start);
   }
   struct pop_at {
     actor_id receiver;
@@ -389,6 +495,7 @@ std::vector<record> recorder::snapshot() const {
     h.track = m.receiver;
     h.peer = m.sender;
     h.aux = static_cast<std::int32_t>(m.loop);
+    if (m.shared > 1) h.aux2 = static_cast<std::int32_t>(m.shared);
     out.push_back(h);
   }
   for (auto& b : buffers_) {
@@ -448,6 +555,7 @@ nlohmann::json recorder::to_chrome_trace(const nlohmann::json& actors, const nlo
                           {"ts", us(r.ts_ns)}, {"dur", us(r.dur_ns)},
                           {"args", {{"loop", r.aux}, {"mb", r.mb}, {"bytes", r.bytes}, {"queue_us", us(r.value)},
                                     {"sender", r.peer}}}});
+        if (r.aux2 > 1) events.back()["args"]["shared"] = r.aux2;
         if (r.flow)
           events.push_back({{"ph", "f"}, {"bp", "e"}, {"cat", "msg"}, {"name", name}, {"id", r.flow}, {"pid", 0},
                             {"tid", r.track}, {"ts", us(r.ts_ns)}});

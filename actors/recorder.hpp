@@ -5,21 +5,33 @@
 /// the Chrome trace event format (docs/trace-format.md).
 ///
 /// Off, it costs one relaxed atomic load (a predictable branch) per send and per handler
-/// run. On, a message costs one or two reads of a cheap clock (the TSC on x86-64) and one
-/// 48-byte `detail::packed_message` appended to the handling thread's own chunk: the
+/// run. On, a message costs one 48-byte `detail::packed_message` appended to the handling
+/// thread's own chunk, and at most one read of a cheap clock (the TSC on x86-64): the
 /// send's time and the receiver's reservation count travel in the envelope, so a send and
 /// its handling are one record, written once, with no lock, no atomic read-modify-write
-/// and no allocation except when a 2 MiB chunk fills. The clock is read at the end of
-/// every handler run (a run's start is the previous run's end within one drain) and at a
-/// send, except a send from a handler whose message type's last recorded run took under
-/// ~1 µs (`long_run_ticks`): that send is stamped with its handler's start, so it is at
-/// most that run's length early and never after its handling (docs/trace.md, "Send
-/// times"). Everything else (flow ids, mailbox depths, names, nanoseconds, JSON) is
-/// worked out at export.
+/// and no allocation except when a 2 MiB chunk fills.
+///
+/// When the clock is read (docs/trace.md, "Handler times" and "Send times"):
+/// - A drain reads it when its first recorded run starts; within a drain a run starts
+///   where the previous one ended.
+/// - A run whose message type's last timed run took ~1 µs or more (`long_run_ticks`) is
+///   timed on its own: one read at its end.
+/// - Runs of short types share reads (`timing::shared`, the default): up to
+///   `shared_group_runs` of them in a row, then one read, at the group's end. Their times
+///   are spread evenly over the group's measured span at export; a group that took 1 µs
+///   or more makes the loop time its next runs one by one, so long runs are caught and
+///   timed. One clock read is about as dear as a whole delivery's other work (~7.5 ns
+///   against ~25 ns on the benchmark VM); `timing::exact` reads it after every run.
+/// - A send from a handler of a short type is stamped with its run's start (a group's
+///   start, for a shared run): early by at most that span, never after its handling.
+///   Other sends read the clock.
+/// Everything else (flow ids, mailbox depths, names, nanoseconds, JSON) is worked out at
+/// export.
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -65,7 +77,7 @@ struct record {
   std::uint32_t track = 0;     ///< the actor (or GPU stream track) the event is drawn on
   std::uint32_t peer = 0;      ///< send: receiver; handle: sender
   std::int32_t aux = -1;       ///< handle: loop; span: stage (action) or stream (gpu)
-  std::int32_t aux2 = -1;      ///< span: planned step (action) or device (gpu)
+  std::int32_t aux2 = -1;      ///< span: planned step (action) or device (gpu); handle: runs timed together (-1: alone)
   std::int32_t depth = -1;     ///< send: receiver's queued normal messages after the enqueue (-1: not known)
   record_kind kind = record_kind::send;
 };
@@ -92,12 +104,19 @@ struct message_record {
   /// recording together on two loops.
   std::int64_t taken = -1;
   std::uint32_t loop = 0;
+  /// How many runs shared the clock reads that timed this one (0: timed on its own).
+  std::uint32_t shared = 0;
+  /// The send was stamped by the `sent_run`-th run (from 0) of a group of its sender's
+  /// drain that started at `sent`; the export moves it to that run's start.
+  std::uint32_t sent_run = 0;
 };
 
 /// Handler runs whose message type once took at least this many ticks stamp their sends
 /// with a clock read of their own (about 1 µs on a 2 GHz TSC; on the steady-clock
 /// fallback, ticks are nanoseconds).
 inline constexpr std::int64_t long_run_ticks = 2048;
+/// `timing::shared`: at most this many short runs in a row share a clock read.
+inline constexpr std::uint32_t shared_group_runs = 8;
 
 namespace detail {
 /// A `message_record` as a chunk stores it: 48 bytes, where chunks held 72 (at tens of millions
@@ -105,8 +124,14 @@ namespace detail {
 /// the end and two 32-bit differences; the two counts are kept modulo 2^24 (the depth is
 /// their difference, far below it; 2^24 divides the counts' own 2^32). A record whose
 /// fields do not fit (a run or a queue wait over 2^31 ticks, payloads of 4 GiB,
-/// micro-batch ids past 2^31, loops past 16,383) is kept whole on a side list instead:
+/// micro-batch ids past 2^31, loops past 2,047) is kept whole on a side list instead:
 /// nothing is clipped.
+///
+/// Two other kinds share the layout (`timing::shared`, in the order their thread wrote them):
+/// - a *shared* run: `run == shared_run`, `end` holds the send's ticks, `wait` is 0: its
+///   times come from the next group record with its receiver;
+/// - a *group* record: `tag == nullptr`; `end` is the group's end, `counts_loop` its start,
+///   `sender` the number of runs, `receiver` the actor whose drain timed them.
 struct packed_message {
   std::int64_t end;
   std::int32_t run;   ///< end - start
@@ -116,39 +141,113 @@ struct packed_message {
   actor_id receiver;
   std::uint32_t bytes;
   std::int32_t mb;
-  /// reserved mod 2^24 (bits 0-23), taken mod 2^24 (bits 24-47), loop (bits 48-61), and
-  /// whether each count is set (bits 62, 63): one word, written whole (bit-fields would
-  /// read the chunk's cold line before writing it).
+  /// reserved mod 2^24 (bits 0-23), taken mod 2^24 (bits 24-47), loop (bits 48-58), the
+  /// send's run in its group (bits 59-61), and whether each count is set (bits 62, 63):
+  /// one word, written whole (bit-fields would read the chunk's cold line before writing it).
   std::uint64_t counts_loop;
 };
 static_assert(sizeof(packed_message) == 48);
 inline constexpr std::int64_t count_modulus = std::int64_t{1} << 24;
+inline constexpr std::int32_t shared_run = std::numeric_limits<std::int32_t>::min();
 
+/// Whether a handled message packs with these times (a run and a queue wait in ticks);
+/// when it does not, it goes whole to the side list.
+inline constexpr std::uint32_t max_packed_loops = 1u << 11;
+inline bool fits(std::int64_t run, std::int64_t wait, std::uint64_t bytes, std::int64_t mb,
+                 std::uint32_t loop) noexcept {
+  constexpr std::int64_t i32 = std::int64_t{1} << 31;
+  return run > -i32 && run < i32 && wait >= -i32 && wait < i32 && bytes <= 0xffffffffu && mb >= -i32 && mb < i32 &&
+         loop < max_packed_loops;  // a run of -2^31 marks a shared record
+}
+/// Whether a message's fields fit a shared record, which keeps no times: anything else is
+/// timed on its own, so that it can go whole to the side list.
+inline bool shareable(std::uint64_t bytes, std::int64_t mb, std::uint32_t loop) noexcept {
+  return fits(0, 0, bytes, mb, loop);
+}
+/// The counts, the loop and the send's run as one word (counts of -1: not set).
+inline std::uint64_t pack_counts(std::int64_t reserved, std::int64_t taken, std::uint32_t loop,
+                                 std::uint32_t sent_run) noexcept {
+  constexpr std::uint64_t mask = count_modulus - 1;
+  static_assert(shared_group_runs <= 8, "the send's run takes 3 bits");
+  return (reserved >= 0 ? (static_cast<std::uint64_t>(reserved) & mask) | std::uint64_t{1} << 62 : 0) |
+         (taken >= 0 ? (static_cast<std::uint64_t>(taken) & mask) << 24 | std::uint64_t{1} << 63 : 0) |
+         std::uint64_t{loop} << 48 | std::uint64_t{sent_run & 7} << 59;
+}
+
+/// What a record keeps of a handled message besides its times.
+struct message_fields {
+  const type_tag* tag;
+  actor_id sender;
+  actor_id receiver;
+  std::uint64_t bytes;
+  std::int64_t mb;
+  std::int64_t reserved;
+  std::int64_t taken;
+  std::uint32_t loop;
+  std::uint32_t sent_run;
+};
+inline message_fields fields_of(const message_record& m) noexcept {
+  return {m.tag, m.sender, m.receiver, m.bytes, m.mb, m.reserved, m.taken, m.loop, m.sent_run};
+}
+
+/// A timed record (`fits` holds). Every field is written, whole (the slot is fresh memory).
+inline void pack_timed(packed_message& p, std::int64_t sent, std::int64_t start, std::int64_t end,
+                       const message_fields& f) noexcept {
+  p.end = end;
+  p.run = static_cast<std::int32_t>(end - start);
+  p.wait = static_cast<std::int32_t>(start - sent);
+  p.tag = f.tag;
+  p.sender = f.sender;
+  p.receiver = f.receiver;
+  p.bytes = static_cast<std::uint32_t>(f.bytes);
+  p.mb = static_cast<std::int32_t>(f.mb);
+  p.counts_loop = pack_counts(f.reserved, f.taken, f.loop, f.sent_run);
+}
+/// A shared run: its send's ticks and everything but its times (`shareable` holds).
+inline void pack_shared(packed_message& p, std::int64_t sent, const message_fields& f) noexcept {
+  p.end = sent;
+  p.run = shared_run;
+  p.wait = 0;
+  p.tag = f.tag;
+  p.sender = f.sender;
+  p.receiver = f.receiver;
+  p.bytes = static_cast<std::uint32_t>(f.bytes);
+  p.mb = static_cast<std::int32_t>(f.mb);
+  p.counts_loop = pack_counts(f.reserved, f.taken, f.loop, f.sent_run);
+}
 /// Packs `m` into `p`; false (and `p` untouched) when a field does not fit.
 inline bool pack(packed_message& p, const message_record& m) noexcept {
-  const auto run = m.end - m.start, wait = m.start - m.sent;
-  constexpr std::int64_t i32 = std::int64_t{1} << 31;
-  if (run < -i32 || run >= i32 || wait < -i32 || wait >= i32 || m.bytes > 0xffffffffu || m.mb < -i32 ||
-      m.mb >= i32 || m.loop >= (1u << 14)) [[unlikely]]
-    return false;
-  p.end = m.end;
-  p.run = static_cast<std::int32_t>(run);
-  p.wait = static_cast<std::int32_t>(wait);
-  p.tag = m.tag;
-  p.sender = m.sender;
-  p.receiver = m.receiver;
-  p.bytes = static_cast<std::uint32_t>(m.bytes);
-  p.mb = static_cast<std::int32_t>(m.mb);
-  constexpr std::uint64_t mask = count_modulus - 1;
-  p.counts_loop = (static_cast<std::uint64_t>(m.reserved) & mask) | (static_cast<std::uint64_t>(m.taken) & mask) << 24 |
-                  std::uint64_t{m.loop} << 48 | std::uint64_t{m.reserved >= 0} << 62 | std::uint64_t{m.taken >= 0} << 63;
+  if (!fits(m.end - m.start, m.start - m.sent, m.bytes, m.mb, m.loop)) return false;
+  pack_timed(p, m.sent, m.start, m.end, fields_of(m));
   return true;
 }
+/// The group record that times the `runs` shared runs `receiver`'s drain wrote before it.
+inline void pack_group(packed_message& p, actor_id receiver, std::int64_t from, std::int64_t to,
+                       std::uint32_t runs) noexcept {
+  p.end = to;
+  p.run = 0;
+  p.wait = 0;
+  p.tag = nullptr;
+  p.sender = runs;
+  p.receiver = receiver;
+  p.bytes = 0;
+  p.mb = 0;
+  p.counts_loop = static_cast<std::uint64_t>(from);
+}
+/// Whether `m` packs as a timed record.
+inline bool fits(const message_record& m) noexcept {
+  return fits(m.end - m.start, m.start - m.sent, m.bytes, m.mb, m.loop);
+}
+/// A timed or a shared record (a shared one: `sent` set, `start` and `end` left for its group).
 inline message_record unpack(const packed_message& p) noexcept {
   message_record m;
-  m.end = p.end;
-  m.start = p.end - p.run;
-  m.sent = m.start - p.wait;
+  if (p.run == shared_run) {
+    m.sent = p.end;
+  } else {
+    m.end = p.end;
+    m.start = p.end - p.run;
+    m.sent = m.start - p.wait;
+  }
   m.tag = p.tag;
   m.bytes = p.bytes;
   m.mb = p.mb;
@@ -156,14 +255,20 @@ inline message_record unpack(const packed_message& p) noexcept {
   m.receiver = p.receiver;
   m.reserved = p.counts_loop >> 62 & 1 ? static_cast<std::int64_t>(p.counts_loop & 0xffffff) : -1;
   m.taken = p.counts_loop >> 63 ? static_cast<std::int64_t>(p.counts_loop >> 24 & 0xffffff) : -1;
-  m.loop = static_cast<std::uint32_t>(p.counts_loop >> 48 & 0x3fff);
+  m.loop = static_cast<std::uint32_t>(p.counts_loop >> 48 & (max_packed_loops - 1));
+  m.sent_run = static_cast<std::uint32_t>(p.counts_loop >> 59 & 7);
   return m;
 }
 
 /// While a recorded handler runs on this thread: the ticks its sends are stamped with
-/// (its start), or 0 when sends read the clock (outside handlers, and in handlers of
-/// message types that once ran long). Written only by recorded runs.
-inline constinit thread_local std::int64_t tls_send_stamp = 0;
+/// (its start; a group's start for a run in a group, with `run` its place in the group,
+/// from 0), or 0 when sends read the clock (outside handlers, and in handlers of message
+/// types that once ran long). Written only by recorded runs.
+struct send_stamp {
+  std::int64_t ticks = 0;
+  std::uint32_t run = 0;
+};
+inline constinit thread_local send_stamp tls_send_stamp{};
 }  // namespace detail
 
 namespace detail {
@@ -173,6 +278,7 @@ struct recorder_buffer;
 struct recorder_chunk_cursor {
   packed_message* next = nullptr;
   packed_message* end = nullptr;
+  std::size_t groups = 0;  ///< group records among those written (they are not messages)
 };
 /// The calling thread's buffer in the recorder it wrote to last (one entry: a thread
 /// records into one runtime's recorder nearly always; constant-initialised, so reading
@@ -186,6 +292,12 @@ inline constinit thread_local recorder_tls tls_last_recorder{};
 
 class recorder {
  public:
+  /// How handler runs are timed (see the file comment).
+  enum class timing : std::uint8_t {
+    shared,  ///< short runs in a row share a clock read (default)
+    exact,   ///< a clock read after every run
+  };
+
   recorder();
   ~recorder();
 
@@ -193,6 +305,11 @@ class recorder {
   void enable(bool on = true) noexcept { on_.store(on, std::memory_order_relaxed); }
   /// Any thread; cheap (a relaxed load).
   bool enabled() const noexcept { return on_.load(std::memory_order_relaxed); }
+  /// Any thread; takes effect at the next run of each loop.
+  void set_timing(timing t) noexcept { exact_.store(t == timing::exact, std::memory_order_relaxed); }
+  timing get_timing() const noexcept {
+    return exact_.load(std::memory_order_relaxed) ? timing::exact : timing::shared;
+  }
 
   /// Any thread: nanoseconds on the recorder clock (steady, origin at construction).
   std::int64_t now() const noexcept {
@@ -216,17 +333,55 @@ class recorder {
   /// Any thread: a fresh flow id (unique within this recorder).
   std::uint64_t next_flow() noexcept;
 
-  /// Any thread: appends a handled message (the hot path: no lock, no atomic).
+  /// Any thread: appends a handled message (no lock, no atomic).
   void write(const message_record& m) noexcept {
-    auto& tl = detail::tls_last_recorder;
-    if (tl.instance == instance_) [[likely]] {
-      auto* c = tl.cursor;
-      if (c->next != c->end && detail::pack(*c->next, m)) [[likely]] {
-        ++c->next;
+    if (detail::fits(m)) [[likely]] {
+      if (auto* p = slot()) [[likely]] {
+        detail::pack_timed(*p, m.sent, m.start, m.end, detail::fields_of(m));
         return;
       }
     }
     write_slow(m);
+  }
+  /// Same, for a run timed by the group record that follows (`detail::shareable` holds for
+  /// `m`; its `start` and `end` are not read).
+  void write_shared(const message_record& m) noexcept {
+    if (auto* p = slot()) [[likely]]
+      detail::pack_shared(*p, m.sent, detail::fields_of(m));
+    else
+      write_shared_slow(m);
+  }
+  /// The hot path: the calling thread's next free slot, or nullptr (then `write_slow` or
+  /// `write_shared_slow` takes the record). The caller fills it whole (`detail::pack_timed`
+  /// when `detail::fits` holds, `pack_shared`) from what it has at hand: no
+  /// `message_record` in between, which the compiler builds in memory for the slow path's
+  /// sake (that cost about a fifth of what a recorded message cost).
+  detail::packed_message* slot() noexcept {
+    auto& tl = detail::tls_last_recorder;
+    if (tl.instance == instance_) [[likely]] {
+      auto* c = tl.cursor;
+      if (c->next != c->end) [[likely]]
+        return c->next++;
+    }
+    return nullptr;
+  }
+  /// The slow ways: a new chunk, the side list (a record that does not pack), the limit.
+  void write_slow(const message_record& m) noexcept;
+  void write_shared_slow(const message_record& m) noexcept;
+
+  /// Any thread: times the `runs` shared runs `receiver`'s drain wrote on this thread since
+  /// its last group record: they ran one after another from `from` to `to` (ticks).
+  void write_group(actor_id receiver, std::int64_t from, std::int64_t to, std::uint32_t runs) noexcept {
+    auto& tl = detail::tls_last_recorder;
+    if (tl.instance == instance_) [[likely]] {
+      auto* c = tl.cursor;
+      if (c->next != c->end) [[likely]] {
+        detail::pack_group(*c->next++, receiver, from, to, runs);
+        ++c->groups;
+        return;
+      }
+    }
+    write_group_slow(receiver, from, to, runs);
   }
   /// Any thread: appends a record to the calling thread's buffer (`ts_ns` in nanoseconds).
   void write(const record& r) noexcept { write_other(r, false); }
@@ -272,11 +427,13 @@ class recorder {
     long sort_index;
   };
   detail::recorder_buffer& local() noexcept;
-  void write_slow(const message_record& m) noexcept;
+  void write_group_slow(actor_id receiver, std::int64_t from, std::int64_t to, std::uint32_t runs) noexcept;
+  detail::packed_message* next_slot(detail::recorder_buffer& b) noexcept;
   void write_other(const record& r, bool in_ticks) noexcept;
   double ns_per_tick() const noexcept;
 
   std::atomic<bool> on_{false};
+  std::atomic<bool> exact_{false};
   std::chrono::steady_clock::time_point epoch_;
   std::int64_t epoch_ticks_ = 0;  // ticks() read at epoch_
   std::size_t max_records_ = std::size_t{8} << 20;

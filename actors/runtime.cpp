@@ -68,6 +68,7 @@ runtime::runtime(runtime_options opts) : opts_(opts) {
   if (opts_.loops == 0) opts_.loops = std::max(1u, std::thread::hardware_concurrency());
   if (opts_.batch == 0) opts_.batch = 1;
   if (opts_.mailbox_capacity == 0) throw wiring_error("runtime: mailbox_capacity must be at least 1");
+  recorder_.set_timing(opts_.record_timing);
   recorder_.enable(opts_.record);
   loop_actors_.assign(opts_.loops, 0);
   for (unsigned i = 0; i < opts_.loops; ++i) loops_.push_back(std::make_unique<detail::loop_state>(this, i));

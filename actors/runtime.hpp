@@ -48,6 +48,8 @@ struct runtime_options {
   placement policy = placement::round_robin;
   /// Start with the recorder on.
   bool record = false;
+  /// How the recorder times handler runs (`recorder::timing`; `trace().set_timing` later).
+  recorder::timing record_timing = recorder::timing::shared;
 };
 
 /// How `shutdown` treats work in flight.

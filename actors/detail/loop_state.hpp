@@ -15,6 +15,7 @@
 namespace nerve::actors {
 class runtime;
 class recorder;
+struct type_tag;
 }
 
 namespace nerve::actors::detail {
@@ -55,7 +56,15 @@ struct loop_state {
   std::atomic<std::uint64_t> handled{0};
   alignas(64) mpsc_queue ready;           ///< actors to drain; pushed from any thread
   alignas(64) std::atomic<bool> sleeping{false};  ///< the loop thread blocks (or is about to) in io.run_one()
-  std::uint32_t running = 0;  ///< loop thread only: the actor whose drain runs now (0: none)
+  // -- loop thread only
+  alignas(64) std::uint32_t running = 0;  ///< the actor whose drain runs now (0: none)
+  /// Recording: how the drain running now times its handler runs (actor.cpp, invoke).
+  struct run_clock {
+    std::int64_t mark = 0;         ///< this drain's last clock read (0: none yet)
+    std::uint32_t shared = 0;      ///< runs since `mark` that wait for the next read (a group)
+    std::uint32_t exact = 0;       ///< runs left to time one by one (after a group that took long)
+    const type_tag* last_tag = nullptr;  ///< the type of the group's last run
+  } clock;
 
   loop_state(const loop_state&) = delete;
   loop_state& operator=(const loop_state&) = delete;
