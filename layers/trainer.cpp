@@ -143,7 +143,9 @@ train_report train(const train_options& o, const std::function<void(const train_
                                 std::to_string(train_set->features()) + " features");
 
   set_gemm_threads(static_cast<int>(o.threads));
-  actors::runtime rt({.loops = o.threads, .record = !o.trace.empty()});
+  actors::runtime rt({.loops = o.threads,
+                      .record = !o.trace.empty(),
+                      .record_timing = o.trace_exact ? actors::recorder::timing::exact : actors::recorder::timing::shared});
   auto criterion = std::make_shared<cross_entropy>();
   network net(rt, g, criterion, make_optimizer_factory(o), network_options{.spread = o.spread});
   // The loader sits on the last loop: with 2+ loops it prepares batches beside the network.

@@ -38,6 +38,7 @@ struct train_options {
   std::filesystem::path init;       ///< start from these weights (safetensors)
   std::filesystem::path save;       ///< write the weights here at the end (safetensors, atomic)
   std::filesystem::path trace;      ///< write the message trace here (Chrome trace JSON)
+  bool trace_exact = false;         ///< time every handler run alone (recorder::timing::exact)
   bool evaluate = true;             ///< test accuracy after every epoch
 };
 

@@ -107,6 +107,7 @@ struct messaging_options {
   unsigned timeout_s = 60;
   bool json = false;
   bool record = false;
+  std::string record_timing = "shared";
   bool quiet = false;
   bool child = false;  // internal: run one repeat of `many` here and print the sample as JSON
 };
@@ -167,6 +168,7 @@ child_outcome run_child(const messaging_options& o, const run_params& p) {
                                 "--timeout", std::to_string(o.timeout_s), "--quiet"};
   if (backend().placements.size() > 1) args.insert(args.end(), {"--placement", p.placement});
   if (p.record) args.push_back("--record");
+  if (p.record_exact) args.insert(args.end(), {"--record-timing", "exact"});
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -233,6 +235,7 @@ nlohmann::json run_job(const messaging_options& o, const job& jb, unsigned threa
   p.inflight = jb.inflight;
   p.count = jb.count;
   p.placement = o.placement.empty() ? be.placements.front() : o.placement;
+  p.record_exact = o.record_timing == "exact";
   const bool in_child = jb.workload == "many";
   const bool compare_record = o.record;
 
@@ -306,6 +309,7 @@ nlohmann::json run_job(const messaging_options& o, const job& jb, unsigned threa
   if (compare_record) {
     double on = median(per_s), off = median(per_s_off);
     j["record"] = true;
+    j["record_timing"] = o.record_timing;
     j["median_per_s_off"] = off;
     j["samples_per_s_off"] = per_s_off;
     j["record_ratio"] = off > 0 ? on / off : 0.0;           // throughput on / off
@@ -364,7 +368,7 @@ void run_messaging(const messaging_options& o) {
 
   if (o.child) {
     if (jobs.size() != 1) throw std::invalid_argument("--child runs one workload");
-    run_params p{jobs[0].workload, threads, jobs[0].inflight, jobs[0].count, o.record,
+    run_params p{jobs[0].workload, threads, jobs[0].inflight, jobs[0].count, o.record, o.record_timing == "exact",
                  o.placement.empty() ? be.placements.front() : o.placement};
     run_as_child(o, p);
     return;
@@ -412,6 +416,12 @@ void add_messaging(CLI::App& app) {
   sub->add_flag("--record", opts->record,
                 be.supports_record ? "Run each repeat with the recorder off and on; report both and the ratio"
                                    : "(not supported by this harness)");
+  if (be.supports_record)
+    sub->add_option("--record-timing", opts->record_timing,
+                    "With --record: how handler runs are timed: shared (short runs in a row share a clock read, the "
+                    "default) or exact (a clock read after every run)")
+        ->check(CLI::IsMember({"shared", "exact"}))
+        ->capture_default_str();
   sub->add_flag("--quiet,-q", opts->quiet, "No progress lines on stderr");
   sub->add_flag("--child", opts->child, "internal: one repeat in this process, sample as JSON")->group("");
   sub->callback([opts] { run_messaging(*opts); });

@@ -40,6 +40,7 @@ struct run_params {
   unsigned inflight = 1;       ///< chain and fan
   std::uint64_t count = 0;     ///< round trips, messages, deliveries, rounds or actors
   bool record = false;         ///< nerve: the recorder on
+  bool record_exact = false;   ///< nerve: recorder::timing::exact (a clock read after every run)
   std::string placement;       ///< nerve: "spread" (round robin over loops) or "packed"
 };
 

@@ -44,7 +44,9 @@ unsigned loop_for(const run_params& p, unsigned i, unsigned n) {
 unsigned pair_loop(const run_params& p, unsigned i) { return p.placement == "packed" ? 0 : i % p.threads; }
 
 na::runtime_options options_for(const run_params& p) {
-  return {.loops = p.threads, .record = p.record};
+  return {.loops = p.threads,
+          .record = p.record,
+          .record_timing = p.record_exact ? na::recorder::timing::exact : na::recorder::timing::shared};
 }
 
 nlohmann::json recorder_notes(na::runtime& rt) {

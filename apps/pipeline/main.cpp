@@ -122,6 +122,9 @@ int main(int argc, char** argv) {
   app.add_option("--init", init, "Start from these weights (safetensors)");
   app.add_option("--save", save, "Write the final weights here (safetensors, PyTorch names)");
   app.add_option("--trace", trace, "Record every message, stage action and idle span; write a Chrome trace here");
+  bool trace_exact = false;
+  app.add_flag("--trace-exact", trace_exact,
+               "Time every handler run with a clock read of its own (default: short runs in a row share one; docs/trace.md)");
   app.add_flag("--print-schedule", print_schedule, "Print the planned schedule (stage x time and stage x step) and exit");
   app.add_flag("--no-eval", no_eval, "Skip the test-set evaluation after each epoch");
   app.add_flag("--json", json, "Print one JSON object with the results on stdout");
@@ -194,7 +197,9 @@ int main(int argc, char** argv) {
       throw std::invalid_argument("model '" + model + "' takes samples of " + sample.to_string() + " but the data has " +
                                   std::to_string(train_set->features()) + " features");
 
-    actors::runtime rt({.loops = threads, .record = !trace.empty()});
+    actors::runtime rt({.loops = threads,
+                        .record = !trace.empty(),
+                        .record_timing = trace_exact ? actors::recorder::timing::exact : actors::recorder::timing::shared});
     np::pipeline_options po;
     po.emergent = emergent;
     po.credits = credits;

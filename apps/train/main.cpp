@@ -88,6 +88,9 @@ int main(int argc, char** argv) {
   app.add_option("--init", init, "Start from these weights (safetensors)");
   app.add_option("--save", save, "Write the final weights here (safetensors, PyTorch names)");
   app.add_option("--trace", trace, "Record every message and write a Chrome trace here");
+  bool trace_exact = false;
+  app.add_flag("--trace-exact", trace_exact,
+               "Time every handler run with a clock read of its own (default: short runs in a row share one; docs/trace.md)");
   app.add_flag("--no-eval", no_eval, "Skip the test-set evaluation after each epoch");
   app.add_option("--device", device, "Where the network runs: cpu, cuda or cuda:N");
   app.add_flag("--json", json, "Print one JSON object with the results on stdout");
@@ -114,6 +117,7 @@ int main(int argc, char** argv) {
     o.init = init;
     o.save = save;
     o.trace = trace;
+    o.trace_exact = trace_exact;
     o.evaluate = !no_eval;
 
     if (!json)
