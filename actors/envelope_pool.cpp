@@ -21,9 +21,15 @@ struct free_block {
 };
 
 /// One thread's lists. Freed at thread exit (a loop thread's, the main thread's).
-struct thread_lists {
-  free_block* head[classes] = {};
-  unsigned count[classes] = {};
+/// A class's head and count side by side, on a cache line of their own placement: where
+/// the other thread-locals put them decided, before, whether a send and a handling
+/// touched one line of them or two (a few percent of chain/64 on one loop).
+struct alignas(64) thread_lists {
+  struct list {
+    free_block* head = nullptr;
+    unsigned count = 0;
+  };
+  list of[classes];
   thread_lists() = default;
   thread_lists(const thread_lists&) = delete;
   thread_lists& operator=(const thread_lists&) = delete;
@@ -31,11 +37,11 @@ struct thread_lists {
   // find empty, full lists and go straight to the global allocator.
   ~thread_lists() {
     for (std::size_t c = 0; c < classes; ++c) {
-      while (free_block* b = head[c]) {
-        head[c] = b->next;
+      while (free_block* b = of[c].head) {
+        of[c].head = b->next;
         ::operator delete(b, (c + 1) * granule);
       }
-      count[c] = keep;
+      of[c].count = keep;
     }
   }
 };
@@ -49,9 +55,10 @@ constexpr std::size_t class_of(std::size_t bytes) noexcept { return (bytes - 1) 
 void* envelope_allocate(std::size_t bytes) {
   const std::size_t c = class_of(bytes);
   if (!pooled || c >= classes) return ::operator new(bytes);
-  if (free_block* b = lists.head[c]) {
-    lists.head[c] = b->next;
-    --lists.count[c];
+  auto& l = lists.of[c];
+  if (free_block* b = l.head) {
+    l.head = b->next;
+    --l.count;
     return b;
   }
   return ::operator new((c + 1) * granule);
@@ -63,14 +70,15 @@ void envelope_deallocate(void* p, std::size_t bytes) noexcept {
     ::operator delete(p, bytes);
     return;
   }
-  if (lists.count[c] == keep) {
+  auto& l = lists.of[c];
+  if (l.count == keep) {
     ::operator delete(p, (c + 1) * granule);
     return;
   }
   auto* b = static_cast<free_block*>(p);
-  b->next = lists.head[c];
-  lists.head[c] = b;
-  ++lists.count[c];
+  b->next = l.head;
+  l.head = b;
+  ++l.count;
 }
 
 }  // namespace nerve::actors::detail
