@@ -212,14 +212,18 @@ void actor::drain() {
   loop->running = id_;
   std::int64_t taken = 0;
   // Recording: the loop's clock is idle (mark 0) between drains, and this drain times its
-  // runs afresh; a drain nested in a recording handler keeps the outer one's clock aside
-  // (the count of runs to time one by one carries on). Off, two loads per drain.
+  // runs afresh; a drain nested in a recording handler keeps the outer one's clock and
+  // send stamp aside (the count of runs to time one by one carries on). Off, two loads per
+  // drain.
   detail::loop_state::run_clock outer_clock;
+  detail::send_stamp outer_stamp;
   const bool nested_in_recording = loop->clock.mark != 0;
   if (nested_in_recording) [[unlikely]] {
     outer_clock = loop->clock;
+    outer_stamp = detail::tls_send_stamp;
     loop->clock.mark = 0;
     loop->clock.shared = 0;
+    detail::tls_send_stamp = {};
   }
   if (!started_) [[unlikely]] {
     // The start is reserved (urgent) and counted as sent by runtime::start like a message,
@@ -247,11 +251,13 @@ void actor::drain() {
   if (loop->clock.mark != 0) [[unlikely]] {
     if (loop->clock.shared != 0) close_group(recorder::ticks());
     loop->clock.mark = 0;
+    detail::tls_send_stamp = {};
   }
   if (nested_in_recording) [[unlikely]] {
     loop->clock.mark = outer_clock.mark;
     loop->clock.shared = outer_clock.shared;
     loop->clock.last_tag = outer_clock.last_tag;
+    detail::tls_send_stamp = outer_stamp;
   }
   // One fence per drain, not per message: senders waiting for room (add_space_waiter's
   // fence pairs with it) and synchronize() waiting for progress learn of this drain.
@@ -279,7 +285,8 @@ void actor::run_start() {
 
 void actor::invoke(envelope& e) {
   auto& rec = rt_->recorder_;
-  const bool recording = e.sent_ticks != 0 && rec.enabled();
+  const std::uint8_t mode = e.sent_ticks != 0 ? rec.mode() : 0;
+  const bool recording = (mode & recorder::mode_on) != 0;
   // Recording, a run is timed on its own (a clock read at its end) or shares the clock
   // reads of a group of short runs (recorder.hpp): within one drain a run starts where
   // the previous one ended (the gap is the runtime's pop, a few nanoseconds, which is busy
@@ -289,16 +296,16 @@ void actor::invoke(envelope& e) {
   bool shared = false;
   // Which normal message this is, counted by the drain (the recorder's depth; -1: urgent).
   const std::int64_t taken = e.where == lane::normal ? std::int64_t{normal_taken_} : -1;
-  // Sends from this run are stamped with its start (a group's start, for a shared run)
-  // unless its message type's last timed run was long (then each send reads the clock):
-  // saved and restored, since runs can nest.
-  detail::send_stamp outer_stamp;
+  // Sends from this run are stamped with its start (a group's start and its place, for a
+  // shared run) unless its message type's last timed run was long (then each send reads
+  // the clock). The stamp stays until the next run or the drain's end (the runtime's own
+  // sends in between, a stop's or a failure's notices, take the last run's), and a nested
+  // drain keeps its outer one's aside (drain).
   bool long_type = true;
   if (recording) {
-    outer_stamp = detail::tls_send_stamp;
     long_type = e.tag->long_runs.load(std::memory_order_relaxed);
     if (clock.mark == 0) clock.mark = recorder::ticks();
-    shared = !long_type && clock.exact == 0 && rec.get_timing() == recorder::timing::shared &&
+    shared = !long_type && clock.exact == 0 && (mode & recorder::mode_exact) == 0 &&
              detail::shareable(e.bytes, e.micro_batch, loop_->index);
     if (shared) {
       start = clock.mark;
@@ -312,12 +319,12 @@ void actor::invoke(envelope& e) {
     // drain: the group ends here, and the next recorded run reads the clock afresh.
     if (clock.shared != 0) close_group(recorder::ticks());
     clock.mark = 0;
+    detail::tls_send_stamp = {};
   }
   current_ = &e;
   try {
     dispatch(e);
   } catch (...) {
-    if (recording) detail::tls_send_stamp = outer_stamp;
     auto err = std::current_exception();
     if (e.reply) std::exchange(e.reply, nullptr)->fail(err);
     current_ = nullptr;
@@ -337,7 +344,6 @@ void actor::invoke(envelope& e) {
     return;
   }
   current_ = nullptr;
-  if (recording) detail::tls_send_stamp = outer_stamp;
   if (e.reply) std::exchange(e.reply, nullptr)->fail(std::make_exception_ptr(
       wiring_error("actor '" + name_ + "' did not answer request '" + std::string(e.tag->name) + "'")));
   if (recording) {

@@ -302,14 +302,21 @@ class recorder {
   ~recorder();
 
   /// Any thread. Turns recording on or off; records already taken stay.
-  void enable(bool on = true) noexcept { on_.store(on, std::memory_order_relaxed); }
-  /// Any thread; cheap (a relaxed load).
-  bool enabled() const noexcept { return on_.load(std::memory_order_relaxed); }
-  /// Any thread; takes effect at the next run of each loop.
-  void set_timing(timing t) noexcept { exact_.store(t == timing::exact, std::memory_order_relaxed); }
-  timing get_timing() const noexcept {
-    return exact_.load(std::memory_order_relaxed) ? timing::exact : timing::shared;
+  void enable(bool on = true) noexcept {
+    if (on) mode_.fetch_or(mode_on, std::memory_order_relaxed);
+    else mode_.fetch_and(static_cast<std::uint8_t>(~mode_on), std::memory_order_relaxed);
   }
+  /// Any thread; cheap (a relaxed load).
+  bool enabled() const noexcept { return (mode() & mode_on) != 0; }
+  /// Any thread: `mode_on` and `mode_exact` in one load (the drain's hot path).
+  std::uint8_t mode() const noexcept { return mode_.load(std::memory_order_relaxed); }
+  static constexpr std::uint8_t mode_on = 1, mode_exact = 2;
+  /// Any thread; takes effect at the next run of each loop.
+  void set_timing(timing t) noexcept {
+    if (t == timing::exact) mode_.fetch_or(mode_exact, std::memory_order_relaxed);
+    else mode_.fetch_and(static_cast<std::uint8_t>(~mode_exact), std::memory_order_relaxed);
+  }
+  timing get_timing() const noexcept { return (mode() & mode_exact) != 0 ? timing::exact : timing::shared; }
 
   /// Any thread: nanoseconds on the recorder clock (steady, origin at construction).
   std::int64_t now() const noexcept {
@@ -432,8 +439,7 @@ class recorder {
   void write_other(const record& r, bool in_ticks) noexcept;
   double ns_per_tick() const noexcept;
 
-  std::atomic<bool> on_{false};
-  std::atomic<bool> exact_{false};
+  std::atomic<std::uint8_t> mode_{0};  // mode_on | mode_exact
   std::chrono::steady_clock::time_point epoch_;
   std::int64_t epoch_ticks_ = 0;  // ticks() read at epoch_
   std::size_t max_records_ = std::size_t{8} << 20;
