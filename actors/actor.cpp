@@ -366,7 +366,7 @@ void actor::invoke(envelope& e) {
       if (clock.exact != 0) --clock.exact;
       // The type's last run decides for its next (a flag written only when it changes: a
       // tag is shared by every loop).
-      if ((end - start >= long_run_ticks) != long_type) [[unlikely]]
+      if ((end - start >= rec.long_run()) != long_type) [[unlikely]]
         e.tag->long_runs.store(!long_type, std::memory_order_relaxed);
       detail::packed_message* p = nullptr;
       if (detail::fits(end - start, start - e.sent_ticks, e.bytes, e.micro_batch, loop_->index) && (p = rec.slot()))
@@ -400,7 +400,7 @@ void actor::record_slow(const envelope& e, std::int64_t taken, std::int64_t star
 void actor::close_group(std::int64_t now) noexcept {
   auto& clock = loop_->clock;
   rt_->recorder_.write_group(id_, clock.mark, now, clock.shared);
-  if (now - clock.mark >= long_run_ticks) {
+  if (now - clock.mark >= rt_->recorder_.long_run()) {
     // One of the runs may have been long: with one run, that is its type's flag; with
     // more, the loop times its next runs one by one, and those set their types' flags.
     if (clock.shared == 1) clock.last_tag->long_runs.store(true, std::memory_order_relaxed);

@@ -317,6 +317,11 @@ class recorder {
     else mode_.fetch_and(static_cast<std::uint8_t>(~mode_exact), std::memory_order_relaxed);
   }
   timing get_timing() const noexcept { return (mode() & mode_exact) != 0 ? timing::exact : timing::shared; }
+  /// Any thread: a run this long or longer (ticks; default `long_run_ticks`) is long: its
+  /// type's next runs are timed alone, and a group that took this long has the loop time
+  /// its next runs alone. Tests raise it to make grouping independent of the machine's speed.
+  void set_long_run(std::int64_t ticks) noexcept { long_run_.store(ticks, std::memory_order_relaxed); }
+  std::int64_t long_run() const noexcept { return long_run_.load(std::memory_order_relaxed); }
 
   /// Any thread: nanoseconds on the recorder clock (steady, origin at construction).
   std::int64_t now() const noexcept {
@@ -440,6 +445,7 @@ class recorder {
   double ns_per_tick() const noexcept;
 
   std::atomic<std::uint8_t> mode_{0};  // mode_on | mode_exact
+  std::atomic<std::int64_t> long_run_{long_run_ticks};
   std::chrono::steady_clock::time_point epoch_;
   std::int64_t epoch_ticks_ = 0;  // ticks() read at epoch_
   std::size_t max_records_ = std::size_t{8} << 20;

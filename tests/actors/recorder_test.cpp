@@ -60,7 +60,7 @@ struct note_sink : actor {
   note_sink() : actor("notes") { on<note_msg>([](note_msg&) {}); }
 };
 
-// Shared timing: one message type whose runs are short unless `slow` (then ~20 µs).
+// Shared timing: one message type whose runs are short unless `slow` (then 300 µs).
 struct spin_msg {
   bool slow;
 };
@@ -68,9 +68,26 @@ struct spinner : actor {
   spinner() : actor("spinner") {
     on<spin_msg>([](spin_msg& m) {
       if (!m.slow) return;
-      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(300);
       while (std::chrono::steady_clock::now() < until) {
       }
+    });
+  }
+};
+// Grouping depends on whether a type's last timed run was long, a flag on its tag that
+// every runtime in the process shares: the grouping tests use types of their own, which no
+// earlier test has run (slowly, under a sanitizer).
+template <int N>
+struct group_msg {
+  static constexpr std::string_view kind = N == 1 ? "group1" : "group2";
+  int micro_batch;
+};
+template <int N>
+struct group_relay : actor {
+  address next;
+  group_relay(std::string n, address nx) : actor(std::move(n)), next(std::move(nx)) {
+    on<group_msg<N>>([this](group_msg<N>& m) {
+      if (next) send(next, std::move(m));
     });
   }
 };
@@ -304,12 +321,13 @@ TEST_SUITE("actors.recorder") {
 
   TEST_CASE("short runs in a row share clock reads: groups of 8, spread evenly over their measured span") {
     runtime rt({.loops = 1, .manual = true, .record = true});
-    auto sink = rt.spawn<relay>("sink", address{});
+    rt.trace().set_long_run(std::int64_t{1} << 50);  // no run is long, however slow the build
+    auto sink = rt.spawn<group_relay<1>>("sink", address{});
     rt.run_until_idle();  // the start, in a drain of its own
-    for (int i = 0; i < 20; ++i) rt.send(sink, fwd_msg{i, {}});
+    for (int i = 0; i < 20; ++i) rt.send(sink, group_msg<1>{i});
     rt.run_until_idle();  // one drain: groups of 8, 8 and 4
     const auto recs = rt.trace().snapshot();
-    const auto runs = runs_of(recs, sink.id(), "forward");
+    const auto runs = runs_of(recs, sink.id(), "group1");
     REQUIRE(runs.size() == 20);
     CHECK(rt.trace().size() == 2 * 21);  // group records are not records of their own
     for (int i = 0; i < 20; ++i) {
@@ -328,7 +346,7 @@ TEST_SUITE("actors.recorder") {
     auto j = rt.trace().to_chrome_trace(nlohmann::json::array(), nlohmann::json::object());
     int shared8 = 0, shared4 = 0;
     for (auto& e : j["traceEvents"])
-      if (e["ph"] == "X" && e["name"] == "forward") {
+      if (e["ph"] == "X" && e["name"] == "group1") {
         const int n = e["args"].value("shared", 0);
         shared8 += n == 8;
         shared4 += n == 4;
@@ -339,17 +357,18 @@ TEST_SUITE("actors.recorder") {
 
   TEST_CASE("a send from a run in a group leaves that run's slice") {
     runtime rt({.loops = 1, .manual = true, .record = true});
-    auto last = rt.spawn<relay>("last", address{});
-    auto first = rt.spawn<relay>("first", last);
+    rt.trace().set_long_run(std::int64_t{1} << 50);
+    auto last = rt.spawn<group_relay<2>>("last", address{});
+    auto first = rt.spawn<group_relay<2>>("first", last);
     rt.run_until_idle();
-    for (int i = 0; i < 16; ++i) rt.send(first, fwd_msg{i, {}});
+    for (int i = 0; i < 16; ++i) rt.send(first, group_msg<2>{i});
     rt.run_until_idle();  // first: two groups of 8, each run sending on to last
     const auto recs = rt.trace().snapshot();
     std::map<std::int64_t, record> run_of;  // first's runs by micro-batch
-    for (auto& r : runs_of(recs, first.id(), "forward")) run_of[r.mb] = r;
+    for (auto& r : runs_of(recs, first.id(), "group2")) run_of[r.mb] = r;
     REQUIRE(run_of.size() == 16);
     std::map<std::uint64_t, std::int64_t> handled;
-    for (auto& r : runs_of(recs, last.id(), "forward")) handled[r.flow] = r.ts_ns;
+    for (auto& r : runs_of(recs, last.id(), "group2")) handled[r.flow] = r.ts_ns;
     int sends = 0;
     for (auto& r : recs) {
       if (r.kind != record_kind::send || r.track != first.id() || r.peer != last.id()) continue;
@@ -380,11 +399,18 @@ TEST_SUITE("actors.recorder") {
 
   TEST_CASE("a group that took long has the next runs timed one by one, which catch a long run exactly") {
     runtime rt({.loops = 1, .manual = true, .record = true});
+    // Long from 100 µs: a sanitizer build's short runs stay far below it, the slow ones
+    // (300 µs of work) above.
+    auto& tr = rt.trace();
+    const auto t0 = recorder::ticks();
+    std::int64_t per_100us = 1;
+    while (tr.ns_of_ticks(t0 + per_100us) - tr.ns_of_ticks(t0) < 100'000) per_100us *= 2;
+    tr.set_long_run(per_100us);
     auto sp = rt.spawn<spinner>();
     rt.run_until_idle();
     // One drain of 16: the 3rd run is slow inside a group of 8, so the group's span tells
     // only that one of them may have been long; the next 8 are timed alone, and the 11th,
-    // slow too, shows its own ~20 µs.
+    // slow too, shows its own 300 µs.
     for (int i = 0; i < 16; ++i) rt.send(sp, spin_msg{i == 2 || i == 10});
     rt.run_until_idle();
     const auto runs = runs_of(rt.trace().snapshot(), sp.id(), "spin_msg");
@@ -394,14 +420,14 @@ TEST_SUITE("actors.recorder") {
       CHECK(runs[i].aux2 == 8);
       group += runs[i].dur_ns;
     }
-    CHECK(group >= 19'000);
+    CHECK(group >= 299'000);
     for (int i = 8; i < 16; ++i) {
       CAPTURE(i);
       CHECK(runs[i].aux2 == -1);
-      if (i == 10) CHECK(runs[i].dur_ns >= 19'000);
-      else CHECK(runs[i].dur_ns < 19'000);
+      if (i == 10) CHECK(runs[i].dur_ns >= 299'000);
+      else CHECK(runs[i].dur_ns < 299'000);
     }
-    CHECK(runs[2].dur_ns < 19'000);  // its share of the group, not its own length
+    CHECK(runs[2].dur_ns < 299'000);  // its share of the group, not its own length
   }
 
   TEST_CASE("the mailbox depth at each send counts what the receiver had not yet taken") {
