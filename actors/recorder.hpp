@@ -190,12 +190,13 @@ inline message_fields fields_of(const message_record& m) noexcept {
   return {m.tag, m.sender, m.receiver, m.bytes, m.mb, m.reserved, m.taken, m.loop, m.sent_run};
 }
 
-/// A timed record (`fits` holds). Every field is written, whole (the slot is fresh memory).
-inline void pack_timed(packed_message& p, std::int64_t sent, std::int64_t start, std::int64_t end,
-                       const message_fields& f) noexcept {
+/// A message record from its first three words and `f`. Every field is written, whole (the
+/// slot is fresh memory).
+inline void pack_fields(packed_message& p, std::int64_t end, std::int32_t run, std::int32_t wait,
+                        const message_fields& f) noexcept {
   p.end = end;
-  p.run = static_cast<std::int32_t>(end - start);
-  p.wait = static_cast<std::int32_t>(start - sent);
+  p.run = run;
+  p.wait = wait;
   p.tag = f.tag;
   p.sender = f.sender;
   p.receiver = f.receiver;
@@ -203,17 +204,14 @@ inline void pack_timed(packed_message& p, std::int64_t sent, std::int64_t start,
   p.mb = static_cast<std::int32_t>(f.mb);
   p.counts_loop = pack_counts(f.reserved, f.taken, f.loop, f.sent_run);
 }
+/// A timed record (`fits` holds).
+inline void pack_timed(packed_message& p, std::int64_t sent, std::int64_t start, std::int64_t end,
+                       const message_fields& f) noexcept {
+  pack_fields(p, end, static_cast<std::int32_t>(end - start), static_cast<std::int32_t>(start - sent), f);
+}
 /// A shared run: its send's ticks and everything but its times (`shareable` holds).
 inline void pack_shared(packed_message& p, std::int64_t sent, const message_fields& f) noexcept {
-  p.end = sent;
-  p.run = shared_run;
-  p.wait = 0;
-  p.tag = f.tag;
-  p.sender = f.sender;
-  p.receiver = f.receiver;
-  p.bytes = static_cast<std::uint32_t>(f.bytes);
-  p.mb = static_cast<std::int32_t>(f.mb);
-  p.counts_loop = pack_counts(f.reserved, f.taken, f.loop, f.sent_run);
+  pack_fields(p, sent, shared_run, 0, f);
 }
 /// Packs `m` into `p`; false (and `p` untouched) when a field does not fit.
 inline bool pack(packed_message& p, const message_record& m) noexcept {
