@@ -124,7 +124,11 @@ struct recorder_buffer {
   std::thread::id thread;
   std::uint32_t index = 0;
   std::uint64_t flows = 0;
-  std::size_t full = 0;            // records (message and group) in the chunks before the last
+  // Records (message and group) in each chunk before the last: a chunk is not always full
+  // when the next begins (a wide record takes a slot off its end; the record limit cuts
+  // it short).
+  std::vector<std::size_t> filled;
+  std::size_t full = 0;            // their sum
   std::vector<chunk_ptr> chunks;
   std::vector<message_record> wide;   // handled messages that do not pack (rare)
   std::vector<stored_record> others;  // everything but handled messages (rare)
@@ -200,15 +204,17 @@ void time_group(std::vector<message_record>& out, std::vector<std::size_t>& pend
 // A thread's handled messages in the order it wrote them, shared runs timed by their groups.
 void unpack_buffer(const recorder_buffer& b, std::vector<message_record>& out, group_starts& seen) {
   std::vector<std::size_t> pending;
-  const std::size_t count = b.packed();
-  for (std::size_t i = 0; i < count; ++i) {
-    const auto& p = b.chunks[i / chunk_records][i % chunk_records];
+  for (std::size_t c = 0; c < b.chunks.size(); ++c) {
+   const std::size_t n = c + 1 < b.chunks.size() ? b.filled[c] : static_cast<std::size_t>(b.cursor.next - b.chunks[c].get());
+   for (std::size_t i = 0; i < n; ++i) {
+    const auto& p = b.chunks[c][i];
     if (p.tag == nullptr) {
       time_group(out, pending, p, seen);
       continue;
     }
     out.push_back(detail::unpack(p));
     if (p.run == detail::shared_run) pending.push_back(out.size() - 1);
+   }
   }
   // Shared runs whose group record was not written (the record limit): at their send.
   for (auto i : pending) out[i].start = out[i].end = out[i].sent;
@@ -254,18 +260,22 @@ std::uint64_t recorder::next_flow() noexcept {
   return (std::uint64_t{b.index} + 1) << 40 | ++b.flows;
 }
 
-detail::packed_message* recorder::next_slot(recorder_buffer& b) noexcept {
-  if (b.messages() >= max_records_) {
-    lost_.fetch_add(1, std::memory_order_relaxed);
+detail::packed_message* recorder::next_slot(recorder_buffer& b, bool message) noexcept {
+  // A group record lost is no message lost: its runs show at their send times instead.
+  const auto lose = [&] {
+    if (message) lost_.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
-  }
+  };
+  if (b.messages() >= max_records_) return lose();
   if (b.cursor.next == b.cursor.end) {
     const std::size_t taken = b.packed(), room = max_records_ - b.messages();
+    const std::size_t filled = b.filled.size();
     try {
+      if (!b.chunks.empty()) b.filled.push_back(static_cast<std::size_t>(b.cursor.next - b.chunks.back().get()));
       b.chunks.push_back(new_chunk());
     } catch (...) {
-      lost_.fetch_add(1, std::memory_order_relaxed);
-      return nullptr;
+      b.filled.resize(filled);
+      return lose();
     }
     b.full = taken;
     auto* first = b.chunks.back().get();
@@ -300,7 +310,7 @@ void recorder::write_shared_slow(const message_record& m) noexcept {
 
 void recorder::write_group_slow(actor_id receiver, std::int64_t from, std::int64_t to, std::uint32_t runs) noexcept {
   auto& b = local();
-  if (auto* slot = next_slot(b)) {
+  if (auto* slot = next_slot(b, false)) {
     detail::pack_group(*slot, receiver, from, to, runs);
     ++b.cursor.groups;
   }
@@ -383,6 +393,7 @@ void recorder::clear() {
     b->chunks.clear();
     b->cursor = {};
     b->full = 0;
+    b->filled.clear();
     b->wide.clear();
     b->others.clear();
   }

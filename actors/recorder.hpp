@@ -438,7 +438,7 @@ class recorder {
   };
   detail::recorder_buffer& local() noexcept;
   void write_group_slow(actor_id receiver, std::int64_t from, std::int64_t to, std::uint32_t runs) noexcept;
-  detail::packed_message* next_slot(detail::recorder_buffer& b) noexcept;
+  detail::packed_message* next_slot(detail::recorder_buffer& b, bool message = true) noexcept;
   void write_other(const record& r, bool in_ticks) noexcept;
   double ns_per_tick() const noexcept;
 

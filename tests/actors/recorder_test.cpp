@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <map>
@@ -79,7 +80,7 @@ struct spinner : actor {
 // earlier test has run (slowly, under a sanitizer).
 template <int N>
 struct group_msg {
-  static constexpr std::string_view kind = N == 1 ? "group1" : "group2";
+  static constexpr std::string_view kind = N == 1 ? "group1" : N == 2 ? "group2" : "group3";
   int micro_batch;
 };
 template <int N>
@@ -257,6 +258,29 @@ TEST_SUITE("actors.recorder") {
       if (r.kind == record_kind::handle) CHECK(r.ts_ns >= sent_at[r.flow]);
   }
 
+  TEST_CASE("a wide record early in a chunk leaves the records of later chunks where they are") {
+    // A wide record takes a slot off its chunk's end, so that chunk ends one short: the
+    // records after it, in the next chunk, must still be read from there.
+    const int n = 50000;  // more than a chunk (43,690 records)
+    runtime rt({.loops = 1, .manual = true, .record = true, .record_timing = recorder::timing::exact});  // no group records
+    auto sink = rt.spawn_with<huge_sink>({.loop = 0, .capacity = n + 16, .supervisor = {}});
+    rt.send(sink, huge_msg{std::int64_t{3} << 31});
+    for (int i = 0; i < n; ++i) rt.send(sink, fwd_msg{i, {}});
+    rt.run_until_idle();
+    CHECK(rt.trace().size() == 2 * (n + 2));  // and the start
+    std::set<std::int64_t> mbs;
+    int huge = 0;
+    for (auto& r : rt.trace().snapshot())
+      if (r.kind == record_kind::handle && r.tag) {
+        if (r.tag->name == "forward") mbs.insert(r.mb);
+        if (r.tag->name == "huge") huge += r.mb == std::int64_t{3} << 31;
+      }
+    CHECK(huge == 1);
+    CHECK(mbs.size() == n);
+    CHECK(*mbs.begin() == 0);
+    CHECK(*mbs.rbegin() == n - 1);
+  }
+
   TEST_CASE("a send is stamped with its run's start after a short run of its type, with the clock after a long one") {
     runtime rt({.loops = 1, .manual = true, .record = true});
     auto notes = rt.spawn<note_sink>();
@@ -381,6 +405,33 @@ TEST_SUITE("actors.recorder") {
       CHECK(r.ts_ns <= handled.at(r.flow));
     }
     CHECK(sends == 16);
+  }
+
+  TEST_CASE("past the record limit messages are counted as lost, and runs whose group record was lost keep a time") {
+    runtime rt({.loops = 1, .manual = true, .record = true});
+    rt.trace().set_long_run(std::int64_t{1} << 50);
+    rt.trace().set_max_records(10);
+    auto sink = rt.spawn<group_relay<3>>("sink", address{});
+    rt.run_until_idle();  // the start: 1 record
+    for (int i = 0; i < 20; ++i) rt.send(sink, group_msg<3>{i});
+    rt.run_until_idle();  // 9 more fit; the second group's record finds the buffer full
+    CHECK(rt.trace().size() == 2 * 10);
+    CHECK(rt.trace().lost() == 11);
+    const auto recs = rt.trace().snapshot();
+    auto runs = runs_of(recs, sink.id(), "group3");
+    REQUIRE(runs.size() == 9);
+    std::sort(runs.begin(), runs.end(), [](const record& a, const record& b) { return a.mb < b.mb; });
+    std::map<std::uint64_t, std::int64_t> sent;
+    for (auto& r : recs)
+      if (r.kind == record_kind::send) sent[r.flow] = r.ts_ns;
+    for (int i = 0; i < 9; ++i) {
+      CAPTURE(i);
+      CHECK(runs[i].mb == i);
+      CHECK(runs[i].ts_ns >= sent.at(runs[i].flow));
+      CHECK(runs[i].aux2 == (i < 8 ? 8 : -1));  // the 9th: no group record, at its send, zero long
+    }
+    CHECK(runs[8].dur_ns == 0);
+    CHECK(runs[8].ts_ns == sent.at(runs[8].flow));
   }
 
   TEST_CASE("timing::exact reads the clock after every run") {
