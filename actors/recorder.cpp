@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <limits>
+#include <numeric>
 #include <stdexcept>
 #include <thread>
 
@@ -128,12 +129,12 @@ struct recorder_buffer {
   // when the next begins (a wide record takes a slot off its end; the record limit cuts
   // it short).
   std::vector<std::size_t> filled;
-  std::size_t full = 0;            // their sum
   std::vector<chunk_ptr> chunks;
   std::vector<message_record> wide;   // handled messages that do not pack (rare)
   std::vector<stored_record> others;  // everything but handled messages (rare)
   std::size_t packed() const noexcept {
-    return chunks.empty() ? 0 : full + static_cast<std::size_t>(cursor.next - chunks.back().get());
+    if (chunks.empty()) return 0;
+    return std::accumulate(filled.begin(), filled.end(), static_cast<std::size_t>(cursor.next - chunks.back().get()));
   }
   /// Handled messages recorded: packed (less the group records among them) and wide.
   std::size_t messages() const noexcept { return packed() - cursor.groups + wide.size(); }
@@ -205,16 +206,17 @@ void time_group(std::vector<message_record>& out, std::vector<std::size_t>& pend
 void unpack_buffer(const recorder_buffer& b, std::vector<message_record>& out, group_starts& seen) {
   std::vector<std::size_t> pending;
   for (std::size_t c = 0; c < b.chunks.size(); ++c) {
-   const std::size_t n = c + 1 < b.chunks.size() ? b.filled[c] : static_cast<std::size_t>(b.cursor.next - b.chunks[c].get());
-   for (std::size_t i = 0; i < n; ++i) {
-    const auto& p = b.chunks[c][i];
-    if (p.tag == nullptr) {
-      time_group(out, pending, p, seen);
-      continue;
+    const std::size_t n =
+        c + 1 < b.chunks.size() ? b.filled[c] : static_cast<std::size_t>(b.cursor.next - b.chunks[c].get());
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto& p = b.chunks[c][i];
+      if (p.tag == nullptr) {
+        time_group(out, pending, p, seen);
+        continue;
+      }
+      out.push_back(detail::unpack(p));
+      if (p.run == detail::shared_run) pending.push_back(out.size() - 1);
     }
-    out.push_back(detail::unpack(p));
-    if (p.run == detail::shared_run) pending.push_back(out.size() - 1);
-   }
   }
   // Shared runs whose group record was not written (the record limit): at their send.
   for (auto i : pending) out[i].start = out[i].end = out[i].sent;
@@ -268,7 +270,7 @@ detail::packed_message* recorder::next_slot(recorder_buffer& b, bool message) no
   };
   if (b.messages() >= max_records_) return lose();
   if (b.cursor.next == b.cursor.end) {
-    const std::size_t taken = b.packed(), room = max_records_ - b.messages();
+    const std::size_t room = max_records_ - b.messages();
     const std::size_t filled = b.filled.size();
     try {
       if (!b.chunks.empty()) b.filled.push_back(static_cast<std::size_t>(b.cursor.next - b.chunks.back().get()));
@@ -277,7 +279,6 @@ detail::packed_message* recorder::next_slot(recorder_buffer& b, bool message) no
       b.filled.resize(filled);
       return lose();
     }
-    b.full = taken;
     auto* first = b.chunks.back().get();
     b.cursor.next = first;
     b.cursor.end = first + std::min(chunk_records, room);
@@ -392,7 +393,6 @@ void recorder::clear() {
   for (auto& b : buffers_) {
     b->chunks.clear();
     b->cursor = {};
-    b->full = 0;
     b->filled.clear();
     b->wide.clear();
     b->others.clear();
