@@ -22,8 +22,9 @@
 ///   or more makes the loop time its next runs one by one, so long runs are caught and
 ///   timed. One clock read is about as dear as a whole delivery's other work (~7.5 ns
 ///   against ~25 ns on the benchmark VM); `timing::exact` reads it after every run.
-/// - A send from a handler of a short type is stamped with its run's start (a group's
-///   start, for a shared run): early by at most that span, never after its handling.
+/// - A send from a handler of a short type is stamped with its run's start (for a run in
+///   a group: the group's start and the run's place in it, which the export turns into
+///   that run's start): early by at most the run's length, never after its handling.
 ///   Other sends read the clock.
 /// Everything else (flow ids, mailbox depths, names, nanoseconds, JSON) is worked out at
 /// export.
