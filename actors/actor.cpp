@@ -100,9 +100,13 @@ send_status actor::enqueue(std::unique_ptr<envelope>& e) {
   // not the depth: the depth needs the drain's count, on the drain's cache line, and the
   // export works it out from the two counts (recorder.hpp).
   if (rt_->recorder_.enabled()) [[unlikely]] {
-    const auto stamp = detail::tls_send_stamp;
-    e->sent_ticks = stamp.ticks != 0 ? stamp.ticks : recorder::ticks();
-    e->sent_run = static_cast<std::uint8_t>(stamp.run);
+    if (here && here->clock.stamps && here->clock.mark != 0) {
+      e->sent_ticks = here->clock.mark;
+      e->sent_run = static_cast<std::uint8_t>(here->clock.shared);
+    } else {
+      e->sent_ticks = recorder::ticks();
+      e->sent_run = 0;
+    }
     e->sent_reserved = r.normal;
     e->sent_counted = true;
   }
@@ -212,18 +216,16 @@ void actor::drain() {
   loop->running = id_;
   std::int64_t taken = 0;
   // Recording: the loop's clock is idle (mark 0) between drains, and this drain times its
-  // runs afresh; a drain nested in a recording handler keeps the outer one's clock and
-  // send stamp aside (the count of runs to time one by one carries on). Off, two loads per
-  // drain.
+  // runs afresh; a drain nested in a recording handler keeps the outer one's clock (and
+  // with it the outer run's send stamp) aside; the count of runs to time one by one
+  // carries on. Off, one load per drain.
   detail::loop_state::run_clock outer_clock;
-  detail::send_stamp outer_stamp;
   const bool nested_in_recording = loop->clock.mark != 0;
   if (nested_in_recording) [[unlikely]] {
     outer_clock = loop->clock;
-    outer_stamp = detail::tls_send_stamp;
     loop->clock.mark = 0;
     loop->clock.shared = 0;
-    detail::tls_send_stamp = {};
+    loop->clock.stamps = false;
   }
   if (!started_) [[unlikely]] {
     // The start is reserved (urgent) and counted as sent by runtime::start like a message,
@@ -251,13 +253,12 @@ void actor::drain() {
   if (loop->clock.mark != 0) [[unlikely]] {
     if (loop->clock.shared != 0) close_group(recorder::ticks());
     loop->clock.mark = 0;
-    detail::tls_send_stamp = {};
+    loop->clock.stamps = false;
   }
   if (nested_in_recording) [[unlikely]] {
-    loop->clock.mark = outer_clock.mark;
-    loop->clock.shared = outer_clock.shared;
-    loop->clock.last_tag = outer_clock.last_tag;
-    detail::tls_send_stamp = outer_stamp;
+    const auto exact = loop->clock.exact;
+    loop->clock = outer_clock;
+    loop->clock.exact = exact;
   }
   // One fence per drain, not per message: senders waiting for room (add_space_waiter's
   // fence pairs with it) and synchronize() waiting for progress learn of this drain.
@@ -297,29 +298,29 @@ void actor::invoke(envelope& e) {
   // Which normal message this is, counted by the drain (the recorder's depth; -1: urgent).
   const std::int64_t taken = e.where == lane::normal ? std::int64_t{normal_taken_} : -1;
   // Sends from this run are stamped with its start (a group's start and its place, for a
-  // shared run) unless its message type's last timed run was long (then each send reads
-  // the clock). The stamp stays until the next run or the drain's end (the runtime's own
-  // sends in between, a stop's or a failure's notices, take the last run's), and a nested
-  // drain keeps its outer one's aside (drain).
+  // shared run), read off the loop's clock (enqueue), unless its message type's last timed
+  // run was long (then each send reads the clock). Between runs, the runtime's own sends
+  // (a stop's or a failure's notices) take the clock as it stands: the last run's end, or
+  // the place after a group's last run; a nested drain keeps its outer one's aside (drain).
   bool long_type = true;
   if (recording) {
     long_type = e.tag->long_runs.load(std::memory_order_relaxed);
     if (clock.mark == 0) clock.mark = recorder::ticks();
-    shared = !long_type && clock.exact == 0 && (mode & recorder::mode_exact) == 0 &&
-             detail::shareable(e.bytes, e.micro_batch, loop_->index);
+    shared = !long_type && clock.exact == 0 && (mode & recorder::mode_exact) == 0;
     if (shared) {
       start = clock.mark;
     } else {
       if (clock.shared != 0) close_group(recorder::ticks());  // the group ends where this run starts
       start = std::max(clock.mark, e.sent_ticks);  // never before its own send
+      clock.mark = start;
     }
-    detail::tls_send_stamp = long_type ? detail::send_stamp{} : detail::send_stamp{start, shared ? clock.shared : 0};
+    clock.stamps = !long_type;
   } else if (clock.mark != 0) [[unlikely]] {
     // A run not recorded (its message was sent before recording began) in a recording
     // drain: the group ends here, and the next recorded run reads the clock afresh.
     if (clock.shared != 0) close_group(recorder::ticks());
     clock.mark = 0;
-    detail::tls_send_stamp = {};
+    clock.stamps = false;
   }
   current_ = &e;
   try {
@@ -349,18 +350,16 @@ void actor::invoke(envelope& e) {
   if (recording) {
     // Straight from the envelope into the thread's next slot; the slow ways (a new chunk,
     // a record that does not pack) out of line (recorder::slot).
-    auto fields = [&]() -> detail::message_fields {
-      return {e.tag,         e.sender, id_, e.bytes, e.micro_batch, e.sent_counted ? std::int64_t{e.sent_reserved} : -1,
-              taken, loop_->index, e.sent_run};
-    };
     if (shared) {
-      if (auto* p = rec.slot()) [[likely]]
-        detail::pack_shared(*p, e.sent_ticks, fields());
-      else
-        record_slow(e, taken, 0, 0, true);
+      rec.write_image(e, id_, normal_taken_);  // a copy of the envelope's fields (detail::message_image)
       clock.last_tag = e.tag;
+      clock.taken = normal_taken_;
       if (++clock.shared == shared_group_runs) close_group(recorder::ticks());
     } else {
+      auto fields = [&]() -> detail::message_fields {
+        return {e.tag,  e.sender, id_, e.bytes, e.micro_batch, e.sent_counted ? std::int64_t{e.sent_reserved} : -1,
+                taken, loop_->index, e.sent_run};
+      };
       const auto end = recorder::ticks();
       clock.mark = end;
       if (clock.exact != 0) --clock.exact;
@@ -373,13 +372,12 @@ void actor::invoke(envelope& e) {
           [[likely]]
         detail::pack_timed(*p, e.sent_ticks, start, end, fields());
       else
-        record_slow(e, taken, start, end, false);
+        record_slow(e, taken, start, end);
     }
   }
 }
 
-void actor::record_slow(const envelope& e, std::int64_t taken, std::int64_t start, std::int64_t end,
-                        bool shared) noexcept {
+void actor::record_slow(const envelope& e, std::int64_t taken, std::int64_t start, std::int64_t end) noexcept {
   message_record m;
   m.sent = e.sent_ticks;
   m.start = start;
@@ -393,13 +391,12 @@ void actor::record_slow(const envelope& e, std::int64_t taken, std::int64_t star
   m.taken = taken;
   m.loop = loop_->index;
   m.sent_run = e.sent_run;
-  if (shared) rt_->recorder_.write_shared_slow(m);
-  else rt_->recorder_.write_slow(m);
+  rt_->recorder_.write_slow(m);
 }
 
 void actor::close_group(std::int64_t now) noexcept {
   auto& clock = loop_->clock;
-  rt_->recorder_.write_group(id_, clock.mark, now, clock.shared);
+  rt_->recorder_.write_group(id_, clock.shared, {loop_->index, clock.mark, now, clock.taken});
   if (now - clock.mark >= rt_->recorder_.long_run()) {
     // One of the runs may have been long: with one run, that is its type's flag; with
     // more, the loop times its next runs one by one, and those set their types' flags.

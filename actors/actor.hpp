@@ -274,10 +274,9 @@ class actor {
   void handle_response(response& r);
   void drop(envelope& e, const char* reason) noexcept;
   void record_send(const envelope& e) noexcept;  // recording: a send that will have no handler run
-  void close_group(std::int64_t now) noexcept;
-  // recording: a handled message by the recorder's slow ways (a new chunk, the side list)
-  [[gnu::noinline]] void record_slow(const envelope& e, std::int64_t taken, std::int64_t start, std::int64_t end,
-                                     bool shared) noexcept;  // recording: times the loop clock's open group up to `now`
+  void close_group(std::int64_t now) noexcept;  // recording: times the loop clock's open group up to `now`
+  // recording: a timed run by the recorder's slow ways (a new chunk, the side list)
+  [[gnu::noinline]] void record_slow(const envelope& e, std::int64_t taken, std::int64_t start, std::int64_t end) noexcept;
   void close_and_stop();
   void send_envelope(const address& to, std::unique_ptr<envelope> e);
   send_status try_send_envelope(const address& to, std::unique_ptr<envelope>& e);

@@ -150,6 +150,7 @@ struct group_starts {
   struct group {
     actor_id actor;
     std::int64_t from;
+    std::int64_t to;
     std::size_t first;  // into starts
     std::size_t runs;
   };
@@ -159,33 +160,36 @@ struct group_starts {
     std::sort(groups.begin(), groups.end(),
               [](const group& a, const group& b) { return a.actor != b.actor ? a.actor < b.actor : a.from < b.from; });
   }
-  // The start of the `run`-th run of `actor`'s group that started at `from`; `from` itself
+  // The start of the `run`-th run of `actor`'s group that started at `from`: its end for
+  // a send made after the group's last run (by the runtime, between runs), `from` itself
   // when there is no such group (its record lost to the limit).
   std::int64_t start_of(actor_id actor, std::int64_t from, std::uint32_t run) const {
     auto it = std::lower_bound(groups.begin(), groups.end(), std::pair{actor, from}, [](const group& g, const auto& key) {
       return g.actor != key.first ? g.actor < key.first : g.from < key.second;
     });
-    if (it == groups.end() || it->actor != actor || it->from != from || run >= it->runs) return from;
-    return starts[it->first + run];
+    if (it == groups.end() || it->actor != actor || it->from != from) return from;
+    return run < it->runs ? starts[it->first + run] : it->to;
   }
 };
 
-// Times the shared runs of `group`'s receiver among `pending` (indices into `out`, in the
+// Times the images of `group`'s receiver among `pending` (indices into `out`, in the
 // order they ran) and takes them off the list: the group's measured span split evenly, in
 // order, none before its own send (a send stamped on another core may come a little after
-// the span's even share says the run began). Runs of other receivers stay: a drain nested
-// in a handler (or the one it nested in) closes its groups on its own.
+// the span's even share says the run began). Images of other receivers stay: a drain
+// nested in a handler (or the one it nested in) closes its groups on its own. Each image's
+// drain count, kept mod 256, is completed from the group's (at its last run, at most 8
+// counts on).
 void time_group(std::vector<message_record>& out, std::vector<std::size_t>& pending,
                 const detail::packed_message& group, group_starts& seen) {
   const auto receiver = group.receiver;
-  const auto from = static_cast<std::int64_t>(group.counts_loop), to = group.end;
+  const auto g = detail::group_of(group);
   std::int64_t n = 0;
   for (auto i : pending) n += out[i].receiver == receiver;
-  seen.groups.push_back({receiver, from, seen.starts.size(), static_cast<std::size_t>(n)});
+  seen.groups.push_back({receiver, g.from, g.to, seen.starts.size(), static_cast<std::size_t>(n)});
   if (n == 0) return;  // its runs' records lost to the limit
-  std::int64_t k = 0, prev = from;
-  const std::int64_t d = to - from;
-  auto at = [&](std::int64_t j) { return from + d / n * j + d % n * j / n; };  // from + d*j/n, no overflow
+  std::int64_t k = 0, prev = g.from;
+  const std::int64_t d = g.to - g.from;
+  auto at = [&](std::int64_t j) { return g.from + d / n * j + d % n * j / n; };  // from + d*j/n, no overflow
   auto keep = pending.begin();
   for (auto i : pending) {
     auto& m = out[i];
@@ -193,9 +197,13 @@ void time_group(std::vector<message_record>& out, std::vector<std::size_t>& pend
       *keep++ = i;
       continue;
     }
+    m.loop = g.loop;
     m.start = std::max({at(k), prev, m.sent});
     m.end = std::max(at(++k), m.start);
     m.shared = group.sender;
+    if (m.taken >= 0)
+      m.taken = static_cast<std::int64_t>((g.taken - ((g.taken - static_cast<std::uint32_t>(m.taken)) & 0xffu)) &
+                                          (detail::count_modulus - 1));
     seen.starts.push_back(m.start);
     prev = m.end;
   }
@@ -210,16 +218,26 @@ void unpack_buffer(const recorder_buffer& b, std::vector<message_record>& out, g
         c + 1 < b.chunks.size() ? b.filled[c] : static_cast<std::size_t>(b.cursor.next - b.chunks[c].get());
     for (std::size_t i = 0; i < n; ++i) {
       const auto& p = b.chunks[c][i];
-      if (p.tag == nullptr) {
-        time_group(out, pending, p, seen);
-        continue;
+      switch (detail::kind_of(p)) {
+        case detail::slot_kind::group:
+          time_group(out, pending, p, seen);
+          break;
+        case detail::slot_kind::timed:
+          out.push_back(detail::unpack(p));
+          break;
+        case detail::slot_kind::image:
+          out.push_back(detail::unpack_image(p));
+          pending.push_back(out.size() - 1);
+          break;
       }
-      out.push_back(detail::unpack(p));
-      if (p.run == detail::shared_run) pending.push_back(out.size() - 1);
     }
   }
-  // Shared runs whose group record was not written (the record limit): at their send.
-  for (auto i : pending) out[i].start = out[i].end = out[i].sent;
+  // Images whose group record was not written (the record limit): at their send, their
+  // drain count unknown.
+  for (auto i : pending) {
+    out[i].start = out[i].end = out[i].sent;
+    out[i].taken = -1;
+  }
   out.insert(out.end(), b.wide.begin(), b.wide.end());
 }
 }  // namespace
@@ -305,14 +323,14 @@ void recorder::write_slow(const message_record& m) noexcept {
   if (auto* slot = next_slot(b)) *slot = p;
 }
 
-void recorder::write_shared_slow(const message_record& m) noexcept {
-  if (auto* slot = next_slot(local())) detail::pack_shared(*slot, m.sent, detail::fields_of(m));
+void recorder::write_image_slow(const envelope& e, actor_id receiver, std::uint32_t taken) noexcept {
+  if (auto* slot = next_slot(local())) detail::copy_image(slot, e, receiver, taken);
 }
 
-void recorder::write_group_slow(actor_id receiver, std::int64_t from, std::int64_t to, std::uint32_t runs) noexcept {
+void recorder::write_group_slow(actor_id receiver, std::uint32_t runs, const detail::group_fields& g) noexcept {
   auto& b = local();
   if (auto* slot = next_slot(b, false)) {
-    detail::pack_group(*slot, receiver, from, to, runs);
+    detail::pack_group(*slot, receiver, runs, g);
     ++b.cursor.groups;
   }
 }

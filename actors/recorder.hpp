@@ -5,11 +5,12 @@
 /// the Chrome trace event format (docs/trace-format.md).
 ///
 /// Off, it costs one relaxed atomic load (a predictable branch) per send and per handler
-/// run. On, a message costs one 48-byte `detail::packed_message` appended to the handling
-/// thread's own chunk, and at most one read of a cheap clock (the TSC on x86-64): the
-/// send's time and the receiver's reservation count travel in the envelope, so a send and
-/// its handling are one record, written once, with no lock, no atomic read-modify-write
-/// and no allocation except when a 2 MiB chunk fills.
+/// run. On, a message costs one 48-byte slot appended to the handling thread's own chunk
+/// (`detail::packed_message`: a timed record, or for a run that shares its clock reads, a
+/// copy of its envelope's fields), and at most one read of a cheap clock (the TSC on
+/// x86-64): the send's time and the receiver's reservation count travel in the envelope,
+/// so a send and its handling are one record, written once, with no lock, no atomic
+/// read-modify-write and no allocation except when a 2 MiB chunk fills.
 ///
 /// When the clock is read (docs/trace.md, "Handler times" and "Send times"):
 /// - A drain reads it when its first recorded run starts; within a drain a run starts
@@ -24,14 +25,18 @@
 ///   against ~25 ns on the benchmark VM); `timing::exact` reads it after every run.
 /// - A send from a handler of a short type is stamped with its run's start (for a run in
 ///   a group: the group's start and the run's place in it, which the export turns into
-///   that run's start): early by at most the run's length, never after its handling.
-///   Other sends read the clock.
+///   that run's start): early by at most the run's length, never after its handling. The
+///   stamp is the loop's clock as the drain left it (`loop_state::run_clock`), so the
+///   runtime's own sends between runs (a stop's notices) take the last run's end. Other
+///   sends read the clock.
 /// Everything else (flow ids, mailbox depths, names, nanoseconds, JSON) is worked out at
 /// export.
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -120,24 +125,26 @@ inline constexpr std::int64_t long_run_ticks = 2048;
 inline constexpr std::uint32_t shared_group_runs = 8;
 
 namespace detail {
-/// A `message_record` as a chunk stores it: 48 bytes, where chunks held 72 (at tens of millions
-/// of messages a second, the bytes written are much of what recording costs). Times are
-/// the end and two 32-bit differences; the two counts are kept modulo 2^24 (the depth is
-/// their difference, far below it; 2^24 divides the counts' own 2^32). A record whose
-/// fields do not fit (a run or a queue wait over 2^31 ticks, payloads of 4 GiB,
-/// micro-batch ids past 2^31, loops past 2,047) is kept whole on a side list instead:
-/// nothing is clipped.
+/// A chunk holds 48-byte slots of three kinds, told apart by their first word (`head`):
+/// - a *timed* record (`head` is the tag's address plus 1): a handled message with its times;
+/// - an *image* (`head` is the tag's address): a run that shares its clock reads with the
+///   runs around it (`timing::shared`): the bytes of its envelope from `tag` to
+///   `sent_ticks`, copied whole, and the receiver and the drain's count in the envelope's
+///   padding (`message_image`);
+/// - a *group* record (`head` is 0): the span of the images its receiver's drain wrote
+///   since its last group record, the loop, and the drain's count at its last run.
+/// Type tags are 8-aligned, so their addresses never have the low bit set.
 ///
-/// Two other kinds share the layout (`timing::shared`, in the order their thread wrote them):
-/// - a *shared* run: `run == shared_run`, `end` holds the send's ticks, `wait` is 0: its
-///   times come from the next group record with its receiver;
-/// - a *group* record: `tag == nullptr`; `end` is the group's end, `counts_loop` its start,
-///   `sender` the number of runs, `receiver` the actor whose drain timed them.
+/// A timed record: the end and two 32-bit differences; the two counts are kept modulo
+/// 2^24 (the depth is their difference, far below it; 2^24 divides the counts' own
+/// 2^32). A record whose fields do not fit (a run or a queue wait over 2^31 ticks,
+/// payloads of 4 GiB, micro-batch ids past 2^31, loops past 2,047) is kept whole on a side
+/// list instead: nothing is clipped.
 struct packed_message {
+  std::uint64_t head;
   std::int64_t end;
   std::int32_t run;   ///< end - start
   std::int32_t wait;  ///< start - sent (a few ticks below 0 when the send's core clock runs ahead)
-  const type_tag* tag;
   actor_id sender;
   actor_id receiver;
   std::uint32_t bytes;
@@ -148,22 +155,64 @@ struct packed_message {
   std::uint64_t counts_loop;
 };
 static_assert(sizeof(packed_message) == 48);
+static_assert(alignof(type_tag) >= 2, "a tag's low address bit marks timed records");
 inline constexpr std::int64_t count_modulus = std::int64_t{1} << 24;
-inline constexpr std::int32_t shared_run = std::numeric_limits<std::int32_t>::min();
 
-/// Whether a handled message packs with these times (a run and a queue wait in ticks);
-/// when it does not, it goes whole to the side list.
+/// An image: what a shared run's slot holds. The fields mirror `envelope` from `tag` to
+/// `sent_ticks` (checked below), so the hot path fills the slot with one 48-byte copy
+/// instead of packing fields one by one (that took about 40 instructions a message);
+/// `taken8` and `receiver` lie in the envelope's padding and are written after the copy.
+/// The loop and the times come from the group record that follows, and so does the rest
+/// of the drain's count: a group's runs lie within 8 counts of its last.
+struct message_image {
+  const type_tag* tag;
+  actor_id sender;
+  std::uint32_t reserved;  ///< the envelope's `sent_reserved`
+  lane where;
+  bool counted;            ///< the envelope's `sent_counted`
+  std::uint8_t sent_run;
+  std::uint8_t taken8;     ///< the drain's normal-lane count at this run, mod 256
+  actor_id receiver;
+  std::int64_t mb;
+  std::uint64_t bytes;
+  std::int64_t sent;       ///< the envelope's `sent_ticks`
+};
+static_assert(sizeof(message_image) == sizeof(packed_message));
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Winvalid-offsetof"  // envelope is polymorphic; its data members lie flat all the same
+#define NERVE_IMAGE_FIELD(env, img) \
+  static_assert(offsetof(envelope, env) - offsetof(envelope, tag) == offsetof(message_image, img))
+NERVE_IMAGE_FIELD(sender, sender);
+NERVE_IMAGE_FIELD(sent_reserved, reserved);
+NERVE_IMAGE_FIELD(where, where);
+NERVE_IMAGE_FIELD(sent_counted, counted);
+NERVE_IMAGE_FIELD(sent_run, sent_run);
+NERVE_IMAGE_FIELD(micro_batch, mb);
+NERVE_IMAGE_FIELD(bytes, bytes);
+NERVE_IMAGE_FIELD(sent_ticks, sent);
+#undef NERVE_IMAGE_FIELD
+static_assert(offsetof(envelope, sent_run) + 1 == offsetof(envelope, tag) + offsetof(message_image, taken8) &&
+                  offsetof(envelope, tag) + offsetof(message_image, receiver) + 4 <= offsetof(envelope, micro_batch),
+              "an image's `taken8` and `receiver` lie in the envelope's padding");
+#pragma GCC diagnostic pop
+
+/// Writes `e`'s image into slot `p`: handled by `receiver`, whose drain's normal-lane
+/// count was `taken` then.
+inline void copy_image(packed_message* p, const envelope& e, actor_id receiver, std::uint32_t taken) noexcept {
+  std::memcpy(static_cast<void*>(p), &e.tag, sizeof(message_image));
+  auto* bytes = reinterpret_cast<unsigned char*>(p);
+  bytes[offsetof(message_image, taken8)] = static_cast<unsigned char>(taken);
+  std::memcpy(bytes + offsetof(message_image, receiver), &receiver, sizeof receiver);
+}
+
+/// Whether a handled message packs as a timed record with these times (a run and a queue
+/// wait in ticks); when it does not, it goes whole to the side list.
 inline constexpr std::uint32_t max_packed_loops = 1u << 11;
 inline bool fits(std::int64_t run, std::int64_t wait, std::uint64_t bytes, std::int64_t mb,
                  std::uint32_t loop) noexcept {
   constexpr std::int64_t i32 = std::int64_t{1} << 31;
-  return run > -i32 && run < i32 && wait >= -i32 && wait < i32 && bytes <= 0xffffffffu && mb >= -i32 && mb < i32 &&
-         loop < max_packed_loops;  // a run of -2^31 marks a shared record
-}
-/// Whether a message's fields fit a shared record, which keeps no times: anything else is
-/// timed on its own, so that it can go whole to the side list.
-inline bool shareable(std::uint64_t bytes, std::int64_t mb, std::uint32_t loop) noexcept {
-  return fits(0, 0, bytes, mb, loop);
+  return run >= -i32 && run < i32 && wait >= -i32 && wait < i32 && bytes <= 0xffffffffu && mb >= -i32 && mb < i32 &&
+         loop < max_packed_loops;
 }
 /// The counts, the loop and the send's run as one word (counts of -1: not set).
 inline std::uint64_t pack_counts(std::int64_t reserved, std::int64_t taken, std::uint32_t loop,
@@ -175,7 +224,7 @@ inline std::uint64_t pack_counts(std::int64_t reserved, std::int64_t taken, std:
          std::uint64_t{loop} << 48 | std::uint64_t{sent_run & 7} << 59;
 }
 
-/// What a record keeps of a handled message besides its times.
+/// What a timed record keeps of a handled message besides its times.
 struct message_fields {
   const type_tag* tag;
   actor_id sender;
@@ -191,28 +240,18 @@ inline message_fields fields_of(const message_record& m) noexcept {
   return {m.tag, m.sender, m.receiver, m.bytes, m.mb, m.reserved, m.taken, m.loop, m.sent_run};
 }
 
-/// A message record from its first three words and `f`. Every field is written, whole (the
-/// slot is fresh memory).
-inline void pack_fields(packed_message& p, std::int64_t end, std::int32_t run, std::int32_t wait,
-                        const message_fields& f) noexcept {
+/// A timed record (`fits` holds). Every field is written, whole (the slot is fresh memory).
+inline void pack_timed(packed_message& p, std::int64_t sent, std::int64_t start, std::int64_t end,
+                       const message_fields& f) noexcept {
+  p.head = reinterpret_cast<std::uintptr_t>(f.tag) | 1;
   p.end = end;
-  p.run = run;
-  p.wait = wait;
-  p.tag = f.tag;
+  p.run = static_cast<std::int32_t>(end - start);
+  p.wait = static_cast<std::int32_t>(start - sent);
   p.sender = f.sender;
   p.receiver = f.receiver;
   p.bytes = static_cast<std::uint32_t>(f.bytes);
   p.mb = static_cast<std::int32_t>(f.mb);
   p.counts_loop = pack_counts(f.reserved, f.taken, f.loop, f.sent_run);
-}
-/// A timed record (`fits` holds).
-inline void pack_timed(packed_message& p, std::int64_t sent, std::int64_t start, std::int64_t end,
-                       const message_fields& f) noexcept {
-  pack_fields(p, end, static_cast<std::int32_t>(end - start), static_cast<std::int32_t>(start - sent), f);
-}
-/// A shared run: its send's ticks and everything but its times (`shareable` holds).
-inline void pack_shared(packed_message& p, std::int64_t sent, const message_fields& f) noexcept {
-  pack_fields(p, sent, shared_run, 0, f);
 }
 /// Packs `m` into `p`; false (and `p` untouched) when a field does not fit.
 inline bool pack(packed_message& p, const message_record& m) noexcept {
@@ -220,34 +259,46 @@ inline bool pack(packed_message& p, const message_record& m) noexcept {
   pack_timed(p, m.sent, m.start, m.end, fields_of(m));
   return true;
 }
-/// The group record that times the `runs` shared runs `receiver`'s drain wrote before it.
-inline void pack_group(packed_message& p, actor_id receiver, std::int64_t from, std::int64_t to,
-                       std::uint32_t runs) noexcept {
-  p.end = to;
-  p.run = 0;
-  p.wait = 0;
-  p.tag = nullptr;
-  p.sender = runs;
-  p.receiver = receiver;
-  p.bytes = 0;
-  p.mb = 0;
-  p.counts_loop = static_cast<std::uint64_t>(from);
-}
 /// Whether `m` packs as a timed record.
 inline bool fits(const message_record& m) noexcept {
   return fits(m.end - m.start, m.start - m.sent, m.bytes, m.mb, m.loop);
 }
-/// A timed or a shared record (a shared one: `sent` set, `start` and `end` left for its group).
+/// What a group record holds besides `runs` and `receiver`.
+struct group_fields {
+  std::uint32_t loop;
+  std::int64_t from;    ///< ticks: the group's first run starts
+  std::int64_t to;      ///< ticks: its last run ends
+  std::uint32_t taken;  ///< the drain's normal-lane count at its last run (mod 2^32)
+};
+/// The group record that times the `runs` images `receiver`'s drain wrote since its last
+/// group record: they ran one after another on `g.loop` from `g.from` to `g.to`.
+inline void pack_group(packed_message& p, actor_id receiver, std::uint32_t runs, const group_fields& g) noexcept {
+  p.head = 0;
+  p.end = g.to;
+  p.run = 0;
+  p.wait = 0;
+  p.sender = runs;
+  p.receiver = receiver;
+  p.bytes = g.loop;
+  p.mb = static_cast<std::int32_t>(g.taken);
+  p.counts_loop = static_cast<std::uint64_t>(g.from);
+}
+inline group_fields group_of(const packed_message& p) noexcept {
+  return {p.bytes, static_cast<std::int64_t>(p.counts_loop), p.end, static_cast<std::uint32_t>(p.mb)};
+}
+
+/// What a slot holds.
+enum class slot_kind : std::uint8_t { timed, image, group };
+inline slot_kind kind_of(const packed_message& p) noexcept {
+  return p.head == 0 ? slot_kind::group : (p.head & 1) != 0 ? slot_kind::timed : slot_kind::image;
+}
+/// A timed record as a `message_record`.
 inline message_record unpack(const packed_message& p) noexcept {
   message_record m;
-  if (p.run == shared_run) {
-    m.sent = p.end;
-  } else {
-    m.end = p.end;
-    m.start = p.end - p.run;
-    m.sent = m.start - p.wait;
-  }
-  m.tag = p.tag;
+  m.end = p.end;
+  m.start = p.end - p.run;
+  m.sent = m.start - p.wait;
+  m.tag = reinterpret_cast<const type_tag*>(p.head & ~std::uint64_t{1});
   m.bytes = p.bytes;
   m.mb = p.mb;
   m.sender = p.sender;
@@ -258,16 +309,23 @@ inline message_record unpack(const packed_message& p) noexcept {
   m.sent_run = static_cast<std::uint32_t>(p.counts_loop >> 59 & 7);
   return m;
 }
-
-/// While a recorded handler runs on this thread: the ticks its sends are stamped with
-/// (its start; a group's start for a run in a group, with `run` its place in the group,
-/// from 0), or 0 when sends read the clock (outside handlers, and in handlers of message
-/// types that once ran long). Written only by recorded runs.
-struct send_stamp {
-  std::int64_t ticks = 0;
-  std::uint32_t run = 0;
-};
-inline constinit thread_local send_stamp tls_send_stamp{};
+/// An image as a `message_record`: everything but its loop and times (its group's); its
+/// `taken` holds the count mod 256 (-1: an urgent message) until its group completes it.
+inline message_record unpack_image(const packed_message& p) noexcept {
+  message_image i;
+  std::memcpy(&i, &p, sizeof i);
+  message_record m;
+  m.sent = i.sent;
+  m.tag = i.tag;
+  m.bytes = i.bytes;
+  m.mb = i.mb;
+  m.sender = i.sender;
+  m.receiver = i.receiver;
+  m.reserved = i.counted ? static_cast<std::int64_t>(i.reserved & (count_modulus - 1)) : -1;
+  m.taken = i.where == lane::normal ? std::int64_t{i.taken8} : -1;
+  m.sent_run = i.sent_run;
+  return m;
+}
 }  // namespace detail
 
 namespace detail {
@@ -354,17 +412,17 @@ class recorder {
     }
     write_slow(m);
   }
-  /// Same, for a run timed by the group record that follows (`detail::shareable` holds for
-  /// `m`; its `start` and `end` are not read).
-  void write_shared(const message_record& m) noexcept {
+  /// Same, for a run timed by the group record that follows: `e`'s image, handled by
+  /// `receiver` at the drain's normal-lane count `taken` (detail::message_image).
+  void write_image(const envelope& e, actor_id receiver, std::uint32_t taken) noexcept {
     if (auto* p = slot()) [[likely]]
-      detail::pack_shared(*p, m.sent, detail::fields_of(m));
+      detail::copy_image(p, e, receiver, taken);
     else
-      write_shared_slow(m);
+      write_image_slow(e, receiver, taken);
   }
   /// The hot path: the calling thread's next free slot, or nullptr (then `write_slow` or
-  /// `write_shared_slow` takes the record). The caller fills it whole (`detail::pack_timed`
-  /// when `detail::fits` holds, `pack_shared`) from what it has at hand: no
+  /// `write_image_slow` takes the record). The caller fills it whole (`detail::pack_timed`
+  /// when `detail::fits` holds, `copy_image`) from what it has at hand: no
   /// `message_record` in between, which the compiler builds in memory for the slow path's
   /// sake (that cost about a fifth of what a recorded message cost).
   detail::packed_message* slot() noexcept {
@@ -378,21 +436,21 @@ class recorder {
   }
   /// The slow ways: a new chunk, the side list (a record that does not pack), the limit.
   void write_slow(const message_record& m) noexcept;
-  void write_shared_slow(const message_record& m) noexcept;
+  void write_image_slow(const envelope& e, actor_id receiver, std::uint32_t taken) noexcept;
 
-  /// Any thread: times the `runs` shared runs `receiver`'s drain wrote on this thread since
-  /// its last group record: they ran one after another from `from` to `to` (ticks).
-  void write_group(actor_id receiver, std::int64_t from, std::int64_t to, std::uint32_t runs) noexcept {
+  /// Any thread: times the `runs` images `receiver`'s drain wrote on this thread since its
+  /// last group record (detail::pack_group).
+  void write_group(actor_id receiver, std::uint32_t runs, const detail::group_fields& g) noexcept {
     auto& tl = detail::tls_last_recorder;
     if (tl.instance == instance_) [[likely]] {
       auto* c = tl.cursor;
       if (c->next != c->end) [[likely]] {
-        detail::pack_group(*c->next++, receiver, from, to, runs);
+        detail::pack_group(*c->next++, receiver, runs, g);
         ++c->groups;
         return;
       }
     }
-    write_group_slow(receiver, from, to, runs);
+    write_group_slow(receiver, runs, g);
   }
   /// Any thread: appends a record to the calling thread's buffer (`ts_ns` in nanoseconds).
   void write(const record& r) noexcept { write_other(r, false); }
@@ -438,7 +496,7 @@ class recorder {
     long sort_index;
   };
   detail::recorder_buffer& local() noexcept;
-  void write_group_slow(actor_id receiver, std::int64_t from, std::int64_t to, std::uint32_t runs) noexcept;
+  void write_group_slow(actor_id receiver, std::uint32_t runs, const detail::group_fields& g) noexcept;
   detail::packed_message* next_slot(detail::recorder_buffer& b, bool message = true) noexcept;
   void write_other(const record& r, bool in_ticks) noexcept;
   double ns_per_tick() const noexcept;

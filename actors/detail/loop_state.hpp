@@ -59,11 +59,15 @@ struct loop_state {
   // -- loop thread only
   alignas(64) std::uint32_t running = 0;  ///< the actor whose drain runs now (0: none)
   /// Recording: how the drain running now times its handler runs (actor.cpp, invoke).
+  /// Sends from the running handler read their stamp here (recorder.hpp, "Send times"):
+  /// `mark` and `shared` are its run's start, or its group's start and its place in it.
   struct run_clock {
-    std::int64_t mark = 0;         ///< this drain's last clock read (0: none yet)
+    std::int64_t mark = 0;         ///< this drain's last clock read, or the running timed run's start (0: none)
     std::uint32_t shared = 0;      ///< runs since `mark` that wait for the next read (a group)
     std::uint32_t exact = 0;       ///< runs left to time one by one (after a group that took long)
     const type_tag* last_tag = nullptr;  ///< the type of the group's last run
+    std::uint32_t taken = 0;       ///< the drain's normal-lane count at the group's last run
+    bool stamps = false;           ///< sends take `mark` (and `shared`) as their time, not a clock read
   } clock;
 
   loop_state(const loop_state&) = delete;

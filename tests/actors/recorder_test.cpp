@@ -92,6 +92,39 @@ struct group_relay : actor {
     });
   }
 };
+// Stops itself at its third group4 message; its on_stop sends a note, after the run, from
+// the runtime's own code: the send carries the clock as the group left it.
+struct group_msg4 {
+  static constexpr std::string_view kind = "group4";
+  int micro_batch;
+};
+struct stopping_relay : actor {
+  address to;
+  explicit stopping_relay(address t) : actor("stopping"), to(std::move(t)) {
+    on<group_msg4>([this](group_msg4& m) {
+      if (m.micro_batch == 2) stop();
+    });
+  }
+  void on_stop() override { send(to, note_msg{}); }
+};
+// At its second group5 message, sends two to `inner` and steps the (manual) runtime from
+// inside the handler: inner's drain nests in this one's.
+struct group_msg5 {
+  static constexpr std::string_view kind = "group5";
+  int micro_batch;
+};
+struct nesting_relay : actor {
+  runtime* rt;
+  address inner;
+  nesting_relay(runtime* r, address in) : actor("outer"), rt(r), inner(std::move(in)) {
+    on<group_msg5>([this](group_msg5& m) {
+      if (!inner || m.micro_batch != 1) return;
+      send(inner, group_msg5{10});
+      send(inner, group_msg5{11});
+      rt->poll();
+    });
+  }
+};
 // The handler runs of `track` for messages of kind `kind`, in time order.
 std::vector<record> runs_of(const std::vector<record>& recs, actor_id track, std::string_view kind) {
   std::vector<record> out;
@@ -405,6 +438,57 @@ TEST_SUITE("actors.recorder") {
       CHECK(r.ts_ns <= handled.at(r.flow));
     }
     CHECK(sends == 16);
+  }
+
+  TEST_CASE("a send after a group's last run, from the runtime's own code, leaves the group's end") {
+    runtime rt({.loops = 1, .manual = true, .record = true});
+    rt.trace().set_long_run(std::int64_t{1} << 50);
+    auto notes = rt.spawn<note_sink>();
+    auto a = rt.spawn<stopping_relay>(notes);
+    rt.run_until_idle();
+    for (int i = 0; i < 3; ++i) rt.send(a, group_msg4{i});
+    rt.run_until_idle();  // one drain: a group of 3; the stop's note is sent after the third
+    const auto recs = rt.trace().snapshot();
+    const auto runs = runs_of(recs, a.id(), "group4");
+    REQUIRE(runs.size() == 3);
+    CHECK(runs[2].aux2 == 3);
+    const record* note = nullptr;
+    for (auto& r : recs)
+      if (r.kind == record_kind::send && r.track == a.id() && r.tag && r.tag->name == tag_of<note_msg>()->name) note = &r;
+    REQUIRE(note != nullptr);
+    // At the group's end (its runs' even shares round to the nanosecond), not at a run's start.
+    CHECK(note->ts_ns >= runs[2].ts_ns + runs[2].dur_ns - 1);
+    CHECK(note->ts_ns <= runs[2].ts_ns + runs[2].dur_ns + 1);
+    if (runs[2].dur_ns > 2) CHECK(note->ts_ns > runs[2].ts_ns);
+  }
+
+  TEST_CASE("a drain nested in a handler times its group apart from the group it nested in") {
+    runtime rt({.loops = 1, .manual = true, .record = true});
+    rt.trace().set_long_run(std::int64_t{1} << 50);
+    auto inner = rt.spawn<nesting_relay>(&rt, address{});
+    auto outer = rt.spawn<nesting_relay>(&rt, inner);
+    rt.run_until_idle();
+    for (int i = 0; i < 3; ++i) rt.send(outer, group_msg5{i});
+    rt.run_until_idle();  // outer: a group of 3; inside its second run, inner: a group of 2
+    const auto recs = rt.trace().snapshot();
+    const auto o = runs_of(recs, outer.id(), "group5");
+    const auto n = runs_of(recs, inner.id(), "group5");
+    REQUIRE(o.size() == 3);
+    REQUIRE(n.size() == 2);
+    for (int i = 0; i < 3; ++i) {
+      CAPTURE(i);
+      CHECK(o[i].mb == i);
+      CHECK(o[i].aux2 == 3);
+      if (i > 0) CHECK(o[i].ts_ns >= o[i - 1].ts_ns + o[i - 1].dur_ns - 1);
+    }
+    for (int i = 0; i < 2; ++i) {
+      CAPTURE(i);
+      CHECK(n[i].mb == 10 + i);
+      CHECK(n[i].aux2 == 2);
+      // Within the outer group's span (the nested drain ran inside it).
+      CHECK(n[i].ts_ns >= o[0].ts_ns - 1);
+      CHECK(n[i].ts_ns + n[i].dur_ns <= o[2].ts_ns + o[2].dur_ns + 1);
+    }
   }
 
   TEST_CASE("past the record limit messages are counted as lost, and runs whose group record was lost keep a time") {
