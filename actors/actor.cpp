@@ -203,6 +203,8 @@ void actor::fire_space_waiters() {
     } else if (w.waiter.get()->try_tell(closure{std::move(w.fn)}, lane::urgent) != send_status::ok) {
       // The waiting actor stopped meanwhile: nothing to run.
     }
+    // The closure, if sent, counts as sent by now: the wake-up it stood for is done.
+    if (w.owed) w.owed->end_work();
   }
 }
 
@@ -532,7 +534,13 @@ void actor::check_reply_type(const type_tag* expected, const type_tag* given) co
 }
 
 void actor::when_writable(const address& to, std::function<void()> f) {
-  to.get()->add_space_waiter({self(), std::move(f)});
+  rt_->begin_work();
+  try {
+    to.get()->add_space_waiter({self(), std::move(f), rt_});
+  } catch (...) {
+    rt_->end_work();
+    throw;
+  }
 }
 
 void actor::post(std::function<void()> f) {

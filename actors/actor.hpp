@@ -153,6 +153,7 @@ class actor {
   template <class T>
   [[nodiscard]] send_status try_send(const address& to, T&& msg, lane where = lane::normal);
   /// Runs `f` on this actor's loop once `to` has room in its normal lane (or has stopped).
+  /// Until then the wait counts as work in flight: `synchronize()` waits for `f` to run.
   void when_writable(const address& to, std::function<void()> f);
 
   /// Sends `msg` as a request; `on_reply(result<R>)` runs on this actor's loop with the
@@ -228,6 +229,10 @@ class actor {
   struct space_waiter {
     address waiter;             // empty for a thread outside the runtime
     std::function<void()> fn;
+    // The waiter's runtime, which counts the wake-up as work in flight from registration
+    // until its closure is sent (begin_work/end_work): otherwise synchronize() could find
+    // every message handled while the producer waits for a wake-up not yet sent.
+    runtime* owed = nullptr;
   };
 
   // Mailbox (any thread). The state word (see `state_`) counts what senders reserved in each
