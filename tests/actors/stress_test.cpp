@@ -53,9 +53,50 @@ struct producer : actor {
     }
   }
 };
+/// Sends one item; when the receiver is full, waits for room and then sends it.
+struct patient_producer : actor {
+  address to;
+  bool waiting = false, resumed = false;
+  explicit patient_producer(address t) : actor("patient"), to(std::move(t)) {
+    on<go>([this](go&) {
+      if (try_send(to, item{1, {}}) == send_status::ok) return;
+      waiting = true;
+      when_writable(to, [this] {
+        resumed = true;
+        (void)try_send(to, item{1, {}});
+      });
+    });
+  }
+};
 }  // namespace
 
 TEST_SUITE("actors.backpressure") {
+  TEST_CASE("a producer waiting for room is work in flight: its runtime is not idle until the wake-up has run") {
+    // The receiver lives in another (manual) runtime, so the two can be stepped apart: the
+    // state between the receiver making room and the producer's wake-up, which a drain
+    // otherwise passes through in an instant, holds still here.
+    runtime prod({.loops = 1, .manual = true});
+    runtime cons({.loops = 1, .manual = true});
+    auto c = cons.spawn_with<consumer>(spawn_options{.capacity = 1});
+    cons.run_until_idle();
+    cons.send(c, item{0, {}});  // full
+    auto p = prod.spawn<patient_producer>(c);
+    prod.send(p, go{});
+    while (prod.poll() != 0) {
+    }
+    auto* pp = static_cast<patient_producer*>(p.get());
+    REQUIRE(pp->waiting);
+    CHECK_FALSE(pp->resumed);
+    CHECK_FALSE(prod.idle());  // nothing queued on its loops, but a wake-up is owed
+    cons.run_until_idle();     // item 0 handled; the drain sends the wake-up to the producer
+    CHECK_FALSE(prod.idle());
+    prod.run_until_idle();
+    CHECK(pp->resumed);
+    CHECK(prod.idle());
+    cons.run_until_idle();
+    CHECK(static_cast<consumer*>(c.get())->expected == 2);  // item 1 arrived after the wait
+  }
+
   TEST_CASE("a fast producer against a slow consumer never holds more than the capacity") {
     const std::size_t cap = 16;
     const long n = static_cast<long>(50000 * nerve::test::scale());
