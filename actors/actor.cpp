@@ -227,7 +227,6 @@ void actor::drain() {
     outer_clock = loop->clock;
     loop->clock.mark = 0;
     loop->clock.shared = 0;
-    loop->clock.stamps = false;
   }
   if (!started_) [[unlikely]] {
     // The start is reserved (urgent) and counted as sent by runtime::start like a message,
@@ -255,7 +254,6 @@ void actor::drain() {
   if (loop->clock.mark != 0) [[unlikely]] {
     if (loop->clock.shared != 0) close_group(recorder::ticks());
     loop->clock.mark = 0;
-    loop->clock.stamps = false;
   }
   if (nested_in_recording) [[unlikely]] {
     const auto exact = loop->clock.exact;
@@ -322,7 +320,6 @@ void actor::invoke(envelope& e) {
     // drain: the group ends here, and the next recorded run reads the clock afresh.
     if (clock.shared != 0) close_group(recorder::ticks());
     clock.mark = 0;
-    clock.stamps = false;
   }
   current_ = &e;
   try {

@@ -67,7 +67,7 @@ struct loop_state {
     std::uint32_t exact = 0;       ///< runs left to time one by one (after a group that took long)
     const type_tag* last_tag = nullptr;  ///< the type of the group's last run
     std::uint32_t taken = 0;       ///< the drain's normal-lane count at the group's last run
-    bool stamps = false;           ///< sends take `mark` (and `shared`) as their time, not a clock read
+    bool stamps = false;           ///< while `mark` is set: sends take it (and `shared`) as their time, not a clock read
   } clock;
 
   loop_state(const loop_state&) = delete;
