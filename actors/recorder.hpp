@@ -88,8 +88,9 @@ struct record {
   record_kind kind = record_kind::send;
 };
 
-/// One handled message: the send and the handler run together, as `actor` hands it to
-/// `recorder::write`. Times are recorder ticks (`recorder::ticks()`), converted to
+/// One handled message: the send and the handler run together, as `actor` hands a timed
+/// run that does not pack (or meets a full chunk) to `recorder::write_slow`, and as the
+/// export unpacks every slot. Times are recorder ticks (`recorder::ticks()`), converted to
 /// nanoseconds at export.
 struct message_record {
   std::int64_t sent = 0;     ///< ticks at the enqueue
@@ -259,10 +260,6 @@ inline bool pack(packed_message& p, const message_record& m) noexcept {
   pack_timed(p, m.sent, m.start, m.end, fields_of(m));
   return true;
 }
-/// Whether `m` packs as a timed record.
-inline bool fits(const message_record& m) noexcept {
-  return fits(m.end - m.start, m.start - m.sent, m.bytes, m.mb, m.loop);
-}
 /// What a group record holds besides `runs` and `receiver`.
 struct group_fields {
   std::uint32_t loop;
@@ -402,18 +399,9 @@ class recorder {
   /// Any thread: a fresh flow id (unique within this recorder).
   std::uint64_t next_flow() noexcept;
 
-  /// Any thread: appends a handled message (no lock, no atomic).
-  void write(const message_record& m) noexcept {
-    if (detail::fits(m)) [[likely]] {
-      if (auto* p = slot()) [[likely]] {
-        detail::pack_timed(*p, m.sent, m.start, m.end, detail::fields_of(m));
-        return;
-      }
-    }
-    write_slow(m);
-  }
-  /// Same, for a run timed by the group record that follows: `e`'s image, handled by
-  /// `receiver` at the drain's normal-lane count `taken` (detail::message_image).
+  /// Any thread: appends a run timed by the group record that follows: `e`'s image,
+  /// handled by `receiver` at the drain's normal-lane count `taken`
+  /// (detail::message_image). No lock, no atomic.
   void write_image(const envelope& e, actor_id receiver, std::uint32_t taken) noexcept {
     if (auto* p = slot()) [[likely]]
       detail::copy_image(p, e, receiver, taken);
