@@ -12,15 +12,25 @@ namespace nerve::actors {
 
 namespace detail {
 actor_cell* cell_of(actor* a) noexcept { return a->cell_; }
-void release(actor_cell* c) noexcept {
-  if (c->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  // The last reference: the actor goes (unless its runtime already destroyed it), then the cell.
+void destroy_cell(actor_cell* c) noexcept {
   if (actor* a = c->self.exchange(nullptr, std::memory_order_acq_rel)) {
     if (runtime* rt = c->owner.load(std::memory_order_acquire)) rt->unlink(c);
     destroy_actor(a);
   }
   delete c;
 }
+void release(actor_cell* c) noexcept {
+  if (c->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  // The last address. A scheduled actor (queued in its loop's ready queue, or draining) is
+  // left to its drain, which destroys it when it goes idle (actor::drain): a wake-up holds
+  // no reference of its own, which saved two read-modify-writes of this count per wake-up,
+  // one of them on the sender's side of every hop between loops. Nothing makes an address
+  // from a count of 0 (self() runs in handlers, which run while the runtime's own address
+  // is held), except the runtime's teardown after its loops are joined.
+  if (actor* a = c->self.load(std::memory_order_acquire); a && !a->doom()) return;
+  destroy_cell(c);
+}
+void destroy_doomed(actor* a) noexcept { destroy_cell(cell_of(a)); }
 void destroy_actor(actor* a) noexcept {
   if (a->arena_bytes_ == 0) {
     delete a;
@@ -61,10 +71,8 @@ actor::actor(std::string name) : cell_(new detail::actor_cell), name_(std::move(
   detail::mpsc_init(urgent_in_, urgent_out_, urgent_stub_);
   ready_link_.owner = this;
   ready_link_.run = [](void* owner, bool discard) noexcept {
-    auto* a = static_cast<actor*>(owner);
-    auto* c = a->cell_;
-    if (!discard) a->drain();
-    detail::release(c);  // the reference schedule() took
+    // Discarded (a runtime's teardown): the runtime destroys every actor afterwards.
+    if (!discard) static_cast<actor*>(owner)->drain();  // may destroy the actor (doomed)
   };
 }
 
@@ -140,8 +148,8 @@ actor::reservation actor::reserve(lane where) noexcept {
 
 void actor::schedule() {
   // Once per wake-up (the scheduled bit went 0 -> 1, or a drain left work behind): the actor
-  // is in its loop's ready queue at most once. The reference keeps it alive until it has run.
-  detail::retain(cell_);
+  // is in its loop's ready queue at most once. The scheduled bit keeps it alive until it has
+  // run: release() leaves a scheduled actor to its drain (doom).
   loop_->schedule(&ready_link_);
 }
 
@@ -159,13 +167,24 @@ envelope* actor::pop() noexcept {
   return nullptr;
 }
 
-bool actor::try_idle() noexcept {
+actor::idle_result actor::try_idle() noexcept {
   auto w = state_.load(std::memory_order_acquire);
   for (;;) {
     if (normal_of(w) != normal_taken_ || urgent_of(w) != (urgent_taken_ & (urgent_mask >> 1)))
-      return false;  // reserved and not taken: queued, or a push half done
+      return idle_result::busy;  // reserved and not taken: queued, or a push half done
     if (state_.compare_exchange_weak(w, w & ~scheduled_bit, std::memory_order_acq_rel, std::memory_order_acquire))
-      return true;  // the next reservation schedules the actor
+      return (w & doomed_bit) != 0 ? idle_result::doomed : idle_result::idle;  // idle: the next reservation schedules it
+  }
+}
+
+bool actor::doom() noexcept {
+  auto w = state_.load(std::memory_order_acquire);
+  for (;;) {
+    // Not scheduled: nobody can schedule it any more (a sender holds an address), so the
+    // caller destroys it. Scheduled: its drain will, when it clears the bit (try_idle).
+    if ((w & scheduled_bit) == 0) return true;
+    if (state_.compare_exchange_weak(w, w | doomed_bit, std::memory_order_acq_rel, std::memory_order_acquire))
+      return false;
   }
 }
 
@@ -267,8 +286,15 @@ void actor::drain() {
   loop->running = saved_running;
   detail::current_loop = saved;
   rt_->notify_progress_fenced();
-  if (taken >= static_cast<std::int64_t>(batch_) || !try_idle())
+  if (taken >= static_cast<std::int64_t>(batch_)) {
     schedule();  // more queued (or arriving): another turn, after the other actors'
+    return;
+  }
+  switch (try_idle()) {
+    case idle_result::busy: schedule(); break;
+    case idle_result::idle: break;
+    case idle_result::doomed: detail::destroy_doomed(this); break;  // the last thing: `this` is gone
+  }
 }
 
 void actor::run_start() {

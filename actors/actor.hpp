@@ -217,6 +217,7 @@ class actor {
   friend class address;
   friend detail::actor_cell* detail::cell_of(actor*) noexcept;
   friend void detail::destroy_actor(actor*) noexcept;
+  friend void detail::release(detail::actor_cell*) noexcept;
   template <class R>
   friend struct actor_reply_sink;
 
@@ -238,8 +239,11 @@ class actor {
   // Mailbox (any thread). The state word (see `state_`) counts what senders reserved in each
   // lane and whether the actor is scheduled; the drain counts what it took.
   static constexpr std::uint64_t scheduled_bit = 1;
-  static constexpr std::uint64_t urgent_one = 2;                  // urgent reservations: bits 1..31
-  static constexpr std::uint64_t urgent_mask = 0xffff'fffeULL;
+  static constexpr std::uint64_t urgent_one = 2;                  // urgent reservations: bits 1..30
+  static constexpr std::uint64_t urgent_mask = 0x7fff'fffeULL;
+  // The last address went while the actor was scheduled: its drain destroys it when it goes
+  // idle (release() and try_idle() decide by compare-and-swap on this word, so exactly one does).
+  static constexpr std::uint64_t doomed_bit = 1ULL << 31;
   static constexpr std::uint64_t normal_one = 1ULL << 32;          // normal reservations: bits 32..63
   /// The largest capacity the 32-bit counts allow (larger requests are clamped to it).
   static constexpr std::size_t max_capacity = (std::size_t{1} << 31) - 1;
@@ -266,7 +270,13 @@ class actor {
   }
   void schedule();
   void drain();
-  bool try_idle() noexcept;  // end of a drain: clears the scheduled bit if everything reserved was taken
+  // End of a drain: clears the scheduled bit if everything reserved was taken (idle), and
+  // says whether the last address went meanwhile (doomed: the drain then destroys the actor).
+  enum class idle_result { busy, idle, doomed };
+  idle_result try_idle() noexcept;
+  // release(): the last address went. True when the actor is not scheduled (the caller
+  // destroys it now); false when it is, and its drain destroys it once it goes idle.
+  bool doom() noexcept;
   void run_start();  // on_start, as the first message the actor handles
   envelope* pop() noexcept;
   void add_space_waiter(space_waiter w);
@@ -302,8 +312,8 @@ class actor {
   //    compare-and-swap that clears the scheduled bit, the stub pushed back at the queue's
   //    last node.
   // One compare-and-swap per send reserves room, counts the message and decides who schedules
-  // the actor: [normal reserved : 32][urgent reserved : 31][scheduled : 1]. The counts wrap;
-  // differences with the drain's counts stay far below 2^31.
+  // the actor: [normal reserved : 32][doomed : 1][urgent reserved : 30][scheduled : 1]. The
+  // counts wrap; differences with the drain's counts stay far below 2^30.
   std::atomic<std::uint64_t> state_{0};
   // A lower bound of normal_released_ that senders keep on their line: while the reserved
   // count is less than a capacity ahead of it there is room for certain, and a send does not
@@ -319,7 +329,7 @@ class actor {
   // hint a capacity behind (a plain store per message: no read-modify-write).
   alignas(64) std::atomic<std::uint32_t> normal_released_{0};
   std::uint32_t normal_taken_ = 0;  // normal messages popped (normal_released_ publishes it)
-  std::uint32_t urgent_taken_ = 0;  // urgent messages popped, the start included (mod 2^31)
+  std::uint32_t urgent_taken_ = 0;  // urgent messages popped, the start included (mod 2^30 where compared)
   unsigned batch_ = 64;
   bool started_ = false;  // on_start ran (the first drain runs it before any message)
   bool stop_requested_ = false;

@@ -117,7 +117,9 @@ void runtime::unlink(detail::actor_cell* c) noexcept {
 // producers, a supervisor and its children) would otherwise keep each other forever.
 // Addresses held outside outlive the runtime as cells that read as stopped.
 void runtime::destroy_actors() noexcept {
-  // Wake-ups nobody will run hold references (and point into the actors): drop them first.
+  // Wake-ups nobody will run point into the actors: drop them first. (They hold no
+  // reference: an actor whose last address went while it was scheduled is doomed and
+  // still listed here, and its cell's count is 0 until the retain below.)
   for (auto& l : loops_)
     while (auto* n = l->ready.pop()) {
       auto* link = static_cast<detail::ready_link*>(n);

@@ -182,7 +182,7 @@ class runtime {
 
  private:
   friend class actor;
-  friend void detail::release(detail::actor_cell*) noexcept;
+  friend void detail::destroy_cell(detail::actor_cell*) noexcept;
   struct actor_info {
     std::string name;
     unsigned loop = 0;
