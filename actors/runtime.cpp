@@ -203,7 +203,8 @@ void runtime::forget(actor_id id) {
     live_[id - 1] = address{};
     if (gone) --loop_actors_[info_[id - 1].loop];
   }
-  // `gone` releases the runtime's reference here (the running drain still holds its own).
+  // `gone` releases the runtime's reference here; if it was the last, the running drain
+  // (the actor is scheduled) destroys the actor when it ends (detail::release).
 }
 
 std::size_t runtime::spawned() const noexcept {
