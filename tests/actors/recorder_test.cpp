@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <set>
@@ -562,7 +563,13 @@ TEST_SUITE("actors.recorder") {
       if (i == 10) CHECK(runs[i].dur_ns >= 299'000);
       else CHECK(runs[i].dur_ns < 299'000);
     }
-    CHECK(runs[2].dur_ns < 299'000);  // its share of the group, not its own length
+    // The slow 3rd run shows its share of the group, not its own length: every run of the
+    // group shows the same share (to the tick's rounding). An equality, not a bound, so a
+    // preemption during the group (a loaded CI machine) does not break it.
+    for (int i = 0; i < 8; ++i) {
+      CAPTURE(i);
+      CHECK(std::abs(runs[i].dur_ns - runs[2].dur_ns) <= 4);
+    }
   }
 
   TEST_CASE("the mailbox depth at each send counts what the receiver had not yet taken") {
