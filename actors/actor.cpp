@@ -30,7 +30,6 @@ void release(actor_cell* c) noexcept {
   if (actor* a = c->self.load(std::memory_order_acquire); a && !a->doom()) return;
   destroy_cell(c);
 }
-void destroy_doomed(actor* a) noexcept { destroy_cell(cell_of(a)); }
 void destroy_actor(actor* a) noexcept {
   if (a->arena_bytes_ == 0) {
     delete a;
@@ -70,9 +69,8 @@ actor::actor(std::string name) : cell_(new detail::actor_cell), name_(std::move(
   detail::mpsc_init(normal_in_, normal_out_, normal_stub_);
   detail::mpsc_init(urgent_in_, urgent_out_, urgent_stub_);
   ready_link_.owner = this;
-  ready_link_.run = [](void* owner, bool discard) noexcept {
-    // Discarded (a runtime's teardown): the runtime destroys every actor afterwards.
-    if (!discard) static_cast<actor*>(owner)->drain();  // may destroy the actor (doomed)
+  ready_link_.run = [](void* owner) noexcept {
+    static_cast<actor*>(owner)->drain();  // may destroy the actor (doomed)
   };
 }
 
@@ -293,7 +291,7 @@ void actor::drain() {
   switch (try_idle()) {
     case idle_result::busy: schedule(); break;
     case idle_result::idle: break;
-    case idle_result::doomed: detail::destroy_doomed(this); break;  // the last thing: `this` is gone
+    case idle_result::doomed: detail::destroy_cell(cell_); break;  // the last thing: `this` is gone
   }
 }
 

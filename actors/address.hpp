@@ -34,10 +34,9 @@ inline void retain(actor_cell* c) noexcept { c->refs.fetch_add(1, std::memory_or
 void release(actor_cell* c) noexcept;
 /// Destroys a spawned actor and frees its storage (its runtime's arena, or the heap).
 void destroy_actor(actor* a) noexcept;
-/// The actor goes (unless its runtime already destroyed it), then the cell.
+/// The actor goes (unless its runtime already destroyed it), then the cell: the last
+/// release, or the end of the drain of an actor it left doomed (`actor::doom`).
 void destroy_cell(actor_cell* c) noexcept;
-/// The end of a drain that found its actor doomed (`release`): destroys it and its cell.
-void destroy_doomed(actor* a) noexcept;
 }  // namespace detail
 
 /// A handle to an actor: send to it, compare it, keep it. Holding an address keeps the

@@ -117,13 +117,12 @@ void runtime::unlink(detail::actor_cell* c) noexcept {
 // producers, a supervisor and its children) would otherwise keep each other forever.
 // Addresses held outside outlive the runtime as cells that read as stopped.
 void runtime::destroy_actors() noexcept {
-  // Wake-ups nobody will run point into the actors: drop them first. (They hold no
-  // reference: an actor whose last address went while it was scheduled is doomed and
-  // still listed here, and its cell's count is 0 until the retain below.)
+  // Wake-ups nobody will run point into the actors: unqueue them first, while the memory
+  // the queue walks is still there. (They hold no reference: an actor whose last address
+  // went while it was scheduled is doomed and still listed here, and its cell's count is 0
+  // until the retain below.)
   for (auto& l : loops_)
-    while (auto* n = l->ready.pop()) {
-      auto* link = static_cast<detail::ready_link*>(n);
-      link->run(link->owner, true);
+    while (l->ready.pop()) {
     }
   std::vector<detail::actor_cell*> cells;
   {

@@ -72,12 +72,6 @@ struct loop_state {
 
   loop_state(const loop_state&) = delete;
   loop_state& operator=(const loop_state&) = delete;
-  ~loop_state() {
-    while (auto* n = ready.pop()) {
-      auto* l = static_cast<ready_link*>(n);
-      l->run(l->owner, true);
-    }
-  }
 
   /// Any thread: queues `l` to run on this loop and wakes the loop if it sleeps.
   void schedule(ready_link* l) {
@@ -95,7 +89,7 @@ struct loop_state {
       auto* node = ready.pop();
       if (!node) break;
       auto* l = static_cast<ready_link*>(node);
-      l->run(l->owner, false);
+      l->run(l->owner);
       ++n;
     }
     return n;

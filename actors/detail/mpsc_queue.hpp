@@ -16,10 +16,10 @@ struct mpsc_node {
 };
 
 /// An entry of a loop's ready queue (one per actor, embedded in it): popping it runs
-/// `run(owner, false)` (the actor's drain); a loop destroyed with it still queued calls
-/// `run(owner, true)` (release only).
+/// `run(owner)` (the actor's drain). It holds no reference (the actor's scheduled bit
+/// keeps it alive), so an entry left queued when a loop goes is simply dropped.
 struct ready_link : mpsc_node {
-  void (*run)(void* owner, bool discard) noexcept = nullptr;
+  void (*run)(void* owner) noexcept = nullptr;
   void* owner = nullptr;
 };
 
