@@ -106,7 +106,7 @@ send_status actor::enqueue(std::unique_ptr<envelope>& e) {
   // not the depth: the depth needs the drain's count, on the drain's cache line, and the
   // export works it out from the two counts (recorder.hpp).
   if (rt_->recorder_.enabled()) [[unlikely]] {
-    if (here && here->clock.stamps && here->clock.mark != 0) {
+    if (here && here->clock.stamps) {  // stamps only while mark is set
       e->sent_ticks = here->clock.mark;
       e->sent_run = static_cast<std::uint8_t>(here->clock.shared);
     } else {
@@ -227,6 +227,17 @@ void actor::fire_space_waiters() {
 
 // ---- loop side ------------------------------------------------------------------------
 
+[[gnu::always_inline]] inline void actor::invoke(envelope& e) {
+  if (e.sent_ticks != 0) [[unlikely]] {
+    const auto mode = rt_->recorder_.mode();
+    if ((mode & recorder::mode_on) != 0) {
+      invoke_recorded(e, mode);
+      return;
+    }
+  }
+  invoke_plain(e);
+}
+
 void actor::drain() {
   auto* loop = loop_;
   auto* saved = detail::current_loop;
@@ -244,6 +255,7 @@ void actor::drain() {
     outer_clock = loop->clock;
     loop->clock.mark = 0;
     loop->clock.shared = 0;
+    loop->clock.stamps = false;
   }
   if (!started_) [[unlikely]] {
     // The start is reserved (urgent) and counted as sent by runtime::start like a message,
@@ -271,6 +283,7 @@ void actor::drain() {
   if (loop->clock.mark != 0) [[unlikely]] {
     if (loop->clock.shared != 0) close_group(recorder::ticks());
     loop->clock.mark = 0;
+    loop->clock.stamps = false;
   }
   if (nested_in_recording) [[unlikely]] {
     const auto exact = loop->clock.exact;
@@ -308,43 +321,7 @@ void actor::run_start() {
   if (stop_requested_ && !stop_done_) close_and_stop();
 }
 
-void actor::invoke(envelope& e) {
-  auto& rec = rt_->recorder_;
-  const std::uint8_t mode = e.sent_ticks != 0 ? rec.mode() : 0;
-  const bool recording = (mode & recorder::mode_on) != 0;
-  // Recording, a run is timed on its own (a clock read at its end) or shares the clock
-  // reads of a group of short runs (recorder.hpp): within one drain a run starts where
-  // the previous one ended (the gap is the runtime's pop, a few nanoseconds, which is busy
-  // time either way), and never across drains, where the gap is the loop's idle time.
-  auto& clock = loop_->clock;
-  std::int64_t start = 0;
-  bool shared = false;
-  // Which normal message this is, counted by the drain (the recorder's depth; -1: urgent).
-  const std::int64_t taken = e.where == lane::normal ? std::int64_t{normal_taken_} : -1;
-  // Sends from this run are stamped with its start (a group's start and its place, for a
-  // shared run), read off the loop's clock (enqueue), unless its message type's last timed
-  // run was long (then each send reads the clock). Between runs, the runtime's own sends
-  // (a stop's or a failure's notices) take the clock as it stands: the last run's end, or
-  // the place after a group's last run; a nested drain keeps its outer one's aside (drain).
-  bool long_type = true;
-  if (recording) {
-    long_type = e.tag->long_runs.load(std::memory_order_relaxed);
-    if (clock.mark == 0) clock.mark = recorder::ticks();
-    shared = !long_type && clock.exact == 0 && (mode & recorder::mode_exact) == 0;
-    if (shared) {
-      start = clock.mark;
-    } else {
-      if (clock.shared != 0) close_group(recorder::ticks());  // the group ends where this run starts
-      start = std::max(clock.mark, e.sent_ticks);  // never before its own send
-      clock.mark = start;
-    }
-    clock.stamps = !long_type;
-  } else if (clock.mark != 0) [[unlikely]] {
-    // A run not recorded (its message was sent before recording began) in a recording
-    // drain: the group ends here, and the next recorded run reads the clock afresh.
-    if (clock.shared != 0) close_group(recorder::ticks());
-    clock.mark = 0;
-  }
+[[gnu::always_inline]] inline std::exception_ptr actor::run_handler(envelope& e) {
   current_ = &e;
   try {
     dispatch(e);
@@ -352,52 +329,110 @@ void actor::invoke(envelope& e) {
     auto err = std::current_exception();
     if (e.reply) std::exchange(e.reply, nullptr)->fail(err);
     current_ = nullptr;
-    if (recording) {
-      const auto now = recorder::ticks();
-      if (clock.shared != 0) close_group(now);
-      clock.mark = now;
-      record_send(e);
-      record r;
-      r.kind = record_kind::failure;
-      r.ts_ns = now;
-      r.tag = e.tag;
-      r.track = id_;
-      rec.write_ticks(r);
-    }
-    fail(err);
-    return;
+    return err;
   }
   current_ = nullptr;
-  if (e.reply) std::exchange(e.reply, nullptr)->fail(std::make_exception_ptr(
+  if (e.reply) [[unlikely]]
+    fail_unanswered(e);
+  return nullptr;
+}
+
+void actor::fail_unanswered(envelope& e) {
+  std::exchange(e.reply, nullptr)->fail(std::make_exception_ptr(
       wiring_error("actor '" + name_ + "' did not answer request '" + std::string(e.tag->name) + "'")));
-  if (recording) {
-    // Straight from the envelope into the thread's next slot; the slow ways (a new chunk,
-    // a record that does not pack) out of line (recorder::slot).
-    if (shared) {
-      rec.write_image(e, id_, normal_taken_);  // a copy of the envelope's fields (detail::message_image)
-      clock.last_tag = e.tag;
-      clock.taken = normal_taken_;
-      if (++clock.shared == shared_group_runs) close_group(recorder::ticks());
-    } else {
-      auto fields = [&]() -> detail::message_fields {
-        return {e.tag,  e.sender, id_, e.bytes, e.micro_batch, e.sent_counted ? std::int64_t{e.sent_reserved} : -1,
-                taken, loop_->index, e.sent_run};
-      };
-      const auto end = recorder::ticks();
-      clock.mark = end;
-      if (clock.exact != 0) --clock.exact;
-      // The type's last run decides for its next (a flag written only when it changes: a
-      // tag is shared by every loop).
-      if ((end - start >= rec.long_run()) != long_type) [[unlikely]]
-        e.tag->long_runs.store(!long_type, std::memory_order_relaxed);
-      detail::packed_message* p = nullptr;
-      if (detail::fits(end - start, start - e.sent_ticks, e.bytes, e.micro_batch, loop_->index) && (p = rec.slot()))
-          [[likely]]
-        detail::pack_timed(*p, e.sent_ticks, start, end, fields());
-      else
-        record_slow(e, taken, start, end);
-    }
+}
+
+void actor::invoke_plain(envelope& e) {
+  auto& clock = loop_->clock;
+  if (clock.mark != 0) [[unlikely]] {
+    // A run not recorded (its message was sent before recording began) in a recording
+    // drain: the group ends here, and the next recorded run reads the clock afresh.
+    if (clock.shared != 0) close_group(recorder::ticks());
+    clock.mark = 0;
+    clock.stamps = false;
   }
+  if (auto err = run_handler(e)) [[unlikely]]
+    fail(err);
+}
+
+// Recording, a run is timed on its own (a clock read at its end) or shares the clock reads
+// of a group of short runs (recorder.hpp): within one drain a run starts where the previous
+// one ended (the gap is the runtime's pop, a few nanoseconds, which is busy time either
+// way), and never across drains, where the gap is the loop's idle time.
+// Sends from a run are stamped with its start (a group's start and its place, for a shared
+// run), read off the loop's clock (enqueue), unless its message type's last timed run was
+// long (then each send reads the clock). Between runs, the runtime's own sends (a stop's
+// or a failure's notices) take the clock as it stands: the last run's end, or the place
+// after a group's last run; a nested drain keeps its outer one's aside (drain).
+void actor::invoke_recorded(envelope& e, std::uint8_t mode) {
+  auto& clock = loop_->clock;
+  const bool long_type = e.tag->long_runs.load(std::memory_order_relaxed);
+  if (clock.mark == 0) {
+    clock.mark = recorder::ticks();
+    clock.cursor = rt_->recorder_.cursor();
+  }
+  clock.stamps = !long_type;
+  if (!long_type && clock.exact == 0 && (mode & recorder::mode_exact) == 0) [[likely]] {
+    // A shared run: its slot is a copy of the envelope's fields (detail::message_image),
+    // timed by the group record that follows.
+    if (auto err = run_handler(e)) [[unlikely]] {
+      record_failure(e, err);
+      return;
+    }
+    rt_->recorder_.write_image(clock.cursor, e, id_, normal_taken_);
+    clock.last_tag = e.tag;
+    clock.taken = normal_taken_;
+    if (++clock.shared == shared_group_runs) close_group(recorder::ticks());
+    return;
+  }
+  invoke_timed(e, long_type);
+}
+
+void actor::invoke_timed(envelope& e, bool long_type) {
+  auto& rec = rt_->recorder_;
+  auto& clock = loop_->clock;
+  // Which normal message this is, counted by the drain (the recorder's depth; -1: urgent).
+  const std::int64_t taken = e.where == lane::normal ? std::int64_t{normal_taken_} : -1;
+  if (clock.shared != 0) close_group(recorder::ticks());  // the group ends where this run starts
+  const std::int64_t start = std::max(clock.mark, e.sent_ticks);  // never before its own send
+  clock.mark = start;
+  if (auto err = run_handler(e)) [[unlikely]] {
+    record_failure(e, err);
+    return;
+  }
+  // Straight from the envelope into the thread's next slot; the slow ways (a new chunk, a
+  // record that does not pack) out of line (recorder::slot).
+  const auto end = recorder::ticks();
+  clock.mark = end;
+  if (clock.exact != 0) --clock.exact;
+  // The type's last run decides for its next (a flag written only when it changes: a tag
+  // is shared by every loop).
+  if ((end - start >= rec.long_run()) != long_type) [[unlikely]]
+    e.tag->long_runs.store(!long_type, std::memory_order_relaxed);
+  detail::packed_message* p = nullptr;
+  if (detail::fits(end - start, start - e.sent_ticks, e.bytes, e.micro_batch, loop_->index) && (p = rec.slot()))
+      [[likely]]
+    detail::pack_timed(*p, e.sent_ticks, start, end,
+                       {e.tag, e.sender, id_, e.bytes, e.micro_batch,
+                        e.sent_counted ? std::int64_t{e.sent_reserved} : -1, taken, loop_->index, e.sent_run});
+  else
+    record_slow(e, taken, start, end);
+}
+
+void actor::record_failure(const envelope& e, std::exception_ptr err) {
+  // The failed run, recorded as its send and a failure at its end; any open group ends there.
+  auto& clock = loop_->clock;
+  const auto now = recorder::ticks();
+  if (clock.shared != 0) close_group(now);
+  clock.mark = now;
+  record_send(e);
+  record r;
+  r.kind = record_kind::failure;
+  r.ts_ns = now;
+  r.tag = e.tag;
+  r.track = id_;
+  rt_->recorder_.write_ticks(r);
+  fail(err);
 }
 
 void actor::record_slow(const envelope& e, std::int64_t taken, std::int64_t start, std::int64_t end) noexcept {

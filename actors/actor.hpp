@@ -284,7 +284,18 @@ class actor {
   void fire_space_waiters();
 
   // Loop side.
+  // Runs e's handler: recorded (a message stamped at its send, while recording is still
+  // on) or not. Off, that is one extra load per message.
   void invoke(envelope& e);
+  void invoke_plain(envelope& e);
+  // Runs e's handler and fails a request it left unanswered; returns what it threw (its
+  // reply, if any, already failed with it).
+  std::exception_ptr run_handler(envelope& e);
+  [[gnu::noinline, gnu::cold]] void fail_unanswered(envelope& e);  // a request whose handler did not answer
+  // Recording (recorder.hpp): a run timed in a group of short runs, or on its own.
+  [[gnu::noinline]] void invoke_recorded(envelope& e, std::uint8_t mode);
+  [[gnu::noinline]] void invoke_timed(envelope& e, bool long_type);
+  [[gnu::noinline]] void record_failure(const envelope& e, std::exception_ptr err);
   void dispatch(envelope& e);
   void handle_response(response& r);
   void drop(envelope& e, const char* reason) noexcept;

@@ -323,6 +323,8 @@ void recorder::write_slow(const message_record& m) noexcept {
   if (auto* slot = next_slot(b)) *slot = p;
 }
 
+detail::recorder_chunk_cursor* recorder::cursor_slow() noexcept { return &local().cursor; }
+
 void recorder::write_image_slow(const envelope& e, actor_id receiver, std::uint32_t taken) noexcept {
   if (auto* slot = next_slot(local())) detail::copy_image(slot, e, receiver, taken);
 }

@@ -399,12 +399,22 @@ class recorder {
   /// Any thread: a fresh flow id (unique within this recorder).
   std::uint64_t next_flow() noexcept;
 
-  /// Any thread: appends a run timed by the group record that follows: `e`'s image,
-  /// handled by `receiver` at the drain's normal-lane count `taken`
+  /// Any thread: the calling thread's cursor in this recorder (its buffer is made on first
+  /// use). A drain holds it for its grouped runs (`write_image` below): one lookup a drain,
+  /// not one a message.
+  detail::recorder_chunk_cursor* cursor() noexcept {
+    auto& tl = detail::tls_last_recorder;
+    if (tl.instance == instance_) [[likely]]
+      return tl.cursor;
+    return cursor_slow();
+  }
+  /// Any thread, through its own `cursor()`: appends a run timed by the group record that
+  /// follows: `e`'s image, handled by `receiver` at the drain's normal-lane count `taken`
   /// (detail::message_image). No lock, no atomic.
-  void write_image(const envelope& e, actor_id receiver, std::uint32_t taken) noexcept {
-    if (auto* p = slot()) [[likely]]
-      detail::copy_image(p, e, receiver, taken);
+  void write_image(detail::recorder_chunk_cursor* c, const envelope& e, actor_id receiver,
+                   std::uint32_t taken) noexcept {
+    if (c->next != c->end) [[likely]]
+      detail::copy_image(c->next++, e, receiver, taken);
     else
       write_image_slow(e, receiver, taken);
   }
@@ -484,6 +494,7 @@ class recorder {
     long sort_index;
   };
   detail::recorder_buffer& local() noexcept;
+  detail::recorder_chunk_cursor* cursor_slow() noexcept;
   void write_group_slow(actor_id receiver, std::uint32_t runs, const detail::group_fields& g) noexcept;
   detail::packed_message* next_slot(detail::recorder_buffer& b, bool message = true) noexcept;
   void write_other(const record& r, bool in_ticks) noexcept;

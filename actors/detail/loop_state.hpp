@@ -19,6 +19,7 @@ struct type_tag;
 }
 
 namespace nerve::actors::detail {
+struct recorder_chunk_cursor;
 
 /// A sequentially consistent full fence. ThreadSanitizer does not model
 /// `atomic_thread_fence`, so under TSan the same ordering comes from a seq_cst
@@ -67,7 +68,8 @@ struct loop_state {
     std::uint32_t exact = 0;       ///< runs left to time one by one (after a group that took long)
     const type_tag* last_tag = nullptr;  ///< the type of the group's last run
     std::uint32_t taken = 0;       ///< the drain's normal-lane count at the group's last run
-    bool stamps = false;           ///< while `mark` is set: sends take it (and `shared`) as their time, not a clock read
+    recorder_chunk_cursor* cursor = nullptr;  ///< while `mark` is set: the drain's thread's cursor (recorder::cursor)
+    bool stamps = false;           ///< sends take `mark` (and `shared`) as their time, not a clock read (set only while `mark` is)
   } clock;
 
   loop_state(const loop_state&) = delete;

@@ -133,6 +133,16 @@ std::vector<record> runs_of(const std::vector<record>& recs, actor_id track, std
     if (r.kind == record_kind::handle && r.track == track && r.tag && r.tag->name == kind) out.push_back(r);
   return out;
 }
+// Throws at micro-batch 3: what ran before it is handled, what comes after is dropped.
+struct thrower : actor {
+  int handled = 0;
+  thrower() : actor("thrower") {
+    on<fwd_msg>([this](fwd_msg& m) {
+      if (m.micro_batch == 3) throw std::runtime_error("bad micro-batch 3");
+      ++handled;
+    });
+  }
+};
 }  // namespace
 
 TEST_SUITE("actors.recorder") {
@@ -605,5 +615,56 @@ TEST_SUITE("actors.recorder") {
     for (auto& r : rt.trace().snapshot())
       if (r.kind == record_kind::send && r.tag && r.tag->name == "forward") depth_of[r.mb] = r.depth;
     CHECK(depth_of == std::map<std::int64_t, std::int32_t>{{0, 1}, {1, 2}, {2, 0}, {3, 1}, {4, 1}});
+  }
+
+  TEST_CASE("a handler that throws is recorded as its send and a failure, between the runs before it and the drops after") {
+    for (const auto timing : {recorder::timing::shared, recorder::timing::exact}) {
+      CAPTURE(static_cast<int>(timing));
+      runtime rt({.loops = 1, .manual = true, .record = true, .record_timing = timing});
+      rt.trace().set_long_run(std::int64_t{1} << 50);  // shared: the runs before it form one group
+      auto t = rt.spawn<thrower>();
+      for (int mb = 0; mb < 6; ++mb) rt.send(t, fwd_msg{mb, std::vector<float>(4, 1.f)});
+      rt.run_until_idle();
+      CHECK(t.stopped());
+      REQUIRE(rt.error() != nullptr);
+      CHECK_THROWS_WITH_AS(std::rethrow_exception(rt.error()), doctest::Contains("bad micro-batch 3"), actor_failure);
+      auto recs = rt.trace().snapshot();
+      std::map<std::int64_t, int> sends;  // by micro-batch
+      std::vector<std::int64_t> handled;
+      std::int64_t handled_end = 0, failure_ts = -1, failed_send_flow = -1;
+      int failures = 0, drops = 0;
+      for (auto& r : recs) {
+        if (!r.tag || r.tag->name != "forward") continue;
+        switch (r.kind) {
+          case record_kind::send:
+            ++sends[r.mb];
+            CHECK(r.bytes == 16);
+            if (r.mb == 3) failed_send_flow = static_cast<std::int64_t>(r.flow);
+            break;
+          case record_kind::handle:
+            handled.push_back(r.mb);
+            handled_end = std::max(handled_end, r.ts_ns + r.dur_ns);
+            break;
+          case record_kind::failure:
+            ++failures;
+            failure_ts = r.ts_ns;
+            CHECK(r.track == t.id());
+            break;
+          case record_kind::drop:
+            ++drops;
+            CHECK(r.peer == t.id());
+            break;
+          default: break;
+        }
+      }
+      std::sort(handled.begin(), handled.end());
+      CHECK(handled == std::vector<std::int64_t>{0, 1, 2});
+      CHECK(sends == std::map<std::int64_t, int>{{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}});
+      CHECK(failed_send_flow > 0);
+      CHECK(failures == 1);
+      CHECK(drops == 2);
+      CHECK(failure_ts >= handled_end);  // the failure comes after the runs before it, which stay timed
+      rt.shutdown();
+    }
   }
 }
