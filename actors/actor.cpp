@@ -453,8 +453,10 @@ void actor::record_slow(const envelope& e, std::int64_t taken, std::int64_t star
 }
 
 void actor::close_group(std::int64_t now) noexcept {
+  // Only with a group open (every caller checks `shared`): a grouped run of this drain,
+  // on this thread, set the cursor.
   auto& clock = loop_->clock;
-  rt_->recorder_.write_group(id_, clock.shared, {loop_->index, clock.mark, now, clock.taken});
+  rt_->recorder_.write_group(clock.cursor, id_, clock.shared, {loop_->index, clock.mark, now, clock.taken});
   if (now - clock.mark >= rt_->recorder_.long_run()) {
     // One of the runs may have been long: with one run, that is its type's flag; with
     // more, the loop times its next runs one by one, and those set their types' flags.

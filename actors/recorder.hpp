@@ -436,17 +436,14 @@ class recorder {
   void write_slow(const message_record& m) noexcept;
   void write_image_slow(const envelope& e, actor_id receiver, std::uint32_t taken) noexcept;
 
-  /// Any thread: times the `runs` images `receiver`'s drain wrote on this thread since its
-  /// last group record (detail::pack_group).
-  void write_group(actor_id receiver, std::uint32_t runs, const detail::group_fields& g) noexcept {
-    auto& tl = detail::tls_last_recorder;
-    if (tl.instance == instance_) [[likely]] {
-      auto* c = tl.cursor;
-      if (c->next != c->end) [[likely]] {
-        detail::pack_group(*c->next++, receiver, runs, g);
-        ++c->groups;
-        return;
-      }
+  /// Any thread, through its own `cursor()`: times the `runs` images `receiver`'s drain
+  /// wrote on this thread since its last group record (detail::pack_group).
+  void write_group(detail::recorder_chunk_cursor* c, actor_id receiver, std::uint32_t runs,
+                   const detail::group_fields& g) noexcept {
+    if (c->next != c->end) [[likely]] {
+      detail::pack_group(*c->next++, receiver, runs, g);
+      ++c->groups;
+      return;
     }
     write_group_slow(receiver, runs, g);
   }
