@@ -280,11 +280,7 @@ void actor::drain() {
     e.reset();  // the payload dies before the message counts as handled
     loop->count_handled();
   }
-  if (loop->clock.mark != 0) [[unlikely]] {
-    if (loop->clock.shared != 0) close_group(recorder::ticks());
-    loop->clock.mark = 0;
-    loop->clock.stamps = false;
-  }
+  if (loop->clock.mark != 0) [[unlikely]] stop_clock();
   if (nested_in_recording) [[unlikely]] {
     const auto exact = loop->clock.exact;
     loop->clock = outer_clock;
@@ -343,14 +339,9 @@ void actor::fail_unanswered(envelope& e) {
 }
 
 void actor::invoke_plain(envelope& e) {
-  auto& clock = loop_->clock;
-  if (clock.mark != 0) [[unlikely]] {
-    // A run not recorded (its message was sent before recording began) in a recording
-    // drain: the group ends here, and the next recorded run reads the clock afresh.
-    if (clock.shared != 0) close_group(recorder::ticks());
-    clock.mark = 0;
-    clock.stamps = false;
-  }
+  // A run not recorded (its message was sent before recording began) in a recording
+  // drain: the group ends here, and the next recorded run reads the clock afresh.
+  if (loop_->clock.mark != 0) [[unlikely]] stop_clock();
   if (auto err = run_handler(e)) [[unlikely]]
     fail(err);
 }
@@ -400,7 +391,7 @@ void actor::invoke_timed(envelope& e, bool long_type) {
     record_failure(e, err);
     return;
   }
-  // Straight from the envelope into the thread's next slot; the slow ways (a new chunk, a
+  // Straight from the envelope into the drain's next slot; the slow ways (a new chunk, a
   // record that does not pack) out of line (recorder::slot).
   const auto end = recorder::ticks();
   clock.mark = end;
@@ -410,8 +401,8 @@ void actor::invoke_timed(envelope& e, bool long_type) {
   if ((end - start >= rec.long_run()) != long_type) [[unlikely]]
     e.tag->long_runs.store(!long_type, std::memory_order_relaxed);
   detail::packed_message* p = nullptr;
-  if (detail::fits(end - start, start - e.sent_ticks, e.bytes, e.micro_batch, loop_->index) && (p = rec.slot()))
-      [[likely]]
+  if (detail::fits(end - start, start - e.sent_ticks, e.bytes, e.micro_batch, loop_->index) &&
+      (p = recorder::slot(clock.cursor))) [[likely]]
     detail::pack_timed(*p, e.sent_ticks, start, end,
                        {e.tag, e.sender, id_, e.bytes, e.micro_batch,
                         e.sent_counted ? std::int64_t{e.sent_reserved} : -1, taken, loop_->index, e.sent_run});
@@ -450,6 +441,13 @@ void actor::record_slow(const envelope& e, std::int64_t taken, std::int64_t star
   m.loop = loop_->index;
   m.sent_run = e.sent_run;
   rt_->recorder_.write_slow(m);
+}
+
+void actor::stop_clock() noexcept {
+  auto& clock = loop_->clock;
+  if (clock.shared != 0) close_group(recorder::ticks());
+  clock.mark = 0;
+  clock.stamps = false;  // sends read the clock again
 }
 
 void actor::close_group(std::int64_t now) noexcept {

@@ -301,6 +301,7 @@ class actor {
   void drop(envelope& e, const char* reason) noexcept;
   void record_send(const envelope& e) noexcept;  // recording: a send that will have no handler run
   void close_group(std::int64_t now) noexcept;  // recording: times the loop clock's open group up to `now`
+  void stop_clock() noexcept;  // recording: the loop clock goes idle (mark 0); an open group ends now
   // recording: a timed run by the recorder's slow ways (a new chunk, the side list)
   [[gnu::noinline]] void record_slow(const envelope& e, std::int64_t taken, std::int64_t start, std::int64_t end) noexcept;
   void close_and_stop();

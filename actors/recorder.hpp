@@ -400,8 +400,8 @@ class recorder {
   std::uint64_t next_flow() noexcept;
 
   /// Any thread: the calling thread's cursor in this recorder (its buffer is made on first
-  /// use). A drain holds it for its grouped runs (`write_image` below): one lookup a drain,
-  /// not one a message.
+  /// use). A drain holds it for its runs (`write_image`, `slot`, `write_group`): one
+  /// lookup a drain, not one a message.
   detail::recorder_chunk_cursor* cursor() noexcept {
     auto& tl = detail::tls_last_recorder;
     if (tl.instance == instance_) [[likely]]
@@ -418,19 +418,13 @@ class recorder {
     else
       write_image_slow(e, receiver, taken);
   }
-  /// The hot path: the calling thread's next free slot, or nullptr (then `write_slow` or
-  /// `write_image_slow` takes the record). The caller fills it whole (`detail::pack_timed`
-  /// when `detail::fits` holds, `copy_image`) from what it has at hand: no
-  /// `message_record` in between, which the compiler builds in memory for the slow path's
-  /// sake (that cost about a fifth of what a recorded message cost).
-  detail::packed_message* slot() noexcept {
-    auto& tl = detail::tls_last_recorder;
-    if (tl.instance == instance_) [[likely]] {
-      auto* c = tl.cursor;
-      if (c->next != c->end) [[likely]]
-        return c->next++;
-    }
-    return nullptr;
+  /// Any thread, through its own `cursor()`: the next free slot, or nullptr (then
+  /// `write_slow` takes the record). The caller fills it whole (`detail::pack_timed` when
+  /// `detail::fits` holds) from what it has at hand: no `message_record` in between, which
+  /// the compiler builds in memory for the slow path's sake (that cost about a fifth of
+  /// what a recorded message cost).
+  static detail::packed_message* slot(detail::recorder_chunk_cursor* c) noexcept {
+    return c->next != c->end ? c->next++ : nullptr;
   }
   /// The slow ways: a new chunk, the side list (a record that does not pack), the limit.
   void write_slow(const message_record& m) noexcept;
