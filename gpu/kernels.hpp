@@ -24,7 +24,7 @@ enum class activation {
   leaky_relu,  ///< x > 0 ? x : alpha·x
   sigmoid,
   tanh,
-  gelu,        ///< exact: x·Φ(x) = 0.5·x·(1 + erf(x/√2)) (PyTorch's default)
+  gelu,        ///< exact: x·Φ(x) = 0.5·x·erfc(−x/√2) (PyTorch's default; erfc: no cancellation for x ≪ 0)
 };
 
 /// y = f(x), n elements; y may equal x. `alpha` is the leaky slope.

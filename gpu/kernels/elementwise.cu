@@ -16,7 +16,7 @@ __global__ void act_fwd(const float* __restrict__ x, float* y, std::size_t n, fl
     if constexpr (F == activation::leaky_relu) y[i] = v > 0.0f ? v : alpha * v;
     if constexpr (F == activation::sigmoid) y[i] = 1.0f / (1.0f + expf(-v));
     if constexpr (F == activation::tanh) y[i] = tanhf(v);
-    if constexpr (F == activation::gelu) y[i] = 0.5f * v * (1.0f + erff(v * inv_sqrt2));
+    if constexpr (F == activation::gelu) y[i] = 0.5f * v * erfcf(-v * inv_sqrt2);
   }
 }
 
@@ -31,7 +31,7 @@ __global__ void act_bwd(const float* __restrict__ x, const float* __restrict__ y
     if constexpr (F == activation::tanh) dx[i] = g * (1.0f - y[i] * y[i]);
     if constexpr (F == activation::gelu) {
       const float v = x[i];
-      const float cdf = 0.5f * (1.0f + erff(v * inv_sqrt2));
+      const float cdf = 0.5f * erfcf(-v * inv_sqrt2);
       const float pdf = inv_sqrt2pi * expf(-0.5f * v * v);
       dx[i] = g * (cdf + v * pdf);
     }

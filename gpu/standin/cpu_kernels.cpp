@@ -36,7 +36,7 @@ void activation_forward(activation f, const float* x, float* y, std::size_t n, f
       case activation::leaky_relu: y[i] = v > 0.0f ? v : alpha * v; break;
       case activation::sigmoid: y[i] = 1.0f / (1.0f + std::exp(-v)); break;
       case activation::tanh: y[i] = std::tanh(v); break;
-      case activation::gelu: y[i] = 0.5f * v * (1.0f + std::erf(v * inv_sqrt2)); break;
+      case activation::gelu: y[i] = 0.5f * v * std::erfc(-v * inv_sqrt2); break;
     }
   }
 }
@@ -52,7 +52,7 @@ void activation_backward(activation f, const float* x, const float* y, const flo
       case activation::tanh: dx[i] = g * (1.0f - y[i] * y[i]); break;
       case activation::gelu: {
         const float v = x[i];
-        const float cdf = 0.5f * (1.0f + std::erf(v * inv_sqrt2));
+        const float cdf = 0.5f * std::erfc(-v * inv_sqrt2);
         const float pdf = inv_sqrt2pi * std::exp(-0.5f * v * v);
         dx[i] = g * (cdf + v * pdf);
         break;

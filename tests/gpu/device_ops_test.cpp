@@ -3,9 +3,10 @@
 // - gemm: |C − C_ref| ≤ (k+2)·u·(|α|·Σ_p|a_ip||b_pj| + |β·c_ij|): the rigorous bound
 //   for any summation order of a k-term fp32 dot product (Higham 3.5) plus the final
 //   rounding; the reference is accumulated in double.
-// - transcendental activations: 16·u·(|ref| + |x|·|dy|) (expf/tanhf/erff are within
-//   2 ulp on both sides; each formula adds at most 4 roundings; the |x| term covers
-//   the cancellation in 1 + erf(x/√2) for negative x).
+// - transcendental activations: 16·u·(|ref| + |x|·|dy|) (expf/tanhf within 2 ulp and
+//   erfcf within 4 on the GPU, glibc's within 3.5; each formula adds at most 4
+//   roundings; GELU's Φ is ½·erfc(−x/√2), which does not cancel for negative x as
+//   ½·(1 + erf(x/√2)) did).
 // - ops with one FMA the CPU does not fuse (axpy, optimizers): a few roundings of
 //   the terms' magnitudes.
 // - bias add, relu, scale, fill, im2col/col2im, pooling: bitwise, the same float

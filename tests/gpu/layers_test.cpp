@@ -8,9 +8,11 @@
 // orders, so |gpu − cpu| ≤ 2·γ_k·Σ|aᵢbᵢ|; we take 2·(k+2)·u·m with m = Σ|aᵢbᵢ|
 // (plus |bias|) computed by the same CPU layer on |inputs| and |parameters|
 // (the +2 covers the bias add and the final rounding). Pointwise functions:
-// 8 ulps of the larger of the two results and of the incoming gradient
-// (expf/erff/tanhf on the GPU are within 2 ulps; the CPU recomputes sigmoid/tanh
-// from x where the GPU reads y). A whole training step composes these bounds
+// 12 ulps of the larger of the two results and of the incoming gradient
+// (expf/tanhf on the GPU are within 2 ulps, erfcf within 4, glibc's erfcf 3.5 with
+// GELU's product, measured; the CPU recomputes sigmoid/tanh from x where the GPU
+// reads y). GELU's Φ is ½·erfc(−x/√2): ½·(1 + erf(x/√2)) cancels for negative x, and
+// the first run on a GPU (H200) failed this bound by 11x there. A whole training step composes these bounds
 // through the network; there we check 1e-4 relative to the tensor's largest entry
 // (Adam: see the step test, where a gradient at the noise floor moves a weight by ±lr).
 #include "gpu/device.hpp"
@@ -91,7 +93,7 @@ std::vector<double> pointwise_tolerance(const layers::tensor& want, const layers
   for (std::size_t i = 0; i < tol.size(); ++i) {
     double m = std::abs(double(want.data()[i]));
     if (scale && scale->size() == want.size()) m = std::max(m, std::abs(double(scale->data()[i])));
-    tol[i] = 8.0 * unit_roundoff * m + 1e-30;
+    tol[i] = 12.0 * unit_roundoff * m + 1e-30;
   }
   return tol;
 }
