@@ -12,7 +12,7 @@ namespace nerve::gpu::testing {
 /// fails, every later event of every stream reports the error).
 enum class fault_kind {
   global_address,  ///< a store to global address 0x10: cudaErrorIllegalAddress
-  shared_address,  ///< a store far outside shared memory: cudaErrorIllegalAddress
+  shared_address,  ///< a store far outside shared memory: cudaErrorIllegalInstruction on an H200
   trap,            ///< `__trap()`: cudaErrorLaunchFailure
 };
 
@@ -31,7 +31,10 @@ class gate {
   gate(const gate&) = delete;
   gate& operator=(const gate&) = delete;
 
-  /// Later work on `s` waits until the gate opens.
+  /// Later work on `s` waits until the gate opens. A kernel's first launch behind a
+  /// closed gate can wait for the gate itself (CUDA loads kernels lazily, see
+  /// gpu/kernels/launch.hpp): nerve's kernels are loaded when the device opens; run a
+  /// cuBLAS product once before putting it behind a gate.
   void enqueue(stream& s);
   /// Opens the gate (work behind it runs) and returns at once.
   void open() noexcept;

@@ -40,6 +40,15 @@ class cuda_event final : public event_impl {
   cudaEvent_t event = nullptr;
 };
 
+/// Every kernel of ours loaded now, not at its first launch (launch.hpp says why).
+cudaError_t preload_kernels() {
+  for (cudaError_t (*part)() : {cuda_kernels::preload_elementwise, cuda_kernels::preload_loss,
+                                cuda_kernels::preload_optimizer, cuda_kernels::preload_window,
+                                cuda_kernels::preload_testing})
+    if (const cudaError_t e = part(); e != cudaSuccess) return e;
+  return cudaSuccess;
+}
+
 cudaStream_t native(stream_impl& s) { return static_cast<cuda_stream&>(s).stream; }
 cudaEvent_t native(event_impl& e) { return static_cast<cuda_event&>(e).event; }
 
@@ -51,6 +60,7 @@ class cuda_backend final : public backend {
     NERVE_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
     name_ = prop.name;
     NERVE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, ordinal));
+    NERVE_CUDA_CHECK(preload_kernels());  // no lazy load behind a spinning gate (launch.hpp)
   }
 
   void set_pool_release_threshold(std::size_t bytes) override {

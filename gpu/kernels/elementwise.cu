@@ -1,6 +1,7 @@
 // Pointwise kernels: activations, bias add, column sums, axpy/scale/fill.
 #include "gpu/kernels/grid.cuh"
 #include "gpu/kernels/launch.hpp"
+#include "gpu/kernels/preload.cuh"
 
 namespace nerve::gpu::cuda_kernels {
 namespace {
@@ -111,6 +112,23 @@ void scale(cudaStream_t st, std::size_t n, float alpha, float* x) {
 }
 void fill(cudaStream_t st, std::size_t n, float value, float* x) {
   fill_kernel<<<grid_for(n), block_size, 0, st>>>(n, value, x);
+}
+
+cudaError_t preload_elementwise() {
+  return load_now({
+      reinterpret_cast<const void*>(&act_fwd<activation::relu>),
+      reinterpret_cast<const void*>(&act_fwd<activation::leaky_relu>),
+      reinterpret_cast<const void*>(&act_fwd<activation::sigmoid>),
+      reinterpret_cast<const void*>(&act_fwd<activation::tanh>),
+      reinterpret_cast<const void*>(&act_fwd<activation::gelu>),
+      reinterpret_cast<const void*>(&act_bwd<activation::relu>),
+      reinterpret_cast<const void*>(&act_bwd<activation::leaky_relu>),
+      reinterpret_cast<const void*>(&act_bwd<activation::sigmoid>),
+      reinterpret_cast<const void*>(&act_bwd<activation::tanh>),
+      reinterpret_cast<const void*>(&act_bwd<activation::gelu>),
+      reinterpret_cast<const void*>(&bias_add_kernel), reinterpret_cast<const void*>(&column_sums_kernel),
+      reinterpret_cast<const void*>(&axpy_kernel), reinterpret_cast<const void*>(&scale_kernel),
+      reinterpret_cast<const void*>(&fill_kernel)});
 }
 
 }  // namespace nerve::gpu::cuda_kernels

@@ -40,6 +40,20 @@ void max_pool_backward(cudaStream_t st, const float* dy, const std::int32_t* arg
 void avg_pool_forward(cudaStream_t st, const float* x, const window_geometry& g, float* y);
 void avg_pool_backward(cudaStream_t st, const float* dy, const window_geometry& g, float* dx);
 
+/// Load every kernel of their file now; the CUDA backend calls them all when a device
+/// opens. CUDA (12.2 on) loads a kernel lazily, at its first launch, and loading may
+/// wait for the whole context to go idle: a kernel launched for the first time behind
+/// one that spins until the host lets it go (the test gate) deadlocks. The fault test
+/// hung so on an H200; with the kernels preloaded (or CUDA_MODULE_LOADING=EAGER) it
+/// passes. The first step of a run is not slowed by loading either. cuBLAS's kernels
+/// stay lazy: work behind a gate runs each product once before (a warm-up), or the
+/// process sets CUDA_MODULE_LOADING=EAGER. Each returns the first error.
+cudaError_t preload_elementwise();
+cudaError_t preload_loss();
+cudaError_t preload_optimizer();
+cudaError_t preload_window();
+cudaError_t preload_testing();
+
 /// Test-only: a one-thread kernel that faults: 0 stores to global address 0x10,
 /// 1 stores far outside shared memory, 2 traps.
 void fault(cudaStream_t st, int kind);

@@ -1,6 +1,7 @@
 // Softmax cross-entropy, one warp per row.
 #include "gpu/kernels/grid.cuh"
 #include "gpu/kernels/launch.hpp"
+#include "gpu/kernels/preload.cuh"
 
 #include <cfloat>
 
@@ -67,6 +68,11 @@ void softmax_xent_forward(cudaStream_t st, const float* logits, const std::int32
 void softmax_xent_backward(cudaStream_t st, const float* probs, const std::int32_t* labels, std::size_t rows,
                            std::size_t cols, float scale, float* dlogits) {
   xent_bwd<<<grid_for(rows * cols), block_size, 0, st>>>(probs, labels, rows, cols, scale, dlogits);
+}
+
+cudaError_t preload_loss() {
+  return load_now({
+      reinterpret_cast<const void*>(&xent_fwd), reinterpret_cast<const void*>(&xent_bwd)});
 }
 
 }  // namespace nerve::gpu::cuda_kernels

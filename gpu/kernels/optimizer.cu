@@ -1,6 +1,7 @@
 // Optimizer updates, elementwise, the CPU twin's formulas in the same order.
 #include "gpu/kernels/grid.cuh"
 #include "gpu/kernels/launch.hpp"
+#include "gpu/kernels/preload.cuh"
 
 namespace nerve::gpu::cuda_kernels {
 namespace {
@@ -43,6 +44,11 @@ void sgd_update(cudaStream_t st, float* w, const float* g, float* velocity, std:
 void adam_update(cudaStream_t st, float* w, const float* g, float* m, float* v, std::size_t n, const adam_params& p,
                  float c1, float c2) {
   adam_kernel<<<grid_for(n), block_size, 0, st>>>(w, g, m, v, n, p, c1, c2);
+}
+
+cudaError_t preload_optimizer() {
+  return load_now({
+      reinterpret_cast<const void*>(&sgd_kernel), reinterpret_cast<const void*>(&adam_kernel)});
 }
 
 }  // namespace nerve::gpu::cuda_kernels

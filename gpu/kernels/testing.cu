@@ -1,5 +1,6 @@
 // Test-only kernels: planted faults and a host-opened gate.
 #include "gpu/kernels/launch.hpp"
+#include "gpu/kernels/preload.cuh"
 
 namespace nerve::gpu::cuda_kernels {
 namespace {
@@ -29,5 +30,11 @@ void fault(cudaStream_t st, int kind) {
 }
 
 void gate(cudaStream_t st, volatile std::int32_t* device_flag) { gate_kernel<<<1, 1, 0, st>>>(device_flag); }
+
+cudaError_t preload_testing() {
+  return load_now({
+      reinterpret_cast<const void*>(&global_fault_kernel), reinterpret_cast<const void*>(&shared_fault_kernel),
+      reinterpret_cast<const void*>(&trap_kernel), reinterpret_cast<const void*>(&gate_kernel)});
+}
 
 }  // namespace nerve::gpu::cuda_kernels

@@ -2,6 +2,7 @@
 // kernels gather per input pixel (no atomics): deterministic, same sums as the CPU twin.
 #include "gpu/kernels/grid.cuh"
 #include "gpu/kernels/launch.hpp"
+#include "gpu/kernels/preload.cuh"
 
 #include <cfloat>
 
@@ -143,6 +144,13 @@ void avg_pool_forward(cudaStream_t st, const float* x, const window_geometry& g,
 }
 void avg_pool_backward(cudaStream_t st, const float* dy, const window_geometry& g, float* dx) {
   pool_bwd<false><<<grid_for(inputs(g)), block_size, 0, st>>>(dy, nullptr, g, dx);
+}
+
+cudaError_t preload_window() {
+  return load_now({
+      reinterpret_cast<const void*>(&im2col_kernel), reinterpret_cast<const void*>(&col2im_kernel),
+      reinterpret_cast<const void*>(&max_fwd), reinterpret_cast<const void*>(&pool_bwd<true>),
+      reinterpret_cast<const void*>(&avg_fwd), reinterpret_cast<const void*>(&pool_bwd<false>)});
 }
 
 }  // namespace nerve::gpu::cuda_kernels
