@@ -19,6 +19,9 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <utility>
+
 using namespace nerve;
 using namespace nerve::gpu::test;
 using gpu::transpose;
@@ -161,7 +164,7 @@ TEST_SUITE("gpu.device.ops") {
     cuda_fixture fx;
     const std::size_t rows = 1024, cols = 333;
     auto x = fx.normal(rows * cols), bias = fx.normal(cols), acc = fx.normal(cols);
-    auto dx = fx.up(x), db = fx.up(bias), dacc = fx.up(acc);
+    auto dx = fx.up(x), db = fx.up(bias);
     gpu::device_buffer y(fx.s, rows * cols * 4);
     for (bool relu : {false, true}) {
       gpu::bias_add(fx.s, f(dx), f(db), f(y), rows, cols, relu);
@@ -169,13 +172,26 @@ TEST_SUITE("gpu.device.ops") {
       gpu::cpu::bias_add(x.data(), bias.data(), want.data(), rows, cols, relu);
       check_equal(relu ? "bias add relu" : "bias add", fx.down<float>(y.data(), rows * cols), want);
     }
-    gpu::column_sums(fx.s, f(dx), rows, cols, f(dacc), 1.0f);
-    auto want = acc;
-    gpu::cpu::column_sums(x.data(), rows, cols, want.data(), 1.0f);
-    // Both sides sum in double in the same row order: only the final rounding remains.
-    std::vector<double> tol(cols);
-    for (std::size_t c = 0; c < cols; ++c) tol[c] = unit_roundoff * std::abs(want[c]) + 1e-30;
-    check_within("column sums", fx.down<float>(dacc.data(), cols), want, tol);
+    // Column sums: the loss's one column, a partial tile, rows not a multiple of 32.
+    for (auto [r, c] : {std::pair<std::size_t, std::size_t>{rows, cols}, {1000, 1}, {37, 70}}) {
+      CAPTURE(r);
+      CAPTURE(c);
+      const float beta = c == 1 ? 0.0f : 1.0f;
+      const std::vector<float> start(acc.begin(), acc.begin() + std::ptrdiff_t(c));
+      auto out = fx.up(start);
+      gpu::column_sums(fx.s, f(dx), r, c, f(out), beta);
+      auto want = start;
+      gpu::cpu::column_sums(x.data(), r, c, want.data(), beta);
+      // Both sides sum in double, in different orders (the GPU by 32 row strides, then
+      // the strides), then round to float: u·|sum| + 2·r·2⁻⁵³·Σ|x| (Higham 3.5, in double).
+      std::vector<double> tol(c);
+      for (std::size_t j = 0; j < c; ++j) {
+        double mag = std::abs(double(acc[j]));
+        for (std::size_t i = 0; i < r; ++i) mag += std::abs(double(x[i * c + j]));
+        tol[j] = unit_roundoff * std::abs(want[j]) + 2.0 * double(r) * std::ldexp(1.0, -53) * mag + 1e-30;
+      }
+      check_within("column sums", fx.down<float>(out.data(), c), want, tol);
+    }
   }
 
   TEST_CASE("softmax cross-entropy forward and backward") {
