@@ -15,6 +15,9 @@
 //   gpu_us           the same step enqueued behind a closed gate, the gate opened at t0, t1 in
 //                    the completion handler: the device's own time for the step (from the events)
 //   busy_fraction    gpu_us / step_median_us: how much of a step the GPU is working
+//   queued_step_us   the mean step when the next is enqueued as soon as a staging slot frees
+//                    (two slots, as a training loop feeds the GPU); busy_fraction_queued =
+//                    gpu_us / queued_step_us, vs_torch_queued against torch's queued steps
 //   gemm_us          the step's matrix products alone (cuBLAS, same shapes, same stream), gated
 //                    the same way; gflops (step) and cublas_gflops (products alone)
 //   torch            PyTorch eager on the same GPU (gpu/bench/torch_step.py), same model and batch
@@ -52,6 +55,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <semaphore>
 #include <string>
 #include <thread>
 #include <vector>
@@ -265,6 +269,24 @@ json step_bench(gpu::backend_kind kind, const std::string& model, std::size_t ba
     net.train_step(x, y).get();
     step_us.push_back(us_between(t0, clock_type::now()));
   }
+  // Queued: the next step goes in as soon as a staging slot frees (two slots), as a
+  // training loop keeps a GPU fed: the host's copy into the pinned slot and its launches
+  // overlap the step before. The mean over the run, as torch_step.py's queued_step_us.
+  double queued_us = 0;
+  {
+    std::counting_semaphore<2> free_slots(2);
+    std::latch finished(steps);
+    const auto q0 = clock_type::now();
+    for (int i = 0; i < steps; ++i) {
+      free_slots.acquire();
+      net.async_train_step(x, y, 1, -1, [&](std::error_code, gpu::device_step_result) {
+        free_slots.release();
+        finished.count_down();
+      });
+    }
+    finished.wait();
+    queued_us = us_between(q0, clock_type::now()) / steps;
+  }
   std::vector<double> gpu_us;
   for (int i = 0; i < std::max(3, steps / 4); ++i) {
     std::promise<void> done;
@@ -317,6 +339,8 @@ json step_bench(gpu::backend_kind kind, const std::string& model, std::size_t ba
            {"step_median_us", step_med},
            {"gpu_us", gpu_med},
            {"busy_fraction", gpu_med / step_med},
+           {"queued_step_us", queued_us},
+           {"busy_fraction_queued", std::min(1.0, gpu_med / queued_us)},
            {"gemm_us", gemm_med},
            {"flops_per_step", flops},
            {"gflops", flops / step_med * 1e-3},
@@ -328,6 +352,7 @@ json step_bench(gpu::backend_kind kind, const std::string& model, std::size_t ba
       const double tm = t["step_median_us"];
       out["vs_torch"] = step_med / tm;  // ≤ 1.0: nerve is at least as fast
     }
+    if (t.contains("queued_step_us")) out["vs_torch_queued"] = queued_us / double(t["queued_step_us"]);
     out["torch"] = std::move(t);
   }
   return out;
@@ -419,15 +444,25 @@ void run(const gpu_options& opt) {
     std::cout << out.dump(2) << std::endl;
     return;
   }
+  // Progress on stderr, each part's figures as it ends: a run cut short still says how far it got.
+  const auto done = [](const char* what, const json& j) { std::cerr << "nerve-bench gpu: " << what << ' ' << j.dump() << std::endl; };
+  std::cerr << "nerve-bench gpu: device " << name << std::endl;
   out["latency"]["poller"] = latency(kind, gpu::wait_mode::poller, opt.quick);
+  done("latency poller", out["latency"]["poller"]);
   out["latency"]["blocking"] = latency(kind, gpu::wait_mode::blocking, opt.quick);
+  done("latency blocking", out["latency"]["blocking"]);
   out["steps"] = json::array();
   out["steps"].push_back(step_bench(kind, "mlp", 256, steps, script, !opt.no_torch));
-  if (kind == gpu::backend_kind::cuda || !opt.quick)
+  done("step mlp", out["steps"].back());
+  if (kind == gpu::backend_kind::cuda || !opt.quick) {
     out["steps"].push_back(step_bench(kind, "deep-mlp", kind == gpu::backend_kind::cuda ? 1024 : 64, steps, script,
                                       !opt.no_torch));
+    done("step deep-mlp", out["steps"].back());
+  }
   out["gemm"] = gemm_table(kind, opt.quick);
+  done("gemm", out["gemm"]);
   out["pipeline"] = pipeline_bench(kind, opt.standin, steps);
+  done("pipeline", out["pipeline"]);
   std::cout << out.dump(2) << std::endl;
 }
 
