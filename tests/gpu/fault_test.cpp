@@ -145,12 +145,22 @@ TEST_SUITE("gpu.device.fault") {
       CHECK(took < 1.0);
 
       std::lock_guard lk(m);
+      // CUDA reports a kernel's fault asynchronously. A store to a bad global address and
+      // a trap failed every event behind the faulting kernel in every run on an H200. A
+      // store outside shared memory did once, and once let those events complete before
+      // the context was marked failed (the other stream, still working, got the error):
+      // there a waiter behind the fault gets success or the error.
+      const bool precise = kind != gpu::testing::fault_kind::shared_address;
       REQUIRE(bad_codes.size() == per_stream);
+      int bad_failed = 0;
       for (auto& ec : bad_codes) {
+        bad_failed += ec ? 1 : 0;
+        if (!ec && !precise) continue;
         CHECK(ec.category() == gpu::cuda_category());
         CHECK(ec.message().find(expected) != std::string::npos);
       }
-      std::fprintf(stderr, "fault test: the waiters got: %s\n", bad_codes.front().message().c_str());
+      std::fprintf(stderr, "fault test: %d of %d waiters behind the fault got the error, the first: %s\n", bad_failed,
+                   per_stream, bad_codes.front().message().c_str());
       // The other stream's waiters each get success (done before the fault) or the same error.
       REQUIRE(other_codes.size() == per_stream);
       int other_failed = 0;
@@ -160,6 +170,7 @@ TEST_SUITE("gpu.device.fault") {
       }
       std::fprintf(stderr, "fault test: %d of %d waiters on the other stream got the error\n", other_failed,
                    per_stream);
+      CHECK(bad_failed + other_failed > 0);  // the fault reached the waiters at all
 
       // Later calls fail at once with the error named, the call, file and line.
       dog.step("a call after the fault");
