@@ -57,6 +57,7 @@ for k in 1 2; do   # twice: the spread between two runs is part of the figure
   timeout -k 5 150 .carry/nerve-bench gpu --steps 200 > "$out/bench$k.json" 2>> "$log"
   echo "-- bench $k rc=$? ($((SECONDS - t0)) s)" | tee -a "$log"
 done
+run conv 120 .carry/nerve-bench conv --json   # im2col + cuBLAS against cuDNN (needs libcudnn.so.9 there)
 run train_mlp 90 .carry/nerve-train --model mlp --device cuda --epochs 10 --data .data --json --quiet
 run train_lenet 120 .carry/nerve-train --model lenet --device cuda --data .data --json --quiet
 run trace_mlp 60 .carry/nerve-train --model mlp --device cuda --steps 20 --no-eval --data .data --quiet --trace "$out/trace.json"
