@@ -44,12 +44,14 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "apps/bench/gpu_timing.hpp"
 #include "apps/bench/subcommand.hpp"
 
 namespace {
 
 using namespace nerve;
-using clock_type = std::chrono::steady_clock;
+using bench::gated_us;
+using bench::loop_thread;
 using nlohmann::json;
 
 void check(cudnnStatus_t s, const char* what) {
@@ -60,38 +62,10 @@ void check(cudaError_t e, const char* what) {
 }
 #define NERVE_CHECK(call) check((call), #call)
 
-struct loop_thread {
-  boost::asio::io_context ctx;
-  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guard{ctx.get_executor()};
-  std::thread thread{[this] { ctx.run(); }};
-  ~loop_thread() {
-    guard.reset();
-    thread.join();
-  }
-};
-
 struct conv_shape {
   const char* name;
   int n, c, h, w, k, r, pad;
 };
-
-/// Device time of what `enqueue` puts on `s`, read as `nerve-bench gpu` does (gated).
-double gated_us(gpu::device& dev, gpu::stream& s, loop_thread& loop, const std::function<void()>& enqueue) {
-  gpu::testing::gate gate(dev);
-  gate.enqueue(s);
-  enqueue();
-  std::latch done(1);
-  clock_type::time_point t1;
-  s.async_wait(loop.ctx.get_executor(), [&](std::error_code) {
-    t1 = clock_type::now();
-    done.count_down();
-  });
-  std::this_thread::sleep_for(std::chrono::microseconds(200));  // let the queue settle
-  const auto t0 = clock_type::now();
-  gate.open();
-  done.wait();
-  return std::chrono::duration<double, std::micro>(t1 - t0).count();
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -63,27 +63,18 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "apps/bench/gpu_timing.hpp"
 #include "apps/bench/subcommand.hpp"
 
 namespace {
 
 using namespace nerve;
-using clock_type = std::chrono::steady_clock;
+using bench::busy_wait;
+using bench::clock_type;
+using bench::gated_us;
+using bench::loop_thread;
+using bench::us_between;
 using nlohmann::json;
-
-struct loop_thread {
-  boost::asio::io_context ctx;
-  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guard{ctx.get_executor()};
-  std::thread thread{[this] { ctx.run(); }};
-  ~loop_thread() {
-    guard.reset();
-    thread.join();
-  }
-};
-
-double us_between(clock_type::time_point a, clock_type::time_point b) {
-  return std::chrono::duration<double, std::micro>(b - a).count();
-}
 
 json summarize(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -101,31 +92,6 @@ double cpu_seconds() {
   return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
-void busy_wait(std::chrono::microseconds d) {
-  const auto until = clock_type::now() + d;
-  while (clock_type::now() < until) {
-  }
-}
-
-/// Time from opening a gate (everything `enqueue` put behind it) to its completion
-/// handler on the loop: the device's time for that work.
-double gated_us(gpu::device& dev, gpu::stream& s, loop_thread& loop, const std::function<void()>& enqueue) {
-  gpu::testing::gate gate(dev);
-  gate.enqueue(s);
-  enqueue();
-  std::latch done(1);
-  clock_type::time_point t1;
-  s.async_wait(loop.ctx.get_executor(), [&](std::error_code) {
-    t1 = clock_type::now();
-    done.count_down();
-  });
-  busy_wait(std::chrono::microseconds(200));  // let the queue settle
-  const auto t0 = clock_type::now();
-  gate.open();
-  done.wait();
-  return us_between(t0, t1);
-}
-
 json latency(gpu::backend_kind kind, gpu::wait_mode mode, bool quick) {
   gpu::device_options o;
   o.backend = kind;
@@ -141,7 +107,7 @@ json latency(gpu::backend_kind kind, gpu::wait_mode mode, bool quick) {
     std::latch done(1);
     clock_type::time_point t1;
     const auto t0 = clock_type::now();
-    s.async_wait(loop.ctx.get_executor(), [&](std::error_code) {
+    s.async_wait(loop.executor(), [&](std::error_code) {
       t1 = clock_type::now();
       done.count_down();
     });
@@ -157,7 +123,7 @@ json latency(gpu::backend_kind kind, gpu::wait_mode mode, bool quick) {
       gate.enqueue(s);
       std::latch done(1);
       clock_type::time_point t1;
-      s.async_wait(loop.ctx.get_executor(), [&](std::error_code) {
+      s.async_wait(loop.executor(), [&](std::error_code) {
         t1 = clock_type::now();
         done.count_down();
       });
@@ -252,7 +218,7 @@ json step_bench(gpu::backend_kind kind, const std::string& model, std::size_t ba
   loop_thread loop;
   gpu::device dev(o);
   auto g = layers::make_preset(model, 0);
-  gpu::device_network net(dev, g, gpu::device_optimizer{"sgd", 0.01, 0.9}, loop.ctx.get_executor(),
+  gpu::device_network net(dev, g, gpu::device_optimizer{"sgd", 0.01, 0.9}, loop.executor(),
                           gpu::device_network_options{.max_batch = batch, .slots = 2});
   std::mt19937_64 rng(1);
   std::normal_distribution<float> d;

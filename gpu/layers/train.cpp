@@ -1,6 +1,7 @@
 #include "gpu/layers/train.hpp"
 
 #include "gpu/device.hpp"
+#include "gpu/loop_thread.hpp"
 #include "gpu/layers/device_network.hpp"
 #include "layers/data/batcher.hpp"
 #include "layers/data/dataset.hpp"
@@ -9,8 +10,6 @@
 
 #include "actors/recorder.hpp"
 
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <nlohmann/json.hpp>
 
@@ -53,16 +52,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-/// The network's loop: completions of its steps run here.
-struct loop_thread {
-  boost::asio::io_context ctx;
-  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guard{ctx.get_executor()};
-  std::thread thread{[this] { ctx.run(); }};
-  ~loop_thread() {
-    guard.reset();
-    thread.join();
-  }
-};
 
 }  // namespace
 
@@ -102,7 +91,7 @@ layers::train_report train(const layers::train_options& o, const std::string& sp
   device dev(dopt);
   const std::size_t eval_chunk = 1000;
   device_optimizer opt{o.optimizer, o.lr, o.momentum, o.weight_decay, o.nesterov};
-  device_network net(dev, g, opt, loop.ctx.get_executor(),
+  device_network net(dev, g, opt, loop.executor(),
                      device_network_options{.max_batch = std::max(o.batch, eval_chunk), .slots = 2});
 
   data::batcher batcher(train_set.size(), data::batcher_options{o.batch, o.shuffle, o.seed, false});
@@ -183,7 +172,7 @@ layers::train_report train(const layers::train_options& o, const std::string& sp
     // The last completion handler records its run after it set the step's future: wait
     // for the loop to pass it before reading the records.
     std::promise<void> passed;
-    boost::asio::post(loop.ctx, [&passed] { passed.set_value(); });
+    boost::asio::post(loop.context(), [&passed] { passed.set_value(); });
     passed.get_future().wait();
     rec.write_file(o.trace, nlohmann::json::array(),
                    {{"device", {{"name", dev.name()}, {"ordinal", dev.ordinal()}}}, {"model", o.model}});
