@@ -21,24 +21,18 @@
 #include "gpu/testing.hpp"
 #include "layers/conv2d.hpp"
 
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-
 #include <cudnn.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <iostream>
-#include <latch>
 #include <memory>
-#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -71,6 +65,43 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
+
+/// cuDNN's side of one shape: a stream, a handle bound to it, the descriptors and two
+/// timing events, released whatever ends the run (a failed call throws).
+struct cudnn_side {
+  cudaStream_t stream = nullptr;
+  cudnnHandle_t handle = nullptr;
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
+  cudnnFilterDescriptor_t filter = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+
+  cudnn_side() {
+    NERVE_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    NERVE_CHECK(cudnnCreate(&handle));
+    NERVE_CHECK(cudnnSetStream(handle, stream));
+    NERVE_CHECK(cudnnCreateTensorDescriptor(&x));
+    NERVE_CHECK(cudnnCreateTensorDescriptor(&y));
+    NERVE_CHECK(cudnnCreateTensorDescriptor(&bias));
+    NERVE_CHECK(cudnnCreateFilterDescriptor(&filter));
+    NERVE_CHECK(cudnnCreateConvolutionDescriptor(&conv));
+    NERVE_CHECK(cudaEventCreate(&start));
+    NERVE_CHECK(cudaEventCreate(&stop));
+  }
+  ~cudnn_side() {
+    if (stop) (void)cudaEventDestroy(stop);
+    if (start) (void)cudaEventDestroy(start);
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+    if (filter) cudnnDestroyFilterDescriptor(filter);
+    if (bias) cudnnDestroyTensorDescriptor(bias);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (x) cudnnDestroyTensorDescriptor(x);
+    if (handle) cudnnDestroy(handle);
+    if (stream) (void)cudaStreamDestroy(stream);
+  }
+  cudnn_side(const cudnn_side&) = delete;
+  cudnn_side& operator=(const cudnn_side&) = delete;
+};
 
 /// A device allocation for the cuDNN side (setup, outside the timed loops).
 struct dev_mem {
@@ -148,19 +179,12 @@ json run_shape(const conv_shape& sh, int reps) {
   s.synchronize();
 
   // cuDNN on a stream of its own, the same data and weights.
-  cudaStream_t st = nullptr;
-  NERVE_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudnnHandle_t h = nullptr;
-  NERVE_CHECK(cudnnCreate(&h));
-  NERVE_CHECK(cudnnSetStream(h, st));
-  cudnnTensorDescriptor_t xd, yd, bd;
-  cudnnFilterDescriptor_t fd;
-  cudnnConvolutionDescriptor_t cd;
-  NERVE_CHECK(cudnnCreateTensorDescriptor(&xd));
-  NERVE_CHECK(cudnnCreateTensorDescriptor(&yd));
-  NERVE_CHECK(cudnnCreateTensorDescriptor(&bd));
-  NERVE_CHECK(cudnnCreateFilterDescriptor(&fd));
-  NERVE_CHECK(cudnnCreateConvolutionDescriptor(&cd));
+  cudnn_side side;
+  cudnnHandle_t h = side.handle;
+  cudnnTensorDescriptor_t xd = side.x, yd = side.y, bd = side.bias;
+  cudnnFilterDescriptor_t fd = side.filter;
+  cudnnConvolutionDescriptor_t cd = side.conv;
+  cudaStream_t st = side.stream;
   NERVE_CHECK(cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, sh.n, sh.c, sh.h, sh.w));
   NERVE_CHECK(cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, sh.n, sh.k, oh, ow));
   NERVE_CHECK(cudnnSetTensor4dDescriptor(bd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, sh.k, 1, 1));
@@ -220,9 +244,7 @@ json run_shape(const conv_shape& sh, int reps) {
   NERVE_CHECK(cudaMemcpy(cudnn_y.data(), cy.p, ny * 4, cudaMemcpyDeviceToHost));
   NERVE_CHECK(cudaMemcpy(cudnn_dx.data(), cdx.p, nx * 4, cudaMemcpyDeviceToHost));
   NERVE_CHECK(cudaMemcpy(cudnn_dw.data(), cdw.p, nw * 4, cudaMemcpyDeviceToHost));
-  cudaEvent_t e0, e1;
-  NERVE_CHECK(cudaEventCreate(&e0));
-  NERVE_CHECK(cudaEventCreate(&e1));
+  cudaEvent_t e0 = side.start, e1 = side.stop;
   auto timed = [&](const std::function<void()>& pass) {
     NERVE_CHECK(cudaEventRecord(e0, st));
     for (int i = 0; i < reps; ++i) pass();
@@ -238,15 +260,6 @@ json run_shape(const conv_shape& sh, int reps) {
     c_tbd.push_back(timed(c_bd));
     c_tbf.push_back(timed([&] { c_bf(1.0f); }));
   }
-  (void)cudaEventDestroy(e0);
-  (void)cudaEventDestroy(e1);
-  cudnnDestroyTensorDescriptor(xd);
-  cudnnDestroyTensorDescriptor(yd);
-  cudnnDestroyTensorDescriptor(bd);
-  cudnnDestroyFilterDescriptor(fd);
-  cudnnDestroyConvolutionDescriptor(cd);
-  cudnnDestroy(h);
-  (void)cudaStreamDestroy(st);
 
   const double nf = median(t_fwd), nbd = median(t_bd), nbf = median(t_bf);
   const double cf = median(c_tf), cbd = median(c_tbd), cbf = median(c_tbf);
