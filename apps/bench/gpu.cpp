@@ -40,9 +40,6 @@
 #include "layers/pipeline/pipeline.hpp"
 #include "layers/presets.hpp"
 
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -53,7 +50,6 @@
 #include <iostream>
 #include <latch>
 #include <memory>
-#include <optional>
 #include <random>
 #include <semaphore>
 #include <string>
@@ -218,8 +214,9 @@ json step_bench(gpu::backend_kind kind, const std::string& model, std::size_t ba
   loop_thread loop;
   gpu::device dev(o);
   auto g = layers::make_preset(model, 0);
+  constexpr std::size_t slots = 2;  // staging slots: steps in flight at once
   gpu::device_network net(dev, g, gpu::device_optimizer{"sgd", 0.01, 0.9}, loop.executor(),
-                          gpu::device_network_options{.max_batch = batch, .slots = 2});
+                          gpu::device_network_options{.max_batch = batch, .slots = slots});
   std::mt19937_64 rng(1);
   std::normal_distribution<float> d;
   std::vector<float> x(batch * 784);
@@ -235,12 +232,12 @@ json step_bench(gpu::backend_kind kind, const std::string& model, std::size_t ba
     net.train_step(x, y).get();
     step_us.push_back(us_between(t0, clock_type::now()));
   }
-  // Queued: the next step goes in as soon as a staging slot frees (two slots), as a
+  // Queued: the next step goes in as soon as a staging slot frees, as a
   // training loop keeps a GPU fed: the host's copy into the pinned slot and its launches
   // overlap the step before. The mean over the run, as torch_step.py's queued_step_us.
   double queued_us = 0;
   {
-    std::counting_semaphore<2> free_slots(2);
+    std::counting_semaphore<slots> free_slots(slots);
     std::latch finished(steps);
     const auto q0 = clock_type::now();
     for (int i = 0; i < steps; ++i) {
