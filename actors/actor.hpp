@@ -270,6 +270,10 @@ class actor {
   }
   void schedule();
   void drain();
+  // The drain's loop, made twice (drain picks): recording when the drain began, with each
+  // run's recording inlined (record_run), or not, as lean as with no recorder.
+  template <bool Recording>
+  void drain_runs();
   // End of a drain: clears the scheduled bit if everything reserved was taken (idle), and
   // says whether the last address went meanwhile (doomed: the drain then destroys the actor).
   enum class idle_result { busy, idle, doomed };
@@ -294,6 +298,7 @@ class actor {
   [[gnu::noinline, gnu::cold]] void fail_unanswered(envelope& e);  // a request whose handler did not answer
   // Recording (recorder.hpp): a run timed in a group of short runs, or on its own.
   [[gnu::noinline]] void invoke_recorded(envelope& e, std::uint8_t mode);
+  void record_run(envelope& e, std::uint8_t mode);  // its body, inlined in drain_runs<true>
   [[gnu::noinline]] void invoke_timed(envelope& e, bool long_type);
   [[gnu::noinline]] void record_failure(const envelope& e, std::exception_ptr err);
   void dispatch(envelope& e);

@@ -126,6 +126,23 @@ struct nesting_relay : actor {
     });
   }
 };
+// Counts its toggle messages; at micro-batch `off_at` turns the runtime's recording off
+// from inside the handler.
+struct toggle_msg {
+  static constexpr std::string_view kind = "toggle";
+  int micro_batch;
+};
+struct toggling_sink : actor {
+  runtime* rt;
+  int off_at;
+  int* handled;
+  toggling_sink(runtime* r, int off, int* h) : actor("toggling"), rt(r), off_at(off), handled(h) {
+    on<toggle_msg>([this](toggle_msg& m) {
+      ++*handled;
+      if (m.micro_batch == off_at) rt->trace().enable(false);
+    });
+  }
+};
 // The handler runs of `track` for messages of kind `kind`, in time order.
 std::vector<record> runs_of(const std::vector<record>& recs, actor_id track, std::string_view kind) {
   std::vector<record> out;
@@ -499,6 +516,29 @@ TEST_SUITE("actors.recorder") {
       // Within the outer group's span (the nested drain ran inside it).
       CHECK(n[i].ts_ns >= o[0].ts_ns - 1);
       CHECK(n[i].ts_ns + n[i].dur_ns <= o[2].ts_ns + o[2].dur_ns + 1);
+    }
+  }
+
+  TEST_CASE("recording switched on and off mid-drain records exactly the runs of messages sent and handled while on") {
+    runtime rt({.loops = 1, .manual = true});
+    rt.trace().set_long_run(std::int64_t{1} << 50);
+    int handled = 0;
+    auto sink = rt.spawn<toggling_sink>(&rt, 6, &handled);
+    rt.run_until_idle();
+    for (int i = 0; i < 3; ++i) rt.send(sink, toggle_msg{i});  // sent unrecorded
+    rt.trace().enable();
+    for (int i = 3; i < 9; ++i) rt.send(sink, toggle_msg{i});  // stamped at the send
+    // One drain, begun recording: 0-2 run unrecorded, 3-6 recorded in one group (6 turns
+    // recording off inside its run, which is still recorded), 7-8 unrecorded although
+    // stamped, and their first run ends the group.
+    rt.run_until_idle();
+    CHECK(handled == 9);
+    const auto runs = runs_of(rt.trace().snapshot(), sink.id(), "toggle");
+    REQUIRE(runs.size() == 4);
+    for (int i = 0; i < 4; ++i) {
+      CAPTURE(i);
+      CHECK(runs[i].mb == 3 + i);
+      CHECK(runs[i].aux2 == 4);
     }
   }
 
