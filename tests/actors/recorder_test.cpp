@@ -143,6 +143,22 @@ struct toggling_sink : actor {
     });
   }
 };
+// Each run works `spin` ticks: short, yet 8 of them in a row take longer than the
+// threshold they are judged by.
+struct plod_msg {
+  static constexpr std::string_view kind = "plod";
+  int micro_batch;
+};
+struct plodder : actor {
+  std::int64_t spin;
+  explicit plodder(std::int64_t s) : actor("plodder"), spin(s) {
+    on<plod_msg>([this](plod_msg&) {
+      const auto until = recorder::ticks() + spin;
+      while (recorder::ticks() < until) {
+      }
+    });
+  }
+};
 // The handler runs of `track` for messages of kind `kind`, in time order.
 std::vector<record> runs_of(const std::vector<record>& recs, actor_id track, std::string_view kind) {
   std::vector<record> out;
@@ -620,6 +636,32 @@ TEST_SUITE("actors.recorder") {
       CAPTURE(i);
       CHECK(std::abs(runs[i].dur_ns - runs[2].dur_ns) <= 4);
     }
+  }
+
+  TEST_CASE("a loop whose short runs are slow groups them again once the runs timed alone have measured them") {
+    runtime rt({.loops = 1, .manual = true, .record = true});
+    auto& tr = rt.trace();
+    const auto t0 = recorder::ticks();
+    std::int64_t per_100us = 1;
+    while (tr.ns_of_ticks(t0 + per_100us) - tr.ns_of_ticks(t0) < 100'000) per_100us *= 2;
+    tr.set_long_run(per_100us);
+    auto p = rt.spawn<plodder>(per_100us / 5);  // no run is long; 8 in a row are
+    rt.run_until_idle();
+    for (int i = 0; i < 96; ++i) rt.send(p, plod_msg{i});
+    rt.run_until_idle();
+    const auto runs = runs_of(tr.snapshot(), p.id(), "plod");
+    REQUIRE(runs.size() == 96);
+    // The first group spans more than the threshold, so the next 8 runs are timed alone;
+    // they are short, and what they took is allowed for each run of a later group but one.
+    for (int i = 0; i < 8; ++i) CHECK(runs[i].aux2 == 8);
+    for (int i = 8; i < 16; ++i) CHECK(runs[i].aux2 == -1);
+    // Without the allowance every other group would be long, and 40 of the 80 runs after
+    // them timed alone. A preemption inside a group still makes it long (8 runs alone),
+    // and inside a run timed alone marks its type long until the next (1 more): two
+    // such are allowed for.
+    int alone = 0;
+    for (int i = 16; i < 96; ++i) alone += runs[i].aux2 == -1;
+    CHECK(alone <= 16);
   }
 
   TEST_CASE("the mailbox depth at each send counts what the receiver had not yet taken") {
