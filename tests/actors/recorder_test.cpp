@@ -159,6 +159,13 @@ struct plodder : actor {
     });
   }
 };
+// At least 100 µs of recorder ticks (a power of two: at most 200 µs).
+std::int64_t ticks_of_100us(const recorder& tr) {
+  const auto t0 = recorder::ticks();
+  std::int64_t n = 1;
+  while (tr.ns_of_ticks(t0 + n) - tr.ns_of_ticks(t0) < 100'000) n *= 2;
+  return n;
+}
 // The handler runs of `track` for messages of kind `kind`, in time order.
 std::vector<record> runs_of(const std::vector<record>& recs, actor_id track, std::string_view kind) {
   std::vector<record> out;
@@ -604,9 +611,7 @@ TEST_SUITE("actors.recorder") {
     // Long from 100 µs: a sanitizer build's short runs stay far below it, the slow ones
     // (300 µs of work) above.
     auto& tr = rt.trace();
-    const auto t0 = recorder::ticks();
-    std::int64_t per_100us = 1;
-    while (tr.ns_of_ticks(t0 + per_100us) - tr.ns_of_ticks(t0) < 100'000) per_100us *= 2;
+    const auto per_100us = ticks_of_100us(tr);
     tr.set_long_run(per_100us);
     auto sp = rt.spawn<spinner>();
     rt.run_until_idle();
@@ -641,9 +646,7 @@ TEST_SUITE("actors.recorder") {
   TEST_CASE("a loop whose short runs are slow groups them again once the runs timed alone have measured them") {
     runtime rt({.loops = 1, .manual = true, .record = true});
     auto& tr = rt.trace();
-    const auto t0 = recorder::ticks();
-    std::int64_t per_100us = 1;
-    while (tr.ns_of_ticks(t0 + per_100us) - tr.ns_of_ticks(t0) < 100'000) per_100us *= 2;
+    const auto per_100us = ticks_of_100us(tr);
     tr.set_long_run(per_100us);
     auto p = rt.spawn<plodder>(per_100us / 5);  // no run is long; 8 in a row are
     rt.run_until_idle();
