@@ -67,8 +67,9 @@ struct loop_state {
     std::uint32_t shared = 0;      ///< runs since `mark` that wait for the next read (a group)
     std::uint32_t exact = 0;       ///< runs left to time one by one (after a group that took long)
     /// What a short run takes on this loop (ticks; 0: not measured yet): the mean of the
-    /// short runs in the last batch timed one by one. A group is long when its span, less
-    /// this for each of its other runs, is (actor::close_group).
+    /// short runs in the last batch timed one by one, less 1/64 for each group since. A
+    /// group is long when its span, less this for each of its other runs, is
+    /// (actor::close_group).
     std::int64_t short_run = 0;
     std::int64_t batch_ticks = 0;  ///< the short runs timed one by one since `exact` was last set: their sum
     std::uint32_t batch_runs = 0;  ///< and their number

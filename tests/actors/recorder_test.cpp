@@ -159,6 +159,26 @@ struct plodder : actor {
     });
   }
 };
+// Runs a fifth of `long_run` (plod), quickly (dash), or 1.5 times `long_run` (trudge: a
+// type that is always long).
+struct dash_msg {
+  static constexpr std::string_view kind = "dash";
+};
+struct trudge_msg {
+  static constexpr std::string_view kind = "trudge";
+};
+struct dash_trudger : actor {
+  explicit dash_trudger(std::int64_t long_run) : actor("trudger") {
+    on<plod_msg>([long_run](plod_msg&) { spin_for(long_run / 5); });
+    on<dash_msg>([](dash_msg&) {});
+    on<trudge_msg>([long_run](trudge_msg&) { spin_for(long_run * 3 / 2); });
+  }
+  static void spin_for(std::int64_t ticks) {
+    const auto until = recorder::ticks() + ticks;
+    while (recorder::ticks() < until) {
+    }
+  }
+};
 // At least 100 µs of recorder ticks (a power of two: at most 200 µs).
 std::int64_t ticks_of_100us(const recorder& tr) {
   const auto t0 = recorder::ticks();
@@ -665,6 +685,40 @@ TEST_SUITE("actors.recorder") {
     int alone = 0;
     for (int i = 16; i < 96; ++i) alone += runs[i].aux2 == -1;
     CHECK(alone <= 16);
+  }
+
+  TEST_CASE("an allowance measured while runs were slow shrinks until a long run in a group of fast ones is caught") {
+    runtime rt({.loops = 1, .manual = true, .record = true});
+    auto& tr = rt.trace();
+    const auto per_100us = ticks_of_100us(tr);
+    tr.set_long_run(per_100us);
+    auto p = rt.spawn<dash_trudger>(per_100us);
+    rt.run_until_idle();
+    // 16 slow short runs: a long group, then 8 timed alone that make the allowance a fifth
+    // of the threshold a run (7/5 of it for a group of 8).
+    for (int i = 0; i < 16; ++i) rt.send(p, plod_msg{i});
+    rt.run_until_idle();
+    // Then rounds of 7 quick runs and a trudge. A group of them spans about 1.5 times the
+    // threshold; less the first allowance (1.4 times it) that is below the threshold, so
+    // no group is long until the allowance has shrunk to a third (about 65 groups); then
+    // the next runs timed alone mark trudge long, and it is timed alone from there on.
+    constexpr int rounds = 200;
+    for (int r = 0; r < rounds; ++r) {
+      for (int i = 0; i < 7; ++i) rt.send(p, dash_msg{});
+      rt.send(p, trudge_msg{});
+      if (r % 50 == 49) rt.run_until_idle();  // within the mailbox's 1,024
+    }
+    const auto recs = tr.snapshot();
+    const auto trudges = runs_of(recs, p.id(), "trudge");
+    REQUIRE(trudges.size() == rounds);
+    int grouped_early = 0;
+    for (int r = 0; r < 20; ++r) grouped_early += trudges[r].aux2 > 1;
+    CHECK(grouped_early >= 10);  // hidden at first (a preemption may catch it early)
+    for (int r = rounds - 50; r < rounds; ++r) {
+      CAPTURE(r);
+      CHECK(trudges[r].aux2 == -1);
+      CHECK(trudges[r].dur_ns >= 100'000);
+    }
   }
 
   TEST_CASE("the mailbox depth at each send counts what the receiver had not yet taken") {
