@@ -143,24 +143,12 @@ struct toggling_sink : actor {
     });
   }
 };
-// Each run works `spin` ticks: short, yet 8 of them in a row take longer than the
-// threshold they are judged by.
+// Runs a fifth of `long_run` (plod: short, yet 8 in a row take longer than the
+// threshold), quickly (dash), or 1.5 times `long_run` (trudge: a type that is always long).
 struct plod_msg {
   static constexpr std::string_view kind = "plod";
   int micro_batch;
 };
-struct plodder : actor {
-  std::int64_t spin;
-  explicit plodder(std::int64_t s) : actor("plodder"), spin(s) {
-    on<plod_msg>([this](plod_msg&) {
-      const auto until = recorder::ticks() + spin;
-      while (recorder::ticks() < until) {
-      }
-    });
-  }
-};
-// Runs a fifth of `long_run` (plod), quickly (dash), or 1.5 times `long_run` (trudge: a
-// type that is always long).
 struct dash_msg {
   static constexpr std::string_view kind = "dash";
 };
@@ -668,7 +656,7 @@ TEST_SUITE("actors.recorder") {
     auto& tr = rt.trace();
     const auto per_100us = ticks_of_100us(tr);
     tr.set_long_run(per_100us);
-    auto p = rt.spawn<plodder>(per_100us / 5);  // no run is long; 8 in a row are
+    auto p = rt.spawn<dash_trudger>(per_100us);  // no plod is long; 8 in a row are
     rt.run_until_idle();
     for (int i = 0; i < 96; ++i) rt.send(p, plod_msg{i});
     rt.run_until_idle();
@@ -678,13 +666,14 @@ TEST_SUITE("actors.recorder") {
     // they are short, and what they took is allowed for each run of a later group but one.
     for (int i = 0; i < 8; ++i) CHECK(runs[i].aux2 == 8);
     for (int i = 8; i < 16; ++i) CHECK(runs[i].aux2 == -1);
-    // Without the allowance every other group would be long, and 40 of the 80 runs after
-    // them timed alone. A preemption inside a group still makes it long (8 runs alone),
-    // and inside a run timed alone marks its type long until the next (1 more): two
-    // such are allowed for.
+    // Without the allowance every other group is long, whatever the scheduler does: at
+    // least 40 of the 80 runs after them are timed alone. With it, none is, but a
+    // preemption of 80 µs or more inside a group still makes that group long (8 runs
+    // alone), and inside a run timed alone marks its type long until the next (1 more).
+    // Four such are allowed for: a loaded 2-core machine preempts every few ms.
     int alone = 0;
     for (int i = 16; i < 96; ++i) alone += runs[i].aux2 == -1;
-    CHECK(alone <= 16);
+    CHECK(alone <= 32);
   }
 
   TEST_CASE("an allowance measured while runs were slow shrinks until a long run in a group of fast ones is caught") {
@@ -708,12 +697,11 @@ TEST_SUITE("actors.recorder") {
       rt.send(p, trudge_msg{});
       if (r % 50 == 49) rt.run_until_idle();  // within the mailbox's 1,024
     }
-    const auto recs = tr.snapshot();
-    const auto trudges = runs_of(recs, p.id(), "trudge");
+    // (A preemption inside a group can make it long earlier, and catch trudge sooner; so
+    // only the end is checked. Without the shrinking, only such a preemption could: on
+    // a quiet machine every check below fails.)
+    const auto trudges = runs_of(tr.snapshot(), p.id(), "trudge");
     REQUIRE(trudges.size() == rounds);
-    int grouped_early = 0;
-    for (int r = 0; r < 20; ++r) grouped_early += trudges[r].aux2 > 1;
-    CHECK(grouped_early >= 10);  // hidden at first (a preemption may catch it early)
     for (int r = rounds - 50; r < rounds; ++r) {
       CAPTURE(r);
       CHECK(trudges[r].aux2 == -1);
