@@ -368,7 +368,8 @@ void recorder::span(std::uint32_t track, const char* cat, const char* name, std:
   write(r);
 }
 
-void recorder::counter(std::uint32_t track, const char* name, const char* key, std::int64_t value) noexcept {
+void recorder::counter(std::uint32_t track, const char* name, const char* key, std::int64_t value,
+                       std::int32_t id) noexcept {
   record r;
   r.kind = record_kind::counter;
   r.ts_ns = now();
@@ -376,7 +377,15 @@ void recorder::counter(std::uint32_t track, const char* name, const char* key, s
   r.name = name;
   r.text = key;
   r.value = value;
+  r.aux = id;
   write(r);
+}
+
+const char* recorder::intern(std::string_view text) {
+  std::lock_guard lk(mu_);
+  for (auto& s : interned_)
+    if (s == text) return s.c_str();
+  return interned_.emplace_back(text).c_str();
 }
 
 void recorder::flow(record_kind start_or_end, std::uint32_t track, const char* name, std::uint64_t id,
@@ -626,6 +635,7 @@ nlohmann::json recorder::to_chrome_trace(const nlohmann::json& actors, const nlo
       case record_kind::counter:
         events.push_back({{"ph", "C"}, {"cat", r.text ? r.text : "counter"}, {"name", name}, {"pid", 0},
                           {"tid", r.track}, {"ts", us(r.ts_ns)}, {"args", {{r.text ? r.text : "value", r.value}}}});
+        if (r.aux >= 0) events.back()["id"] = r.aux;
         break;
     }
   }

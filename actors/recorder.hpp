@@ -39,6 +39,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -84,7 +85,7 @@ struct record {
   const type_tag* tag = nullptr;
   std::uint32_t track = 0;     ///< the actor (or GPU stream track) the event is drawn on
   std::uint32_t peer = 0;      ///< send: receiver; handle: sender
-  std::int32_t aux = -1;       ///< handle: loop; span: stage (action) or stream (gpu)
+  std::int32_t aux = -1;       ///< handle: loop; span: stage (action) or stream (gpu); counter: id
   std::int32_t aux2 = -1;      ///< span: planned step (action) or device (gpu); handle: runs timed together (-1: alone)
   std::int32_t depth = -1;     ///< send: receiver's queued normal messages after the enqueue (-1: not known)
   record_kind kind = record_kind::send;
@@ -452,8 +453,13 @@ class recorder {
   void span(std::uint32_t track, const char* cat, const char* name, std::int64_t start_ns, std::int64_t end_ns,
             std::int64_t mb = -1, const char* text = nullptr, std::int32_t aux = -1, std::int32_t aux2 = -1,
             std::int64_t value = 0) noexcept;
-  /// A counter sample on `track`.
-  void counter(std::uint32_t track, const char* name, const char* key, std::int64_t value) noexcept;
+  /// A counter sample on `track`. `id` ≥ 0 is exported as the event's `id`, which keys the
+  /// counter's track in Perfetto (several counters of one name on one actor: one per edge).
+  void counter(std::uint32_t track, const char* name, const char* key, std::int64_t value,
+               std::int32_t id = -1) noexcept;
+  /// A copy of `text` that lives as long as the recorder, for the names that records point
+  /// to (`counter`'s `name`). Any thread; takes a lock: call at wiring time, not per record.
+  const char* intern(std::string_view text);
   /// A flow arrow's start (`s`) or end (`f`) at `ts_ns` on `track`; it binds to the slice
   /// enclosing that time there. `id` from `next_flow()`.
   void flow(record_kind start_or_end, std::uint32_t track, const char* name, std::uint64_t id,
@@ -503,6 +509,7 @@ class recorder {
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<detail::recorder_buffer>> buffers_;
   std::vector<named_track> tracks_;  // guarded by mu_
+  std::deque<std::string> interned_;  // guarded by mu_; a deque never moves its strings
   std::uint64_t instance_;  // distinguishes recorders in the thread-local cache
 };
 

@@ -1,5 +1,7 @@
 #include "layers/executor.hpp"
 
+#include "layers/plan.hpp"
+
 namespace nerve::layers {
 
 template <class Scalar>
@@ -109,15 +111,12 @@ step_result basic_direct_executor<Scalar>::train_step(tensor_type input, const b
                                                       basic_optimizer<Scalar>& opt, std::size_t micro_batches,
                                                       std::uint64_t step) {
   const std::int64_t n = input.batch();
-  if (micro_batches == 0 || static_cast<std::int64_t>(micro_batches) > n)
-    throw std::invalid_argument("executor: cannot split a batch of " + std::to_string(n) + " into " +
-                                std::to_string(micro_batches) + " micro-batches");
+  const auto split = split_micro_batches(n, micro_batches);
   graph_.zero_grad();
   step_result result;
   result.samples = n;
-  std::int64_t first = 0;
   for (std::size_t m = 0; m < micro_batches; ++m) {
-    const std::int64_t count = n / std::int64_t(micro_batches) + (std::int64_t(m) < n % std::int64_t(micro_batches));
+    const auto [first, count] = split[m];
     forward_context ctx{m, step};
     tensor_type out = micro_batches == 1 ? forward(std::move(input), ctx) : forward(input.slice(first, count), ctx);
     auto r = micro_batches == 1 ? criterion.forward(out, target) : criterion.forward(out, target.slice(first, count));
@@ -125,7 +124,6 @@ step_result basic_direct_executor<Scalar>::train_step(tensor_type input, const b
     result.loss += share * r.loss;
     result.correct += r.correct;
     backward(m, criterion.backward(r.stash, Scalar(share)));
-    first += count;
   }
   auto params = graph_.parameters();
   opt.step(params);

@@ -1,14 +1,38 @@
 #include "layers/layer_actor.hpp"
 
+#include "actors/runtime.hpp"
+
 #include <stdexcept>
 
 namespace nerve::layers {
 
-layer_actor::layer_actor(graph::node_type& n, std::uint32_t index, std::unique_ptr<optimizer> opt)
-    : actor(n.name), node_(n), index_(index), opt_(std::move(opt)) {
+layer_actor::layer_actor(graph::node_type& n, std::uint32_t index, const node_plan& plan, std::unique_ptr<optimizer> opt)
+    : actor(n.name), node_(n), index_(index), plan_(plan), opt_(std::move(opt)) {
   if (!node_.layer) throw std::invalid_argument("layer_actor: node '" + node_.name + "' is a graph input, not a layer");
   on<forward_msg>([this](forward_msg& m) { on_forward(m); });
   on<backward_msg>([this](backward_msg& m) { on_backward(m); });
+  for (std::size_t k = 0; k < node_.inputs.size(); ++k)
+    grad_.push_back(std::make_unique<bus::signal<backward_msg>>(*this, "grad" + std::to_string(k)));
+  outstanding_.assign(plan_.edge_count(), 0);
+}
+
+void layer_actor::wire(actors::address coordinator, std::vector<std::int32_t> edge_ids) {
+  coordinator_ = std::move(coordinator);
+  wanted_ = 0;
+  for (std::size_t k = 0; k < grad_.size(); ++k)
+    if (grad_[k]->subscribers() > 0) wanted_ |= input_mask{1} << k;
+  if (!edge_ids.empty() && edge_ids.size() != plan_.edge_count())
+    throw std::invalid_argument("layer '" + node_.name + "': " + std::to_string(edge_ids.size()) + " edge ids for " +
+                                std::to_string(plan_.edge_count()) + " edges");
+  edge_ids_ = std::move(edge_ids);
+  credits_name_ = edge_ids_.empty() ? nullptr : system().trace().intern("credits");
+}
+
+void layer_actor::record_credits(std::size_t edge) {
+  auto& rec = system().trace();
+  if (credits_name_ && rec.enabled())
+    rec.counter(id(), credits_name_, "available",
+                std::int64_t(step_micro_batches_) - std::int64_t(outstanding_[edge]), edge_ids_[edge]);
 }
 
 void layer_actor::on_forward(forward_msg& m) {
@@ -47,18 +71,18 @@ void layer_actor::on_forward(forward_msg& m) {
   if (m.train) {
     bytes_ += r.stash.payload_bytes();
     st.st = std::move(r.stash);
-    st.grads.resize(w_.consumers.size());
+    st.grads.resize(plan_.edge_count());
     peak_stashed_ = std::max(peak_stashed_, mbs_.size());
     peak_bytes_ = std::max(peak_bytes_, bytes_);
   } else {
     mbs_.erase(m.micro_batch);  // evaluation keeps nothing
   }
-  const auto edges = w_.consumers.size();
-  for (std::size_t e = 0; e < edges; ++e) {
-    forward_msg out{m.micro_batch, m.step, w_.consumer_ports[e], m.micro_batches, m.train, m.lr,
-                    e + 1 == edges ? std::move(r.output) : r.output.clone()};
-    send(w_.consumers[e], std::move(out));
-  }
+  if (m.train)
+    for (std::size_t e = 0; e < outstanding_.size(); ++e) {
+      ++outstanding_[e];
+      record_credits(e);
+    }
+  out_.emit(forward_msg{m.micro_batch, m.step, 0, m.micro_batches, m.train, m.lr, std::move(r.output)});
 }
 
 void layer_actor::on_backward(backward_msg& m) {
@@ -67,27 +91,27 @@ void layer_actor::on_backward(backward_msg& m) {
     throw std::logic_error("layer '" + node_.name + "': backward of micro-batch " + std::to_string(m.micro_batch) +
                            " without its forward");
   auto& st = it->second;
-  if (m.edge >= st.grads.size() || !st.grads[m.edge].empty())
-    throw std::logic_error("layer '" + node_.name + "': gradient on edge " + std::to_string(m.edge) +
+  if (m.port >= st.grads.size() || !st.grads[m.port].empty())
+    throw std::logic_error("layer '" + node_.name + "': gradient on edge " + std::to_string(m.port) +
                            " of micro-batch " + std::to_string(m.micro_batch) + " unexpected or repeated");
-  st.grads[m.edge] = std::move(m.grad);
+  st.grads[m.port] = std::move(m.grad);
+  --outstanding_[m.port];
+  record_credits(m.port);
   if (++st.grads_got < st.grads.size()) return;  // fan-out: wait for every consumer's gradient
 
   // Sum in the direct executor's order (consumers in reverse topological order), so the
   // result is the same bits.
-  tensor dy = std::move(st.grads[w_.grad_order[0]]);
-  for (std::size_t k = 1; k < w_.grad_order.size(); ++k) dy += st.grads[w_.grad_order[k]];
+  const auto& order = plan_.grad_order;
+  tensor dy = std::move(st.grads[order[0]]);
+  for (std::size_t k = 1; k < order.size(); ++k) dy += st.grads[order[k]];
   st.grads.clear();
 
   auto& lay = *node_.layer;
-  input_mask wanted = 0;
-  for (std::size_t k = 0; k < w_.producers.size(); ++k)
-    if (w_.producers[k]) wanted |= input_mask{1} << k;
-  auto g = lay.backward_input(st.st, dy, wanted);  // B
+  auto g = lay.backward_input(st.st, dy, wanted_);  // B
   for (auto& hook : node_.backward_hooks) hook(hook_context{node_.name, static_cast<std::uint64_t>(m.micro_batch)}, g, dy);
-  for (std::size_t k = 0; k < w_.producers.size(); ++k) {
-    if (!(wanted & (input_mask{1} << k)) || g[k].empty()) continue;
-    send(w_.producers[k], backward_msg{m.micro_batch, m.step, w_.producer_edges[k], std::move(g[k])});
+  for (std::size_t k = 0; k < grad_.size(); ++k) {
+    if (!(wanted_ & (input_mask{1} << k)) || g[k].empty()) continue;
+    grad_[k]->emit(backward_msg{m.micro_batch, m.step, 0, std::move(g[k])});
   }
 
   // W, in micro-batch order: accumulation order decides the bits of the gradient sum.
@@ -114,7 +138,7 @@ void layer_actor::finish_weight_grads() {
   }
   backwards_done_ = 0;
   next_w_ = 0;
-  send(w_.coordinator, node_done{step_, index_});
+  send(coordinator_, node_done{step_, index_});
 }
 
 }  // namespace nerve::layers

@@ -1,15 +1,26 @@
 #pragma once
 /// \file
-/// `layer_actor`: runs one graph node's layer as an actor.
+/// `layer_actor`: runs one graph node's layer as an actor, its edges bus signals.
 ///
-/// On `forward` it joins the inputs of a micro-batch (fan-in by micro-batch id), runs the
-/// layer, stashes what backward needs under the micro-batch id and sends the output to
-/// every consumer (a clone to all but the last, which gets it moved). On `backward` it
-/// waits for the gradient from every consumer edge (fan-out), sums them in the same order
-/// as the direct executor, computes the input gradients (B) and sends them upstream, then
+/// ```
+///   producer.out ──forward (port k)──► on_forward ── layer.forward ──► out ──► consumers
+///   producer ◄── grad[k] ◄── on_backward ◄── backward (port e) ◄── each consumer edge e
+/// ```
+/// The node's output is a `bus::signal<forward_msg>` (`out`) that every consumer edge
+/// subscribes to, on its input port; input k's gradient goes back on
+/// `grad[k]`, which the producer subscribes to on the edge's index among its edges.
+/// On `forward` the actor joins the inputs of a micro-batch (fan-in by micro-batch id),
+/// runs the layer, stashes what backward needs under the micro-batch id and emits the
+/// output (the bus clones it for all consumers but the last). On `backward` it waits for
+/// the gradient from every consumer edge (fan-out), sums them in the plan's order (the
+/// direct executor's), computes the input gradients (B) and emits them upstream, then
 /// accumulates the weight gradients (W) in micro-batch order, so the sums are the same
 /// bits as sequential training. After the step's last backward it applies its optimizer,
 /// zeroes its gradients and reports `node_done` to the coordinator.
+///
+/// With the recorder on, each edge's credits are recorded as a counter on this actor's
+/// track (`credits`, `available`, id = the edge's global index): the step's micro-batches
+/// less those forwarded on the edge whose gradient has not come back.
 
 #include <cstdint>
 #include <map>
@@ -17,9 +28,11 @@
 #include <vector>
 
 #include "actors/actor.hpp"
+#include "bus/signal.hpp"
 #include "layers/graph.hpp"
 #include "layers/messages.hpp"
 #include "layers/optimizer.hpp"
+#include "layers/plan.hpp"
 
 namespace nerve::layers {
 
@@ -28,21 +41,17 @@ using stash = basic_stash<float>;
 
 class layer_actor : public actors::actor {
  public:
-  /// Where a node's outputs and gradients go.
-  struct wiring {
-    std::vector<actors::address> consumers;      ///< one per consumer edge
-    std::vector<std::uint32_t> consumer_ports;   ///< the input port at that consumer
-    std::vector<actors::address> producers;      ///< one per input port; empty for a graph input
-    std::vector<std::uint32_t> producer_edges;   ///< which consumer edge of the producer this input is
-    std::vector<std::uint32_t> grad_order;       ///< consumer edges in the order their gradients are summed
-    actors::address coordinator;
-  };
+  /// `node` (of a graph that outlives the actor) is used by this actor only; `plan` is
+  /// the node's wiring (copied).
+  layer_actor(graph::node_type& node, std::uint32_t index, const node_plan& plan, std::unique_ptr<optimizer> opt);
 
-  /// `node` (of a graph that outlives the actor) is used by this actor only.
-  layer_actor(graph::node_type& node, std::uint32_t index, std::unique_ptr<optimizer> opt);
-
-  /// Wiring, before messages flow.
-  void wire(wiring w) { w_ = std::move(w); }
+  /// The node's output: forward messages to every consumer edge.
+  bus::signal<forward_msg>& output() noexcept { return out_; }
+  /// The gradient of input `port`, back to its producer.
+  bus::signal<backward_msg>& input_gradient(std::size_t port) { return *grad_.at(port); }
+  /// Wiring, before messages flow: who hears of finished steps, and the global index of
+  /// each of the node's edges (the credits counters' ids; empty: no counters).
+  void wire(actors::address coordinator, std::vector<std::int32_t> edge_ids = {});
 
   /// Micro-batches stashed now, the most at once, and the most stash bytes (memory bound).
   std::size_t stashed() const noexcept { return mbs_.size(); }
@@ -61,11 +70,20 @@ class layer_actor : public actors::actor {
   void on_forward(forward_msg& m);
   void on_backward(backward_msg& m);
   void finish_weight_grads();
+  void record_credits(std::size_t edge);
 
   graph::node_type& node_;
   std::uint32_t index_;
+  node_plan plan_;
   std::unique_ptr<optimizer> opt_;
-  wiring w_;
+  bus::signal<forward_msg> out_{*this, "out"};
+  std::vector<std::unique_ptr<bus::signal<backward_msg>>> grad_;  // by input port
+  actors::address coordinator_;
+  input_mask wanted_ = 0;  // inputs whose producer is a layer (subscribed to their gradient)
+  // Credits: per edge, micro-batches forwarded whose gradient has not come back.
+  std::vector<std::int32_t> edge_ids_;
+  std::vector<std::uint32_t> outstanding_;
+  const char* credits_name_ = nullptr;
   std::map<std::int64_t, micro_batch_state> mbs_;
   // W in micro-batch order: backwards that arrived early wait here with their stash.
   struct pending_weight {

@@ -12,7 +12,8 @@
 
 namespace nerve::layers {
 
-/// Activations of one micro-batch into input `port` of a layer actor.
+/// Activations of one micro-batch into input `port` of a layer actor: what a node's
+/// output signal carries (the bus stamps `port` with the subscribing edge's input port).
 struct forward_msg {
   static constexpr std::string_view kind = "forward";
   std::int64_t micro_batch = 0;
@@ -23,16 +24,20 @@ struct forward_msg {
   double lr = -1;                   ///< the step's learning rate (negative: unchanged)
   tensor x;
   std::size_t payload_bytes() const noexcept { return x.payload_bytes(); }
+  /// A copy for one more consumer of the same output (fan-out).
+  forward_msg clone() const { return {micro_batch, step, port, micro_batches, train, lr, x.clone()}; }
 };
 
-/// The gradient of the loss with respect to one consumer edge of a node's output.
+/// The gradient of the loss with respect to one consumer edge of a node's output: what a
+/// consumer's input gradient signal carries back to the producer.
 struct backward_msg {
   static constexpr std::string_view kind = "backward";
   std::int64_t micro_batch = 0;
   std::uint64_t step = 0;
-  std::uint32_t edge = 0;  ///< which consumer edge of the receiving node it came back along
+  std::uint32_t port = 0;  ///< which consumer edge of the receiving node it came back along (bus-stamped)
   tensor grad;
   std::size_t payload_bytes() const noexcept { return grad.payload_bytes(); }
+  backward_msg clone() const { return {micro_batch, step, port, grad.clone()}; }
 };
 
 /// The targets of one micro-batch, for the loss actor. `scale` is the micro-batch's share

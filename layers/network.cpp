@@ -1,5 +1,6 @@
 #include "layers/network.hpp"
 
+#include <algorithm>
 #include <deque>
 #include <stdexcept>
 
@@ -31,8 +32,7 @@ struct step_outcome {
 /// sends the gradient back into the network's output node.
 class loss_actor : public actors::actor {
  public:
-  loss_actor(std::shared_ptr<const loss> criterion, std::uint32_t out_edge)
-      : actor("loss"), criterion_(std::move(criterion)), out_edge_(out_edge) {
+  explicit loss_actor(std::shared_ptr<const loss> criterion) : actor("loss"), criterion_(std::move(criterion)) {
     on<forward_msg>([this](forward_msg& m) {
       auto& s = pending_[m.micro_batch];
       s.output = std::move(m.x);
@@ -46,10 +46,9 @@ class loss_actor : public actors::actor {
       try_finish(m.micro_batch);
     });
   }
-  void wire(actors::address output_node, actors::address coordinator) {
-    output_node_ = std::move(output_node);
-    coordinator_ = std::move(coordinator);
-  }
+  /// The gradient of the network's output, back along the output's edge into the loss.
+  bus::signal<backward_msg>& gradient() noexcept { return grad_; }
+  void wire(actors::address coordinator) { coordinator_ = std::move(coordinator); }
 
  private:
   struct slot {
@@ -68,15 +67,15 @@ class loss_actor : public actors::actor {
       rep.loss = r.loss;
       rep.correct = r.correct;
       if (s.target.train)
-        send(output_node_, backward_msg{mb, s.target.step, out_edge_, criterion_->backward(r.stash, float(s.target.share))});
+        grad_.emit(backward_msg{mb, s.target.step, 0, criterion_->backward(r.stash, float(s.target.share))});
     }
     if (s.target.want_output) rep.output = std::move(s.output);
     send(coordinator_, std::move(rep));
   }
 
   std::shared_ptr<const loss> criterion_;
-  std::uint32_t out_edge_;
-  actors::address output_node_, coordinator_;
+  bus::signal<backward_msg> grad_{*this, "grad"};
+  actors::address coordinator_;
   std::map<std::int64_t, slot> pending_;
 };
 
@@ -101,10 +100,6 @@ class coordinator_actor : public actors::actor {
       maybe_finish();
     });
   }
-  struct input_edge {
-    actors::address to;
-    std::uint32_t port;
-  };
   /// Stopped (the run failed, or the network is going away): whoever waits hears of it.
   void on_stop() override {
     auto err = system().error();
@@ -112,10 +107,11 @@ class coordinator_actor : public actors::actor {
     for (auto& j : queue_) j.reply.fail(err);
     queue_.clear();
   }
-  void wire(std::vector<input_edge> inputs, actors::address loss) {
-    inputs_ = std::move(inputs);
-    loss_ = std::move(loss);
-  }
+  /// One signal per graph input: the batch's micro-batches go out on them.
+  void add_input(const std::string& name) { inputs_.push_back(std::make_unique<bus::signal<forward_msg>>(*this, name)); }
+  bus::signal<forward_msg>& input(std::size_t k) { return *inputs_.at(k); }
+  std::size_t input_count() const noexcept { return inputs_.size(); }
+  void wire(actors::address loss) { loss_ = std::move(loss); }
 
  private:
   struct job {
@@ -126,35 +122,34 @@ class coordinator_actor : public actors::actor {
   void start_front() {
     auto& r = queue_.front().req;
     const std::int64_t n = r.input.batch();
-    const auto m = static_cast<std::int64_t>(r.micro_batches);
-    if (m <= 0 || m > n) {
+    std::vector<micro_batch_rows> split;
+    try {
+      split = split_micro_batches(n, r.micro_batches);
+    } catch (const std::invalid_argument& e) {
       auto j = std::move(queue_.front());
       queue_.pop_front();
-      j.reply.fail(std::make_exception_ptr(std::invalid_argument(
-          "network: cannot split a batch of " + std::to_string(n) + " into " + std::to_string(m) + " micro-batches")));
+      j.reply.fail(std::make_exception_ptr(std::invalid_argument(std::string("network: ") + e.what())));
       if (!queue_.empty()) start_front();
       return;
     }
+    const auto m = static_cast<std::int64_t>(split.size());
     result_ = step_result{};
     result_.samples = n;
     step_start_ns_ = system().trace().enabled() ? system().trace().now() : -1;
     reports_ = 0;
     nodes_done_ = 0;
     outputs_.clear();
-    std::int64_t first = 0;
     for (std::int64_t k = 0; k < m; ++k) {
-      // The direct executor's split: sizes differ by at most one, the larger ones first.
-      const std::int64_t count = n / m + (k < n % m);
+      const auto [first, count] = split[static_cast<std::size_t>(k)];
       targets_msg tm{k, r.step, r.train, r.want_output, double(count) / double(n),
                      m == 1 ? std::move(r.t) : r.t.slice(first, count)};
       send(loss_, std::move(tm));
       tensor x = m == 1 ? std::move(r.input) : r.input.slice(first, count);
       for (std::size_t e = 0; e < inputs_.size(); ++e) {
-        forward_msg f{k, r.step, inputs_[e].port, static_cast<std::uint32_t>(m), r.train, r.lr,
+        forward_msg f{k, r.step, 0, static_cast<std::uint32_t>(m), r.train, r.lr,
                       e + 1 == inputs_.size() ? std::move(x) : x.clone()};
-        send(inputs_[e].to, std::move(f));
+        inputs_[e]->emit(std::move(f));
       }
-      first += count;
     }
   }
 
@@ -189,7 +184,7 @@ class coordinator_actor : public actors::actor {
   }
 
   std::size_t layer_nodes_;
-  std::vector<input_edge> inputs_;
+  std::vector<std::unique_ptr<bus::signal<forward_msg>>> inputs_;
   actors::address loss_;
   std::deque<job> queue_;
   step_result result_;
@@ -221,8 +216,10 @@ network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> crit
   std::size_t layer_nodes = 0;
   for (auto& n : nodes) layer_nodes += n.layer ? 1 : 0;
   coordinator_ = rt.spawn_on<coordinator_actor>(control, layer_nodes);
+  auto& coord = *static_cast<coordinator_actor*>(coordinator_.get());
 
-  // Spawn one actor per layer node.
+  // One actor per layer node.
+  plan_ = make_plan(g);
   node_actors_.resize(nodes.size());
   unsigned next = opt.first_loop;
   for (std::size_t i : g.order()) {
@@ -231,92 +228,44 @@ network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> crit
     unsigned loop = opt.first_loop;
     if (!opt.loops.empty()) loop = opt.loops[i];
     else if (opt.spread) loop = next++ % loops;
-    node_actors_[i] = rt.spawn_on<layer_actor>(check_loop(loop), n, static_cast<std::uint32_t>(i), make_optimizer());
+    node_actors_[i] = rt.spawn_on<layer_actor>(check_loop(loop), n, static_cast<std::uint32_t>(i), plan_.nodes[i],
+                                                make_optimizer());
   }
-  // The output node's single consumer edge is the loss.
-  const std::size_t out = g.output();
-  loss_ = rt.spawn_on<loss_actor>(control, std::move(criterion), static_cast<std::uint32_t>(nodes[out].consumers.size()));
+  loss_ = rt.spawn_on<loss_actor>(control, std::move(criterion));
+  auto& loss_a = *static_cast<loss_actor*>(loss_.get());
+  auto actor_at = [&](std::size_t i) -> layer_actor& { return *static_cast<layer_actor*>(node_actors_[i].get()); };
 
-  // Position of each node in the topological order, for the gradient summation order.
-  std::vector<std::size_t> topo_pos(nodes.size());
-  for (std::size_t k = 0; k < g.order().size(); ++k) topo_pos[g.order()[k]] = k;
-
-  std::vector<coordinator_actor::input_edge> graph_input_edges;
+  // Edges are bus signals: each edge subscribes its consumer to the producer's output on
+  // the consumer's input port, and the producer to the consumer's input gradient on the
+  // edge's index among the producer's edges. Graph inputs are the coordinator's signals.
+  for (std::size_t i = 0; i < nodes.size(); ++i)
+    if (nodes[i].is_input()) coord.add_input(nodes[i].name);
+  std::int32_t next_edge = 0;
   for (std::size_t i = 0; i < nodes.size(); ++i) {
-    auto& n = nodes[i];
-    // Consumer edges of node i: one per (consumer, input port) that reads it, in the order
-    // of `consumers` (a consumer reading it twice appears twice).
-    layer_actor::wiring w;
-    w.coordinator = coordinator_;
-    struct edge {
-      std::size_t consumer;
-      std::uint32_t port;
-    };
-    std::vector<edge> edges;
-    std::vector<std::size_t> seen;
-    for (std::size_t c : n.consumers) {
-      if (std::find(seen.begin(), seen.end(), c) != seen.end()) continue;
-      seen.push_back(c);
-      auto& cn = nodes[c];
-      for (std::size_t k = 0; k < cn.inputs.size(); ++k)
-        if (cn.inputs[k] == i) edges.push_back({c, static_cast<std::uint32_t>(k)});
-    }
-    if (!n.layer) {
-      for (auto& e : edges) graph_input_edges.push_back({node_actors_[e.consumer], e.port});
+    const auto& np = plan_.nodes[i];
+    if (nodes[i].is_input()) {
+      auto& sig = coord.input(static_cast<std::size_t>(
+          std::find(g.inputs().begin(), g.inputs().end(), i) - g.inputs().begin()));
+      for (auto& e : np.edges) sig.subscribe(node_actors_[e.consumer], e.port);
       continue;
     }
-    for (auto& e : edges) {
-      w.consumers.push_back(node_actors_[e.consumer]);
-      w.consumer_ports.push_back(e.port);
+    auto& a = actor_at(i);
+    std::vector<std::int32_t> edge_ids;
+    for (std::uint32_t k = 0; k < np.edges.size(); ++k) {
+      const auto& e = np.edges[k];
+      a.output().subscribe(node_actors_[e.consumer], e.port);
+      actor_at(e.consumer).input_gradient(e.port).subscribe(node_actors_[i], k);
+      edge_ids.push_back(next_edge++);
     }
-    if (i == out) {
-      w.consumers.push_back(loss_);
-      w.consumer_ports.push_back(0);
+    if (np.feeds_loss) {
+      a.output().subscribe(loss_, 0);
+      loss_a.gradient().subscribe(node_actors_[i], static_cast<std::uint32_t>(np.edges.size()));
+      edge_ids.push_back(next_edge++);
     }
-    // The direct executor visits consumers in reverse topological order and, within one
-    // consumer, its inputs in port order; the loss (output node) comes first of all.
-    std::vector<std::uint32_t> order(w.consumers.size());
-    for (std::uint32_t k = 0; k < order.size(); ++k) order[k] = k;
-    auto rank = [&](std::uint32_t k) -> std::pair<long, std::uint32_t> {
-      if (k >= edges.size()) return {-1, 0};  // the loss edge
-      return {-static_cast<long>(topo_pos[edges[k].consumer]), edges[k].port};
-    };
-    std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return rank(a) < rank(b); });
-    w.grad_order = std::move(order);
-    // Producers: for input port k, the producer's actor and the index of this edge among
-    // the producer's consumer edges.
-    for (std::size_t k = 0; k < n.inputs.size(); ++k) {
-      std::size_t p = n.inputs[k];
-      if (!nodes[p].layer) {
-        w.producers.emplace_back();
-        w.producer_edges.push_back(0);
-        continue;
-      }
-      // Recompute the producer's edge list the same way to find our index in it.
-      std::uint32_t idx = 0, found = 0;
-      std::vector<std::size_t> pseen;
-      bool done = false;
-      for (std::size_t c : nodes[p].consumers) {
-        if (done) break;
-        if (std::find(pseen.begin(), pseen.end(), c) != pseen.end()) continue;
-        pseen.push_back(c);
-        for (std::size_t kk = 0; kk < nodes[c].inputs.size(); ++kk) {
-          if (nodes[c].inputs[kk] != p) continue;
-          if (c == i && kk == k) {
-            found = idx;
-            done = true;
-            break;
-          }
-          ++idx;
-        }
-      }
-      w.producers.push_back(node_actors_[p]);
-      w.producer_edges.push_back(found);
-    }
-    static_cast<layer_actor*>(node_actors_[i].get())->wire(std::move(w));
+    a.wire(coordinator_, std::move(edge_ids));
   }
-  static_cast<coordinator_actor*>(coordinator_.get())->wire(std::move(graph_input_edges), loss_);
-  static_cast<loss_actor*>(loss_.get())->wire(node_actors_[out], coordinator_);
+  coord.wire(loss_);
+  loss_a.wire(coordinator_);
   for (std::size_t i = 0; i < nodes.size(); ++i)
     if (node_actors_[i]) rt.annotate(node_actors_[i].id(), -1, "network");
 }
@@ -349,6 +298,20 @@ std::future<tensor> network::predict(tensor input) {
 }
 
 actors::address network::actor_of(std::string_view name) const { return node_actors_.at(graph_.index_of(name)); }
+
+bus_traffic network::traffic() const {
+  bus_traffic t;
+  auto& coord = *static_cast<coordinator_actor*>(coordinator_.get());
+  for (std::size_t k = 0; k < coord.input_count(); ++k) t.feed += coord.input(k).deliveries();
+  for (std::size_t i = 0; i < node_actors_.size(); ++i) {
+    if (!node_actors_[i]) continue;
+    auto& la = *static_cast<layer_actor*>(node_actors_[i].get());
+    t.forward += la.output().deliveries();
+    for (std::size_t k = 0; k < graph_.nodes()[i].inputs.size(); ++k) t.backward += la.input_gradient(k).deliveries();
+  }
+  t.backward += static_cast<loss_actor*>(loss_.get())->gradient().deliveries();
+  return t;
+}
 
 std::vector<actors::address> network::layer_actors() const {
   std::vector<actors::address> out;

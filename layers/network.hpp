@@ -1,11 +1,13 @@
 #pragma once
 /// \file
-/// `network`: runs a graph as actors, one `layer_actor` per layer node, on a runtime.
+/// `network`: runs a graph as actors, one `layer_actor` per layer node, on a runtime; its
+/// edges are bus signals (`graph_plan` says which).
 ///
 /// ```
-///   train_step ──► coordinator ──forward──► fc1 ──► relu1 ──► fc2 ──► loss
-///        ▲              ▲  └────targets─────────────────────────────────┘ │
-///        └── future ────┴──── node_done (each layer) ◄─backward─ ... ◄────┘
+///   train_step ──► coordinator ══input══► fc1 ══out══► relu1 ══out══► fc2 ══out══► loss
+///        ▲              ▲  └────targets───────────────────────────────────────────┘ │
+///        └── future ────┴──── node_done (each layer) ◄══grad══ ... ◄══grad══════════┘
+///   (══ a bus signal: forward on each node's output, gradients on each input's signal)
 /// ```
 /// The coordinator splits a mini-batch into micro-batches (the same split as the direct
 /// executor), sends each one's input to the graph's first layers and its targets to the
@@ -28,11 +30,19 @@
 #include "layers/layer_actor.hpp"
 #include "layers/loss.hpp"
 #include "layers/optimizer.hpp"
+#include "layers/plan.hpp"
 
 namespace nerve::layers {
 
 /// Makes one optimizer per layer actor (each layer steps its own parameters).
 using optimizer_factory = std::function<std::unique_ptr<optimizer>()>;
+
+/// Messages delivered through the network's bus signals so far (read between steps).
+struct bus_traffic {
+  std::uint64_t feed = 0;      ///< micro-batches into the graph's inputs, one per input edge
+  std::uint64_t forward = 0;   ///< activations along edges out of layers (into the loss included)
+  std::uint64_t backward = 0;  ///< gradients back along the same edges
+};
 
 /// Where the network's actors go.
 struct network_options {
@@ -66,6 +76,12 @@ class network {
   /// The network's output for a batch, in evaluation mode.
   std::future<tensor> predict(tensor input);
 
+  /// What went through the bus so far: one step of M micro-batches adds
+  /// `plan().gradient_edges * M` forwards and as many backwards, `plan().input_edges * M` feeds.
+  bus_traffic traffic() const;
+  /// The graph's plan the actors were wired from.
+  const graph_plan& plan() const noexcept { return plan_; }
+
   /// The actor running node `name`.
   actors::address actor_of(std::string_view name) const;
   /// Every layer actor, in node order (graph inputs skipped).
@@ -76,6 +92,7 @@ class network {
  private:
   actors::runtime& rt_;
   graph& graph_;
+  graph_plan plan_;
   std::vector<actors::address> node_actors_;  // by node index; empty for graph inputs
   actors::address coordinator_, loss_;
 };

@@ -1,5 +1,7 @@
 #include "layers/data/batcher.hpp"
 
+#include "layers/plan.hpp"
+
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -98,19 +100,9 @@ batch batcher::make_batch(const dataset& data, std::size_t b) const {
 }
 
 std::vector<row_range> split_micro_batches(std::size_t rows, std::size_t parts) {
-  if (parts == 0) throw std::invalid_argument("split_micro_batches: parts must be at least 1");
-  if (parts > rows) {
-    throw std::invalid_argument("split_micro_batches: cannot split " + std::to_string(rows) + " rows into " +
-                                std::to_string(parts) + " non-empty micro-batches");
-  }
-  std::vector<row_range> out(parts);
-  const std::size_t base = rows / parts, extra = rows % parts;
-  std::size_t at = 0;
-  for (std::size_t i = 0; i < parts; ++i) {
-    const std::size_t len = base + (i < extra ? 1 : 0);
-    out[i] = {at, at + len};
-    at += len;
-  }
+  std::vector<row_range> out;
+  for (auto [first, count] : layers::split_micro_batches(static_cast<std::int64_t>(rows), parts))
+    out.push_back({static_cast<std::size_t>(first), static_cast<std::size_t>(first + count)});
   return out;
 }
 

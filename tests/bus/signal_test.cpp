@@ -25,6 +25,39 @@ struct display : actor {
   }
 };
 
+// A value that knows its port and counts how it was duplicated.
+struct edge_value {
+  int value = 0;
+  std::uint32_t port = 99;
+  int clones = 0;
+  edge_value clone() const { return edge_value{value, port, clones + 1}; }
+};
+
+struct edge_source : actor {
+  nerve::bus::signal<edge_value> out{*this, "out"};
+  edge_source() : actor("source") {
+    on<int>([this](int& v) { out.emit(edge_value{v}); });
+  }
+};
+
+struct edge_sink : actor {
+  std::vector<std::pair<std::uint32_t, int>> got;  // (port, value)
+  int clones = 0;
+  edge_sink() : actor("sink") {
+    on<edge_value>([this](edge_value& v) {
+      got.emplace_back(v.port, v.value);
+      clones += v.clones;
+    });
+  }
+};
+
+// Stands in for a transport: keeps what it is handed, as a wire would.
+struct recording_endpoint : nerve::bus::endpoint<edge_value> {
+  std::vector<std::pair<std::uint32_t, int>> taken;
+  void deliver(actor&, edge_value&& v) override { taken.emplace_back(v.port, v.value); }
+  std::string name() const override { return "far end"; }
+};
+
 struct deaf : actor {
   deaf() : actor("deaf") {
     on<double>([](double&) {});
@@ -57,7 +90,7 @@ TEST_SUITE("bus.signal") {
                          wiring_error);
     auto a = rt.spawn<display>("a");
     sig.subscribe(a);
-    CHECK_THROWS_WITH_AS(sig.subscribe(a), "signal 'sensor.out': actor 'a' is already subscribed", wiring_error);
+    CHECK_THROWS_WITH_AS(sig.subscribe(a), "signal 'sensor.out': actor 'a' is already subscribed on port 0", wiring_error);
   }
 
   TEST_CASE("emitting on a signal with no subscribers is an error, not a silent drop") {
@@ -67,5 +100,38 @@ TEST_SUITE("bus.signal") {
     CHECK_THROWS_WITH_AS(rt.synchronize(),
                          "actor 'sensor' failed: signal 'sensor.out' emitted 'reading' but has no subscribers",
                          actor_failure);
+  }
+
+  TEST_CASE("a subscription is an edge: one actor on two ports gets each value on both, stamped") {
+    runtime rt({.loops = 1, .manual = true});
+    auto src = rt.spawn<edge_source>();
+    auto sink = rt.spawn<edge_sink>();
+    auto& sig = static_cast<edge_source*>(src.get())->out;
+    sig.subscribe(sink, 0);
+    sig.subscribe(sink, 1);
+    CHECK(sig.ports() == std::vector<std::uint32_t>{0, 1});
+    rt.send(src, 7);
+    rt.send(src, 8);
+    rt.run_until_idle();
+    auto* s = static_cast<edge_sink*>(sink.get());
+    CHECK(s->got == std::vector<std::pair<std::uint32_t, int>>{{0, 7}, {1, 7}, {0, 8}, {1, 8}});
+    CHECK(s->clones == 2);  // a clone for all but the last subscriber, which gets the value moved
+    CHECK(sig.deliveries() == 4);
+  }
+
+  TEST_CASE("an endpoint subscriber takes its values through the transport seam, counted like local ones") {
+    runtime rt({.loops = 1, .manual = true});
+    auto src = rt.spawn<edge_source>();
+    auto sink = rt.spawn<edge_sink>();
+    auto far = std::make_shared<recording_endpoint>();
+    auto& sig = static_cast<edge_source*>(src.get())->out;
+    sig.subscribe(sink, 2);
+    sig.subscribe(far, 5);
+    CHECK_THROWS_AS(sig.subscribe(std::shared_ptr<nerve::bus::endpoint<edge_value>>{}), wiring_error);
+    for (int i = 0; i < 3; ++i) rt.send(src, i);
+    rt.run_until_idle();
+    CHECK(static_cast<edge_sink*>(sink.get())->got == std::vector<std::pair<std::uint32_t, int>>{{2, 0}, {2, 1}, {2, 2}});
+    CHECK(far->taken == std::vector<std::pair<std::uint32_t, int>>{{5, 0}, {5, 1}, {5, 2}});
+    CHECK(sig.deliveries() == 6);
   }
 }

@@ -2,8 +2,10 @@
 // bitwise the same weights and losses.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -130,7 +132,7 @@ TEST_SUITE("layers.network") {
     actors::runtime rt({.loops = 1});
     network net(rt, g, std::make_shared<cross_entropy>(), sgd_factory({0.1}));
     auto bad = net.train_step(random_batch(2, shape{784}, 1), random_labels(2, 10, 1), 3);
-    CHECK_THROWS_WITH_AS(bad.get(), "network: cannot split a batch of 2 into 3 micro-batches", std::invalid_argument);
+    CHECK_THROWS_WITH_AS(bad.get(), "network: cannot split a batch of 2 into 3 non-empty micro-batches", std::invalid_argument);
     auto ok = net.train_step(random_batch(4, shape{784}, 1), random_labels(4, 10, 1), 2).get();
     CHECK(ok.samples == 4);
   }
@@ -215,5 +217,113 @@ TEST_SUITE("layers.network") {
         steps.push_back(e["args"]["step"].get<std::int64_t>());
       }
     CHECK(steps == std::vector<std::int64_t>{0, 1, 2});
+  }
+}
+
+TEST_SUITE("layers.network.bus") {
+  // Edges counted from the graph itself, not from the plan under test: every input port
+  // of a layer whose producer is a layer (a gradient goes back on it), plus the loss.
+  struct edge_count {
+    std::uint64_t gradient = 1, input = 0;
+  };
+  edge_count count_edges(const graph& g) {
+    edge_count c;
+    for (auto& n : g.nodes())
+      for (std::size_t p : n.inputs) (g.nodes()[p].is_input() ? c.input : c.gradient) += 1;
+    return c;
+  }
+
+  TEST_CASE("one step of M micro-batches delivers exactly E·M forwards and E·M gradients through bus signals") {
+    // resmlp has a skip connection (fan-out from one node into an Add), so an output
+    // feeds two edges and a gradient comes back on each.
+    for (std::string_view model : {"mlp", "resmlp", "lenet"}) {
+      for (std::size_t m : {1u, 4u}) {
+        CAPTURE(model);
+        CAPTURE(m);
+        auto g = make_preset(model, 1);
+        const auto e = count_edges(g);
+        actors::runtime rt({.loops = 2});
+        network net(rt, g, std::make_shared<cross_entropy>(), sgd_factory({0.1}), network_options{.spread = true});
+        CHECK(net.plan().gradient_edges == e.gradient);
+        CHECK(net.plan().input_edges == e.input);
+        const shape in = g.nodes()[g.inputs()[0]].output_shape;
+        net.train_step(random_batch(8, in, 1), random_labels(8, 10, 2), m).get();
+        auto t = net.traffic();
+        CHECK(t.forward == e.gradient * m);
+        CHECK(t.backward == e.gradient * m);
+        CHECK(t.feed == e.input * m);
+        net.train_step(random_batch(8, in, 3), random_labels(8, 10, 4), m, 1).get();
+        t = net.traffic();
+        CHECK(t.forward == 2 * e.gradient * m);
+        CHECK(t.backward == 2 * e.gradient * m);
+        // Evaluation flows forward only.
+        net.evaluate(random_batch(8, in, 5), random_labels(8, 10, 6)).get();
+        CHECK(net.traffic().forward == 2 * e.gradient * m + e.gradient);
+        CHECK(net.traffic().backward == 2 * e.gradient * m);
+      }
+    }
+  }
+
+  TEST_CASE("the plan sums a fan-out's gradients latest consumer first, and knows each input's edge") {
+    // input ─► a ─┬─► r ─► add(port 0) ─► out
+    //             └──────► add(port 1)
+    graph_builder b;
+    b.input("input", shape{8});
+    b.add("a", linear(8, 8), {"input"});
+    b.add("r", relu(), {"a"});
+    b.add("add", nerve::layers::add(), {"r", "a"});
+    b.add("out", linear(8, 4), {"add"});
+    auto g = b.build(1);
+    auto p = make_plan(g);
+    const auto a = g.index_of("a"), r = g.index_of("r"), add = g.index_of("add"), out = g.index_of("out");
+    CHECK(p.nodes[a].edges == std::vector<plan_edge>{{r, 0}, {add, 1}});
+    CHECK(p.nodes[a].grad_order == std::vector<std::uint32_t>{1, 0});  // add is later than r
+    CHECK(p.nodes[add].producer_edge == std::vector<std::uint32_t>{0, 1});
+    CHECK(p.nodes[out].feeds_loss);
+    CHECK(p.nodes[out].grad_order == std::vector<std::uint32_t>{0});
+    CHECK(p.gradient_edges == 5);  // a→r, a→add, r→add, add→out, out→loss
+    CHECK(p.input_edges == 1);
+  }
+
+  TEST_CASE("a recorded step shows each layer as an actor, an arrow per message, and each edge's credits") {
+    auto g = make_preset("resmlp", 2);
+    actors::runtime rt({.loops = 2, .record = true});
+    network net(rt, g, std::make_shared<cross_entropy>(), sgd_factory({0.1}), network_options{.spread = true});
+    const std::size_t m = 3;
+    net.train_step(random_batch(9, shape{784}, 1), random_labels(9, 10, 2), m).get();
+    rt.synchronize();
+    auto trace = rt.trace().to_chrome_trace(nlohmann::json::array(), nlohmann::json::object());
+    std::map<std::int64_t, std::pair<int, int>> runs;  // actor -> (forward runs, backward runs)
+    std::size_t flows = 0;
+    std::map<std::int64_t, std::vector<std::int64_t>> credits;  // edge id -> available, in order
+    for (auto& e : trace["traceEvents"]) {
+      if (e["ph"] == "X" && e.value("cat", "") == "handler") {
+        if (e["name"] == "forward") ++runs[e["tid"].get<std::int64_t>()].first;
+        if (e["name"] == "backward") ++runs[e["tid"].get<std::int64_t>()].second;
+      }
+      if (e["ph"] == "s" && (e["name"] == "forward" || e["name"] == "backward")) ++flows;
+      if (e["ph"] == "C" && e["name"] == "credits") credits[e["id"].get<std::int64_t>()].push_back(e["args"]["available"]);
+    }
+    // Every layer node has a track with a forward run per micro-batch and input port, a
+    // backward run per micro-batch and consumer edge.
+    const auto plan = make_plan(g);
+    for (std::size_t i = 0; i < g.nodes().size(); ++i) {
+      if (g.nodes()[i].is_input()) continue;
+      CAPTURE(g.nodes()[i].name);
+      const auto id = static_cast<std::int64_t>(net.actor_of(g.nodes()[i].name).id());
+      CHECK(runs[id].first == int(m * g.nodes()[i].inputs.size()));
+      CHECK(runs[id].second == int(m * plan.nodes[i].edge_count()));
+    }
+    // An arrow per bus message: forwards (with the feeds) and gradients.
+    CHECK(flows == (2 * plan.gradient_edges + plan.input_edges) * m);
+    // Each edge: down by one per forward, back up by one per gradient, ending where it began.
+    REQUIRE(credits.size() == plan.gradient_edges);
+    for (auto& [edge, v] : credits) {
+      CAPTURE(edge);
+      REQUIRE(v.size() == 2 * m);
+      std::int64_t low = *std::min_element(v.begin(), v.end());
+      CHECK(low >= 0);
+      CHECK(v.back() == std::int64_t(m));
+    }
   }
 }
