@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// `loop_thread`: an event loop (one `io_context`) on a thread of its own, for GPU work
-/// driven from outside an actor runtime: `gpu::train`, the GPU benchmarks and tests.
+/// driven from outside an actor runtime: the GPU benchmarks and tests.
 /// Completions of `stream::async_wait` need a loop to run on; inside a runtime that is
 /// the owning actor's loop, here it is this one.
 #include <boost/asio/executor_work_guard.hpp>

@@ -1,6 +1,8 @@
 #include "layers/trainer.hpp"
 
 #include <chrono>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 
 #include "actors/runtime.hpp"
@@ -10,6 +12,8 @@
 #include "layers/gemm.hpp"
 #include "layers/lr_schedule.hpp"
 #include "layers/presets.hpp"
+
+#include <nlohmann/json.hpp>
 
 namespace nerve::layers {
 
@@ -120,15 +124,64 @@ void load_weights(graph& g, const std::filesystem::path& path) {
   for (auto& b : g.buffers()) copy(b.name, *b.value, b.torch_shape);
 }
 
-train_report train(const train_options& o, const std::function<void(const train_progress&)>& on_progress,
-                   const std::function<void(const epoch_stats&)>& on_epoch) {
+namespace {
+
+/// The `cpu` engine: the graph's layer actors on the runtime's loops.
+class network_engine : public train_engine {
+ public:
+  network_engine(actors::runtime& rt, graph& g, const train_options& o)
+      : net_(rt, g, std::make_shared<cross_entropy>(), make_optimizer_factory(o), network_options{.spread = o.spread}) {}
+  std::future<step_result> train_step(tensor x, targets y, std::size_t micro_batches, std::uint64_t step,
+                                      double lr) override {
+    return net_.train_step(std::move(x), std::move(y), micro_batches, step, lr);
+  }
+  std::future<step_result> evaluate(tensor x, targets y) override { return net_.evaluate(std::move(x), std::move(y)); }
+  void finish() override { net_.system().synchronize(); }
+
+ private:
+  network net_;
+};
+
+struct engine_registry {
+  std::mutex mu;
+  std::map<std::string, engine_factory, std::less<>> by_name{{"cpu", make_network_engine}};
+};
+engine_registry& engines() {
+  static engine_registry r;
+  return r;
+}
+
+}  // namespace
+
+std::unique_ptr<train_engine> make_network_engine(actors::runtime& rt, graph& g, const train_options& o) {
+  return std::make_unique<network_engine>(rt, g, o);
+}
+
+void register_engine(const std::string& name, engine_factory make) {
+  auto& r = engines();
+  std::lock_guard lk(r.mu);
+  r.by_name[name] = std::move(make);
+}
+
+engine_factory engine_for(const std::string& device) {
+  auto& r = engines();
+  std::lock_guard lk(r.mu);
+  const auto name = device.substr(0, device.find(':'));
+  if (auto it = r.by_name.find(name); it != r.by_name.end()) return it->second;
+  std::string names;
+  for (auto& [n, f] : r.by_name) names += (names.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("unknown --device '" + device + "' (this build has: " + names + ")");
+}
+
+train_report train(graph& g, const train_options& o, const std::function<void(const train_progress&)>& on_progress,
+                   const std::function<void(const epoch_stats&)>& on_epoch, engine_factory make_engine) {
   if (o.batch == 0) throw std::invalid_argument("--batch must be at least 1");
   if (o.micro_batches == 0 || o.micro_batches > o.batch)
     throw std::invalid_argument("--microbatches must be between 1 and the batch size");
   if (o.threads == 0) throw std::invalid_argument("--threads must be at least 1");
   if (o.epochs <= 0 && o.steps < 0) throw std::invalid_argument("--epochs must be at least 1");
+  if (!make_engine) make_engine = engine_for(o.device);
 
-  auto g = make_preset(o.model, o.seed);
   if (!o.init.empty()) load_weights(g, o.init);
   auto train_set = std::make_shared<const data::dataset>(data::load_fashion_mnist(o.data, data::split::train));
   std::shared_ptr<const data::dataset> test_set;
@@ -136,9 +189,7 @@ train_report train(const train_options& o, const std::function<void(const train_
 
   const auto& in_node = g.nodes()[g.inputs()[0]];
   const shape sample = in_node.output_shape;
-  std::int64_t per_sample = 1;
-  for (auto d : sample.dims()) per_sample *= d;
-  if (static_cast<std::size_t>(per_sample) != train_set->features())
+  if (static_cast<std::size_t>(sample.numel()) != train_set->features())
     throw std::invalid_argument("model '" + o.model + "' takes samples of " + sample.to_string() + " but the data has " +
                                 std::to_string(train_set->features()) + " features");
 
@@ -146,11 +197,12 @@ train_report train(const train_options& o, const std::function<void(const train_
   actors::runtime rt({.loops = o.threads,
                       .record = !o.trace.empty(),
                       .record_timing = o.trace_exact ? actors::recorder::timing::exact : actors::recorder::timing::shared});
-  auto criterion = std::make_shared<cross_entropy>();
-  network net(rt, g, criterion, make_optimizer_factory(o), network_options{.spread = o.spread});
   // The loader sits on the last loop: with 2+ loops it prepares batches beside the network.
   auto loader = rt.spawn_on<loader_actor>(o.threads - 1, train_set,
                                           data::batcher_options{o.batch, o.shuffle, o.seed, false}, sample);
+  // Declared after the runtime, so destroyed before it: a device engine's completions
+  // post to the runtime's loops.
+  auto engine = make_engine(rt, g, o);
   const std::size_t batches = (train_set->size() + o.batch - 1) / o.batch;
   const std::int64_t total_steps =
       o.steps >= 0 ? std::min<std::int64_t>(o.steps, std::int64_t(batches) * std::max(o.epochs, 1))
@@ -179,9 +231,10 @@ train_report train(const train_options& o, const std::function<void(const train_
       auto cur = next.get();
       if (b + 1 < batches)  // prefetch: the loader copies the next batch while this one trains
         next = rt.ask<prepared_batch>(loader, load_batch{std::uint64_t(epoch), b + 1}, std::chrono::nanoseconds::max());
-      const auto rows = cur.x.batch();
-      auto r = net.train_step(std::move(cur.x), std::move(cur.y), std::min<std::size_t>(o.micro_batches, rows),
-                              std::uint64_t(step), lr_at(step))
+      const auto rows = static_cast<std::size_t>(cur.x.batch());
+      if (rows < engine->min_rows()) continue;  // a last batch too small to split as the engine must
+      auto r = engine->train_step(std::move(cur.x), std::move(cur.y), std::min(o.micro_batches, rows),
+                                  std::uint64_t(step), lr_at(step))
                    .get();
       ++step;
       ++st.steps;
@@ -197,7 +250,7 @@ train_report train(const train_options& o, const std::function<void(const train_
     st.train_accuracy = seen ? double(correct) / double(seen) : 0;
     st.samples_per_s = st.seconds > 0 ? double(seen) / st.seconds : 0;
     if (test_set) {
-      const std::size_t chunk = 1000;
+      const std::size_t chunk = evaluation_rows;
       double tl = 0;
       std::int64_t tc = 0;
       for (std::size_t first = 0; first < test_set->size(); first += chunk) {
@@ -207,7 +260,7 @@ train_report train(const train_options& o, const std::function<void(const train_
         std::copy(v.begin(), v.end(), x.data());
         targets y;
         y.labels.assign(test_set->labels.begin() + std::ptrdiff_t(first), test_set->labels.begin() + std::ptrdiff_t(first + rows));
-        auto r = net.evaluate(std::move(x), std::move(y)).get();
+        auto r = engine->evaluate(std::move(x), std::move(y)).get();
         tl += r.loss * double(r.samples);
         tc += r.correct;
       }
@@ -218,10 +271,21 @@ train_report train(const train_options& o, const std::function<void(const train_
     if (on_epoch) on_epoch(st);
   }
   report.steps = step;
+  engine->finish();
   rt.synchronize();
-  if (!o.trace.empty()) rt.write_trace(o.trace.string());
+  if (!o.trace.empty()) {
+    nlohmann::json extra = {{"model", o.model}, {"device", o.device}};
+    engine->trace_metadata(extra);
+    rt.write_trace(o.trace.string(), extra);
+  }
   if (!o.save.empty()) save_weights(g, o.save, o.model);
   return report;
+}
+
+train_report train(const train_options& o, const std::function<void(const train_progress&)>& on_progress,
+                   const std::function<void(const epoch_stats&)>& on_epoch) {
+  auto g = make_preset(o.model, o.seed);
+  return train(g, o, on_progress, on_epoch);
 }
 
 }  // namespace nerve::layers

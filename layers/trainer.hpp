@@ -1,19 +1,36 @@
 #pragma once
 /// \file
-/// `train`: the training driver behind `nerve-train` — Fashion-MNIST (or any IDX pair),
-/// a preset network run as actors, a loader actor that prepares the next batch while the
-/// network trains on the current one, per-epoch evaluation, checkpoints.
+/// `train`: the one training driver, behind `nerve-train` and `nerve-pipeline` on every
+/// device and behind a user's own graph: Fashion-MNIST (or any IDX pair), a loader actor
+/// that prepares the next batch while the network trains on the current one, the
+/// learning-rate schedule, per-epoch evaluation, progress, trace and checkpoints.
+///
+/// ```
+///   trainer thread          runtime (loops)                       train_engine
+///   epoch loop ──ask──► loader actor (last loop): batch b+1
+///        └──────────────── batch b ──────────────────────────► train_step (actors | device | stages)
+///        ◄────────────────────────────── future<step_result> ◄──┘
+/// ```
+/// What differs by device or parallelism is the *engine* (`train_engine`): the layer
+/// actors of a `network` on the CPU (built in), a device network (`gpu::register_engines`
+/// adds `cuda` and `standin`), a pipeline (nerve-pipeline hands its own). Engines are
+/// chosen by `train_options::device` through a small registry, so this file names no
+/// device.
 
 #include <cstdint>
 #include <filesystem>
+#include <future>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "actors/runtime.hpp"
 #include "layers/graph.hpp"
 #include "layers/network.hpp"
 #include "layers/optimizer.hpp"
+
+#include <nlohmann/json_fwd.hpp>
 
 namespace nerve::layers {
 
@@ -30,6 +47,7 @@ struct train_options {
   bool nesterov = false;
   double weight_decay = 0.0;
   std::string schedule = "none";    ///< none, step (÷10 every third of the run), cosine
+  std::string device = "cpu";       ///< the engine (`register_engine`): cpu, cuda, cuda:N, standin
   unsigned threads = 1;             ///< event loops, and threads per matrix product
   bool spread = false;              ///< spread layers over the loops (else all on loop 0)
   std::uint64_t seed = 0;
@@ -41,6 +59,9 @@ struct train_options {
   bool trace_exact = false;         ///< time every handler run alone (recorder::timing::exact)
   bool evaluate = true;             ///< test accuracy after every epoch
 };
+
+/// Rows per evaluation call (the test set goes through in chunks of this size).
+inline constexpr std::size_t evaluation_rows = 1000;
 
 /// Defaults that reach the accuracy targets for a preset (batch, lr, optimizer, ...),
 /// applied before the user's explicit choices.
@@ -72,9 +93,52 @@ struct train_report {
   std::int64_t steps = 0;
 };
 
-/// Runs a training job. `on_progress` is called from the calling thread after each step;
-/// `on_epoch` after each epoch. Throws on bad options, bad data files, and failures of the
-/// run (a layer's exception, named).
+/// A network being trained, however it runs. The trainer calls it from one thread (its
+/// own), one step after another; a step may still run on the engine's loops or device
+/// while the trainer prepares the next batch.
+class train_engine {
+ public:
+  virtual ~train_engine() = default;
+  /// Starts one optimizer step on `x` (with `y`) split into `micro_batches`, at learning
+  /// rate `lr`. The future holds the step's figures (or its error).
+  virtual std::future<step_result> train_step(tensor x, targets y, std::size_t micro_batches, std::uint64_t step,
+                                              double lr) = 0;
+  /// Loss and correct count of a batch in evaluation mode, no update.
+  virtual std::future<step_result> evaluate(tensor x, targets y) = 0;
+  /// The fewest rows a training batch must have (a smaller last batch is skipped).
+  virtual std::size_t min_rows() const { return 1; }
+  /// Everything started has run and the graph holds the trained weights (a device
+  /// engine downloads them). Between steps, never on a loop.
+  virtual void finish() {}
+  /// Adds what the trace's `nerve` metadata should say besides the runtime's (device,
+  /// stages, schedule) to the object `extra`.
+  virtual void trace_metadata(nlohmann::json& extra) const {}
+};
+
+/// Makes the engine that trains `g` on `rt`'s loops as `options` say.
+using engine_factory =
+    std::function<std::unique_ptr<train_engine>(actors::runtime& rt, graph& g, const train_options& options)>;
+
+/// Registers the engine for `--device` values `name` and `name:N` (later registrations of
+/// a name replace earlier ones). `cpu` (layer actors on the runtime's loops) is built in.
+void register_engine(const std::string& name, engine_factory make);
+/// The engine factory for a `--device` value; throws `std::invalid_argument` listing the
+/// registered names when there is none.
+engine_factory engine_for(const std::string& device);
+
+/// The layer actors of a `network` on the runtime's loops: the `cpu` engine.
+std::unique_ptr<train_engine> make_network_engine(actors::runtime& rt, graph& g, const train_options& options);
+
+/// Trains `g` (a user's own graph, or a preset) with `engine` (default: the one
+/// `options.device` names) on Fashion-MNIST-shaped IDX data. `on_progress` is called
+/// from the calling thread after each step; `on_epoch` after each epoch. Writes the trace
+/// and the weights when asked. Throws on bad options, bad data files, and failures of
+/// the run (a layer's exception, named).
+train_report train(graph& g, const train_options& options,
+                   const std::function<void(const train_progress&)>& on_progress = {},
+                   const std::function<void(const epoch_stats&)>& on_epoch = {}, engine_factory engine = {});
+
+/// Trains the preset `options.model` (see `train(graph&, ...)`).
 train_report train(const train_options& options, const std::function<void(const train_progress&)>& on_progress = {},
                    const std::function<void(const epoch_stats&)>& on_epoch = {});
 

@@ -7,6 +7,8 @@
 //
 // --devices cpu,cuda:0,cuda:0 puts stages on GPUs (one stream each; several stages may share
 // a GPU): between two stages of one GPU the tensors stay on the device (docs/gpu.md).
+// Epochs, batches, evaluation, trace and checkpoint are the one trainer's (layers/trainer.hpp);
+// this app hands it a pipeline as its engine.
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,10 +26,8 @@
 #include "gpu/device.hpp"
 #include "gpu/layers/device_stage.hpp"
 #include "gpu/layers/train.hpp"
-#include "layers/data/batcher.hpp"
-#include "layers/data/dataset.hpp"
+#include "layers/executor.hpp"
 #include "layers/gemm.hpp"
-#include "layers/lr_schedule.hpp"
 #include "layers/pipeline/pipeline.hpp"
 #include "layers/presets.hpp"
 #include "layers/trainer.hpp"
@@ -76,6 +76,113 @@ std::vector<std::string> split_list(const std::string& s) {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+/// What the run leaves for the report, taken before the pipeline's actors go.
+struct pipeline_outcome {
+  std::vector<np::stage_metrics> metrics;
+  std::string measured;  // the last step's timeline table
+  std::vector<std::string> device_of;
+  double train_seconds = 0;  // in train_step, without data loading and evaluation
+  std::int64_t trained = 0;  // samples
+};
+
+/// The trainer's engine for a pipeline: its stages (and replicas) on the trainer's
+/// runtime, device stages on the devices `devices` names.
+class pipeline_engine : public nl::train_engine {
+ public:
+  pipeline_engine(actors::runtime& rt, const std::vector<nl::graph*>& graphs, const np::partition& pieces,
+                  const np::schedule& plan, const nl::train_options& o, np::pipeline_options po,
+                  const std::vector<std::string>& devices, pipeline_outcome& out, bool announce)
+      : rt_(rt), g_(*graphs[0]), out_(out), threads_(o.threads) {
+    const auto stages = plan.stages;
+    out_.device_of.assign(stages, "cpu");
+    for (std::uint32_t s = 0; s < stages && s < devices.size(); ++s) {
+      int backend = 0, ordinal = 0;
+      if (!gpu::parse_device(devices[s], backend, ordinal)) {
+        po.engines.push_back(nullptr);
+        continue;
+      }
+      auto& dev = opened_[{backend, ordinal}];
+      if (!dev) {
+        gpu::device_options d;
+        d.backend = gpu::backend_kind(backend);
+        d.ordinal = ordinal;
+        if (rt.trace().enabled()) d.recorder = &rt.trace();  // GPU spans on a track per stream
+        dev = std::make_unique<gpu::device>(d);
+      }
+      out_.device_of[s] = devices[s] + " (" + dev->name() + ")";
+      gpu::device_stage_options so;
+      so.optimizer = gpu::device_optimizer{o.optimizer, o.lr, o.momentum, o.weight_decay, o.nesterov};
+      po.engines.push_back(
+          [d = dev.get(), so](const np::stage_engine_context& ctx) { return gpu::make_device_stage(*d, ctx, so); });
+    }
+    if (po.engines.size() != stages) po.engines.clear();
+    nl::set_gemm_threads(1);  // one product thread per stage loop
+    pipe_ = std::make_unique<np::pipeline>(rt, graphs, pieces, plan, std::make_shared<nl::cross_entropy>(),
+                                           nl::make_optimizer_factory(o), po);
+    min_rows_ = std::size_t(plan.micro_batches) * pipe_->replicas();
+    if (announce)
+      for (std::uint32_t s = 0; s < stages; ++s) std::printf("stage %u on %s\n", s, out_.device_of[s].c_str());
+  }
+
+  std::future<nl::step_result> train_step(nl::tensor x, nl::targets y, std::size_t, std::uint64_t step,
+                                          double lr) override {
+    std::promise<nl::step_result> p;
+    try {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r = pipe_->train_step(std::move(x), y, step, lr);
+      out_.train_seconds += seconds_since(t0);
+      out_.trained += r.samples;
+      p.set_value(r);
+    } catch (...) {
+      p.set_exception(std::current_exception());
+    }
+    downloaded_ = false;
+    return p.get_future();
+  }
+
+  /// Evaluation runs the graph's layers directly once device stages have handed their
+  /// weights back: the stages are idle between steps.
+  std::future<nl::step_result> evaluate(nl::tensor x, nl::targets y) override {
+    if (!downloaded_) pipe_->download();
+    downloaded_ = true;
+    nl::set_gemm_threads(int(threads_));
+    nl::direct_executor exec(g_);
+    auto r = exec.evaluate(std::move(x), y, nl::cross_entropy{});
+    nl::set_gemm_threads(1);
+    std::promise<nl::step_result> p;
+    p.set_value(r);
+    return p.get_future();
+  }
+  std::size_t min_rows() const override { return min_rows_; }
+
+  void finish() override {
+    if (!downloaded_) pipe_->download();
+    downloaded_ = true;
+    out_.metrics = pipe_->metrics();
+    out_.measured = np::measured_table(*pipe_);
+    // One lane per stage in trace viewers (the recorder names actor tracks itself).
+    const std::uint32_t S = pipe_->plan().stages;
+    for (std::uint32_t s = 0; s < S * pipe_->replicas(); ++s)
+      rt_.trace().name_track(np::stage_track(s),
+                             pipe_->replicas() > 1
+                                 ? "replica " + std::to_string(s / S) + " stage " + std::to_string(s % S)
+                                 : "stage " + std::to_string(s),
+                             -100 + long(s));
+  }
+  void trace_metadata(nlohmann::json& extra) const override { extra.update(pipe_->trace_metadata()); }
+
+ private:
+  actors::runtime& rt_;
+  nl::graph& g_;
+  pipeline_outcome& out_;
+  unsigned threads_;
+  // Devices open after the runtime and close before it: they post to its loops.
+  std::map<std::pair<int, int>, std::unique_ptr<gpu::device>> opened_;
+  std::unique_ptr<np::pipeline> pipe_;  // destroyed before the devices its stages use
+  std::size_t min_rows_ = 1;
+  bool downloaded_ = true;
+};
 
 }  // namespace
 
@@ -170,7 +277,7 @@ int main(int argc, char** argv) {
     std::vector<nl::graph> graphs;
     for (std::uint32_t r = 0; r < replicas; ++r) {
       graphs.push_back(nl::make_preset(model, seed));
-      if (!init.empty()) nl::load_weights(graphs.back(), init);
+      if (!init.empty()) nl::load_weights(graphs.back(), init);  // every replica: the trainer's --init is not used
     }
     std::vector<nl::graph*> replica_graphs;
     for (auto& rg : graphs) replica_graphs.push_back(&rg);
@@ -189,53 +296,16 @@ int main(int argc, char** argv) {
                                     " pieces; the schedule needs " + std::to_string(n_pieces));
     }
 
-    auto train_set = std::make_shared<const data::dataset>(data::load_fashion_mnist(data, data::split::train));
-    std::shared_ptr<const data::dataset> test_set;
-    if (!no_eval) test_set = std::make_shared<const data::dataset>(data::load_fashion_mnist(data, data::split::test));
-    const auto sample = g.nodes()[g.inputs()[0]].output_shape;
-    if (std::size_t(sample.numel()) != train_set->features())
-      throw std::invalid_argument("model '" + model + "' takes samples of " + sample.to_string() + " but the data has " +
-                                  std::to_string(train_set->features()) + " features");
-
-    actors::runtime rt({.loops = threads,
-                        .record = !trace.empty(),
-                        .record_timing = trace_exact ? actors::recorder::timing::exact : actors::recorder::timing::shared});
-    np::pipeline_options po;
-    po.emergent = emergent;
-    po.credits = credits;
-    for (std::uint32_t s = 0; s < stages * replicas; ++s) po.loops.push_back(s % threads);
-    // Devices open after the runtime: they shut down before the loops they post to go.
-    std::map<std::pair<int, int>, std::unique_ptr<gpu::device>> opened;
-    std::vector<std::string> device_of(stages, "cpu");
-    if (!devices.empty()) {
-      const auto list = split_list(devices);
-      if (list.size() != stages)
-        throw std::invalid_argument("--devices names " + std::to_string(list.size()) + " devices for " +
-                                    std::to_string(stages) + " stages");
-      for (std::uint32_t s = 0; s < stages; ++s) {
-        int backend = 0, ordinal = 0;
-        if (!gpu::parse_device(list[s], backend, ordinal)) {
-          po.engines.push_back(nullptr);
-          continue;
-        }
-        auto& dev = opened[{backend, ordinal}];
-        if (!dev) {
-          gpu::device_options d;
-          d.backend = gpu::backend_kind(backend);
-          d.ordinal = ordinal;
-          if (!trace.empty()) d.recorder = &rt.trace();  // GPU spans on a track per stream
-          dev = std::make_unique<gpu::device>(d);
-        }
-        device_of[s] = list[s] + " (" + dev->name() + ")";
-        gpu::device_stage_options so;
-        so.optimizer = gpu::device_optimizer{o.optimizer, o.lr, o.momentum, o.weight_decay, o.nesterov};
-        po.engines.push_back([d = dev.get(), so](const np::stage_engine_context& ctx) {
-          return gpu::make_device_stage(*d, ctx, so);
-        });
-      }
-    }
-    np::pipeline pipe(rt, replica_graphs, pieces, plan, std::make_shared<nl::cross_entropy>(),
-                      nl::make_optimizer_factory(o), po);
+    o.model = model;
+    o.seed = seed;
+    o.shuffle = !no_shuffle;
+    o.data = data;
+    o.save = save;
+    o.trace = trace;
+    o.trace_exact = trace_exact;
+    o.evaluate = !no_eval;
+    o.threads = threads;
+    o.micro_batches = 1;  // the schedule's M splits each replica's part, not the trainer
 
     if (!json)
       std::printf("nerve-pipeline: %s, %u stages x %u replica%s, %s, %u micro-batches of ~%zu (batch %zu), %s lr %g, "
@@ -243,93 +313,50 @@ int main(int argc, char** argv) {
                   model.c_str(), stages, replicas, replicas == 1 ? "" : "s", emergent ? "emergent" : plan.name.c_str(),
                   micro, o.batch / micro / replicas, o.batch, o.optimizer.c_str(), o.lr, threads,
                   np::to_string(g, pieces).c_str());
-    if (!json && !devices.empty())
-      for (std::uint32_t s = 0; s < stages; ++s) std::printf("stage %u on %s\n", s, device_of[s].c_str());
 
-    data::batcher batches(train_set->size(), data::batcher_options{o.batch, !no_shuffle, seed, false});
-    const std::size_t per_epoch = batches.batches_per_epoch();
-    const int n_epochs = o.steps >= 0 ? int((o.steps + std::int64_t(per_epoch) - 1) / std::int64_t(per_epoch)) : o.epochs;
-    const std::int64_t total_steps = o.steps >= 0 ? o.steps : std::int64_t(per_epoch) * n_epochs;
-    auto make = [&](std::size_t b) {
-      auto bt = batches.make_batch(*train_set, b);
-      nl::tensor x(std::int64_t(bt.rows), sample);
-      std::copy(bt.images.begin(), bt.images.end(), x.data());
-      nl::targets y;
-      y.labels = std::move(bt.labels);
-      return std::make_pair(std::move(x), std::move(y));
+    np::pipeline_options po;
+    po.emergent = emergent;
+    po.credits = credits;
+    for (std::uint32_t s = 0; s < stages * replicas; ++s) po.loops.push_back(s % threads);
+    std::vector<std::string> device_list(stages, "cpu");
+    if (!devices.empty()) {
+      device_list = split_list(devices);
+      if (device_list.size() != stages)
+        throw std::invalid_argument("--devices names " + std::to_string(device_list.size()) + " devices for " +
+                                    std::to_string(stages) + " stages");
+    }
+    pipeline_outcome outcome;
+    auto make_engine = [&](actors::runtime& rt, nl::graph&, const nl::train_options& opts) {
+      return std::make_unique<pipeline_engine>(rt, replica_graphs, pieces, plan, opts, po, device_list, outcome,
+                                               !json && !devices.empty());
     };
     progress_bar bar(quiet || json);
     nlohmann::json epochs_json = nlohmann::json::array();
-    std::int64_t step = 0, trained = 0;
-    double train_seconds = 0;
-    for (int epoch = 0; epoch < std::max(n_epochs, 1) && step < total_steps; ++epoch) {
-      batches.set_epoch(std::uint64_t(epoch));
-      const auto t0 = std::chrono::steady_clock::now();
-      double loss_sum = 0, epoch_train_s = 0;
-      std::int64_t correct = 0, seen = 0;
-      auto next = std::async(std::launch::async, make, std::size_t(0));
-      for (std::size_t b = 0; b < per_epoch && step < total_steps; ++b) {
-        auto [x, y] = next.get();
-        if (b + 1 < per_epoch && step + 1 < total_steps) next = std::async(std::launch::async, make, b + 1);
-        if (x.batch() < std::int64_t(micro) * replicas) continue;  // a last batch smaller than R x M
-        const auto s0 = std::chrono::steady_clock::now();
-        auto r = pipe.train_step(std::move(x), y, std::uint64_t(step), o.lr);
-        epoch_train_s += seconds_since(s0);
-        ++step;
-        loss_sum += r.loss * double(r.samples);
-        correct += r.correct;
-        seen += r.samples;
-        bar(epoch + 1, b + 1, per_epoch, loss_sum / double(seen), double(seen) / epoch_train_s);
-      }
-      if (next.valid()) next.wait();
-      train_seconds += epoch_train_s;
-      trained += seen;
-      double test_acc = 0, test_loss = 0;
-      pipe.download();  // device stages' weights into g (between steps, off the loops)
-      if (test_set) {
-        nl::set_gemm_threads(int(threads));  // the stages are idle between steps
-        nl::direct_executor exec(g);
-        nl::cross_entropy ce;
-        std::int64_t tc = 0;
-        for (std::size_t first = 0; first < test_set->size(); first += 1000) {
-          const auto rows = std::min<std::size_t>(1000, test_set->size() - first);
-          auto v = test_set->rows(first, rows);
-          nl::tensor x(std::int64_t(rows), sample);
-          std::copy(v.begin(), v.end(), x.data());
-          nl::targets y;
-          y.labels.assign(test_set->labels.begin() + std::ptrdiff_t(first),
-                          test_set->labels.begin() + std::ptrdiff_t(first + rows));
-          auto r = exec.evaluate(std::move(x), y, ce);
-          test_loss += r.loss * double(r.samples);
-          tc += r.correct;
-        }
-        nl::set_gemm_threads(1);
-        test_loss /= double(test_set->size());
-        test_acc = double(tc) / double(test_set->size());
-      }
-      const double secs = seconds_since(t0);
-      const double sps = epoch_train_s > 0 ? double(seen) / epoch_train_s : 0;
-      epochs_json.push_back({{"epoch", epoch + 1},
-                             {"train_loss", seen ? loss_sum / double(seen) : 0},
-                             {"train_accuracy", seen ? double(correct) / double(seen) : 0},
-                             {"test_loss", test_loss},
-                             {"test_accuracy", test_acc},
-                             {"seconds", secs},
-                             {"samples_per_s", sps}});
-      if (!json) {
-        std::printf("epoch %2d  train loss %.4f  train acc %6.2f%%", epoch + 1, seen ? loss_sum / double(seen) : 0,
-                    seen ? 100.0 * double(correct) / double(seen) : 0);
-        if (test_set) std::printf("  test acc %6.2f%%", 100 * test_acc);
-        std::printf("  %6.2f s  %8.0f samples/s\n", secs, sps);
-        std::fflush(stdout);
-      }
-    }
-    rt.synchronize();
-    if (!trace.empty()) np::write_trace(rt, pipe, trace);
-    if (!save.empty()) nl::save_weights(g, save, model);
+    auto report = nl::train(
+        g, o, [&](const nl::train_progress& p) { bar(p.epoch, p.batch, p.batches, p.loss, p.samples_per_s); },
+        [&](const nl::epoch_stats& e) {
+          epochs_json.push_back({{"epoch", e.epoch},
+                                 {"train_loss", e.train_loss},
+                                 {"train_accuracy", e.train_accuracy},
+                                 {"test_loss", e.test_loss},
+                                 {"test_accuracy", e.test_accuracy},
+                                 {"seconds", e.seconds},
+                                 {"samples_per_s", e.samples_per_s}});
+          if (!json) {
+            std::printf("epoch %2d  train loss %.4f  train acc %6.2f%%", e.epoch, e.train_loss, 100 * e.train_accuracy);
+            if (o.evaluate) std::printf("  test acc %6.2f%%", 100 * e.test_accuracy);
+            std::printf("  %6.2f s  %8.0f samples/s\n", e.seconds, e.samples_per_s);
+            std::fflush(stdout);
+          }
+        },
+        make_engine);
+    const std::int64_t step = report.steps;
+    const double train_seconds = outcome.train_seconds;
+    const std::int64_t trained = outcome.trained;
+    const auto& device_of = outcome.device_of;
 
     const double theory = np::bubble_theory(plan);
-    const auto metrics = pipe.metrics();
+    const auto& metrics = outcome.metrics;
     const auto predicted = np::predicted_bubbles(plan, metrics);
     if (json) {
       nlohmann::json j;
@@ -377,7 +404,7 @@ int main(int argc, char** argv) {
       std::printf("theory: equal stages, (S-1)/(M+S-1) for gpipe and 1f1b; this cut: the schedule simulated with each "
                   "stage's measured action times\n");
       std::printf("\nplanned (%s):\n%s\n%s", emergent ? "emergent runs without a list; 1f1b shown" : plan.name.c_str(),
-                  np::to_table(plan).c_str(), np::measured_table(pipe).c_str());
+                  np::to_table(plan).c_str(), outcome.measured.c_str());
       std::printf("%.0f samples/s over %lld steps\n", train_seconds > 0 ? double(trained) / train_seconds : 0,
                   static_cast<long long>(step));
       if (!save.empty()) std::printf("weights written to %s\n", save.c_str());

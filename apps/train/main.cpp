@@ -3,6 +3,9 @@
 //   loader ──batch──► coordinator ──forward──► fc1 ─► relu1 ─► fc2 ─► loss
 //                          ▲                    ◄──── backward ────────┘
 //                          └──────── node_done (every layer, after its optimizer step)
+//
+// The epochs, batches and evaluation are the one trainer's (layers/trainer.hpp); --device
+// picks its engine: the layer actors on the CPU, or a device network (cuda, standin).
 #include <unistd.h>
 
 #include <cstdio>
@@ -92,7 +95,7 @@ int main(int argc, char** argv) {
   app.add_flag("--trace-exact", trace_exact,
                "Time every handler run with a clock read of its own (default: short runs in a row share one; docs/trace.md)");
   app.add_flag("--no-eval", no_eval, "Skip the test-set evaluation after each epoch");
-  app.add_option("--device", device, "Where the network runs: cpu, cuda or cuda:N");
+  app.add_option("--device", device, "Where the network runs: cpu, cuda, cuda:N or standin (the CPU stand-in of a GPU)");
   app.add_flag("--json", json, "Print one JSON object with the results on stdout");
   app.add_flag("--quiet", quiet, "No progress bar");
   CLI11_PARSE(app, argc, argv);
@@ -119,6 +122,7 @@ int main(int argc, char** argv) {
     o.trace = trace;
     o.trace_exact = trace_exact;
     o.evaluate = !no_eval;
+    o.device = device;
 
     if (!json)
       std::printf("nerve-train: %s, %s, batch %zu, %s lr %g%s, %u thread%s\n", o.model.c_str(),
@@ -127,8 +131,9 @@ int main(int argc, char** argv) {
                   o.batch, o.optimizer.c_str(), o.lr, o.momentum > 0 ? (" momentum " + fmt_g(o.momentum)).c_str() : "",
                   o.threads, o.threads == 1 ? "" : "s");
     progress_bar bar(quiet);
-    auto report = nerve::gpu::train(
-        o, device, [&](const train_progress& p) { bar(p); },
+    nerve::gpu::register_engines();  // --device cuda, cuda:N, standin beside the built-in cpu
+    auto report = train(
+        o, [&](const train_progress& p) { bar(p); },
         [&](const epoch_stats& e) {
           if (!json) {
             char test[32] = "      -";  // --no-eval: no test accuracy to show

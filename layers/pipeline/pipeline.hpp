@@ -155,6 +155,10 @@ class pipeline {
 /// `m` has one entry per stage of `plan`; stages that ran nothing predict 0.
 std::vector<double> predicted_bubbles(const schedule& plan, const std::vector<stage_metrics>& m);
 
+/// The trace track of stage `s` (replica r's stage s: `r * S + s`), where its actions and
+/// idle spans are recorded (docs/trace-format.md).
+constexpr std::uint32_t stage_track(std::uint32_t s) noexcept { return 2000000 + s; }
+
 /// Writes `rt`'s trace with the pipeline's metadata, and names the stage tracks
 /// (tid 2000000 + stage) so viewers show one lane per stage.
 void write_trace(actors::runtime& rt, const pipeline& p, const std::string& path);

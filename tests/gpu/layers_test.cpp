@@ -19,6 +19,7 @@
 #include "gpu/layers/device_layer.hpp"
 #include "gpu/layers/device_network.hpp"
 #include "gpu/layers/train.hpp"
+#include "layers/trainer.hpp"
 #include "gpu/status.hpp"
 #include "gpu/testing.hpp"
 #include "layers/activation.hpp"
@@ -349,7 +350,7 @@ TEST_SUITE("gpu.layers") {
   }
 #endif
 
-  TEST_CASE("gpu::train runs a preset as the CPU trainer does") {
+  TEST_CASE("the trainer runs a preset on the device engine as on the CPU one") {
     // NERVE_FASHION_MNIST: the files elsewhere (the GPU machine has no Debian package).
     const char* dir = std::getenv("NERVE_FASHION_MNIST");
     const std::filesystem::path data = dir ? dir : "/usr/share/datasets/fashion-mnist";
@@ -367,8 +368,10 @@ TEST_SUITE("gpu.layers") {
 #else
     const std::string spec = std::getenv("NERVE_GPU_TEST_STANDIN") ? "standin" : "cuda";
 #endif
+    gpu::register_engines();
     auto cpu = layers::train(o);
-    auto dev = gpu::train(o, spec);
+    o.device = spec;
+    auto dev = layers::train(o);
     REQUIRE(cpu.epochs.size() == 1);
     REQUIRE(dev.epochs.size() == 1);
     CHECK(dev.steps == 4);
