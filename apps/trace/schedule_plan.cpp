@@ -1,96 +1,75 @@
 #include "apps/trace/schedule_plan.hpp"
 
+#include "layers/pipeline/schedule.hpp"
+
 #include <algorithm>
-#include <map>
-#include <tuple>
 
 namespace nerve::trace {
+namespace {
 
-std::vector<planned_action> one_f_one_b(std::int32_t stages, std::int32_t stage, std::int32_t microbatches) {
-  std::vector<planned_action> out;
-  const std::int32_t warmup = std::min(stages - stage - 1, microbatches);
-  std::int32_t f = 0, b = 0;
-  for (; f < warmup; ++f) out.push_back({'F', f, 0});
-  while (f < microbatches) {
-    out.push_back({'F', f++, 0});
-    out.push_back({'B', b++, 0});
+namespace np = nerve::pipeline;
+
+// The library's form of a recorded schedule. A negative id wraps to one no range holds,
+// so `validate` names it instead of the simulator indexing with it.
+np::schedule to_schedule(const schedule_info& info) {
+  np::schedule s;
+  s.name = info.name.empty() ? "custom" : info.name;
+  s.chunks = static_cast<std::uint32_t>(std::max(1, info.chunks));
+  std::int64_t last_mb = -1;
+  for (const auto& list : info.actions) {
+    auto& out = s.actions.emplace_back();
+    for (const auto& a : list) {
+      out.push_back({static_cast<np::op>(a.op), static_cast<std::uint32_t>(a.mb), static_cast<std::uint32_t>(a.chunk)});
+      last_mb = std::max<std::int64_t>(last_mb, a.mb);
+      s.split_backward |= a.op == 'W';
+    }
   }
-  while (b < microbatches) out.push_back({'B', b++, 0});
-  return out;
+  s.stages = static_cast<std::uint32_t>(info.stages > 0 ? info.stages : static_cast<std::int64_t>(s.actions.size()));
+  s.micro_batches = static_cast<std::uint32_t>(info.microbatches > 0 ? info.microbatches : last_mb + 1);
+  return s;
 }
+
+}  // namespace
 
 plan play_schedule(const schedule_info& schedule, const op_durations& durations) {
   plan out;
-  const auto stages = static_cast<std::int32_t>(schedule.actions.size());
-  const std::int32_t chunks = std::max(1, schedule.chunks);
-  const std::int32_t virtual_stages = stages * chunks;
-  out.busy.assign(static_cast<std::size_t>(stages), 0.0);
-  if (stages == 0) return out;
+  const np::schedule s = to_schedule(schedule);
+  np::simulation sim;
+  try {
+    np::validate(s);
+    std::vector<np::action_costs> costs(s.stages, {1, 2, s.split_backward ? 1.0 : 0.0});
+    for (std::size_t st = 0; st < costs.size() && st < durations.size(); ++st) {
+      const auto& d = durations[st];
+      // Without W actions B is the whole backward, and its measured time says so.
+      costs[st] = {d[0], d[1], s.split_backward ? d[2] : 0.0};
+    }
+    sim = np::simulate(s, costs);
+  } catch (const np::schedule_error& e) {
+    out.error = std::string("the planned schedule cannot run: ") + e.what();
+    return out;
+  }
+  out.makespan = sim.makespan;
+  out.bubbles = sim.bubble;
+  for (std::uint32_t st = 0; st < s.stages; ++st)
+    for (std::size_t i = 0; i < s.actions[st].size(); ++i) {
+      const auto& a = s.actions[st][i];
+      out.runs.push_back({static_cast<std::int32_t>(st), static_cast<char>(a.op), static_cast<std::int32_t>(a.micro_batch),
+                          static_cast<std::int32_t>(a.chunk), sim.start[st][i], sim.end[st][i]});
+    }
+  return out;
+}
 
-  auto duration = [&](std::int32_t stage, char op) {
-    const auto k = op == 'F' ? 0 : op == 'B' ? 1 : 2;
-    if (static_cast<std::size_t>(stage) < durations.size()) return durations[static_cast<std::size_t>(stage)][static_cast<std::size_t>(k)];
-    return op == 'F' ? 1.0 : op == 'B' ? 2.0 : 1.0;
-  };
-  std::map<std::tuple<char, std::int32_t, std::int32_t>, double> done;  // (op, mb, virtual stage) -> end
-  auto done_at = [&](char op, std::int32_t mb, std::int32_t v) -> double {
-    auto it = done.find({op, mb, v});
-    return it == done.end() ? -1.0 : it->second;
-  };
-  std::vector<std::size_t> next(static_cast<std::size_t>(stages), 0);
-  std::vector<double> free_at(static_cast<std::size_t>(stages), 0.0);
-  std::size_t total = 0;
-  for (const auto& l : schedule.actions) total += l.size();
-  std::size_t placed = 0;
-  bool progress = true;
-  while (placed < total && progress) {
-    progress = false;
-    for (std::int32_t s = 0; s < stages; ++s) {
-      const auto& list = schedule.actions[static_cast<std::size_t>(s)];
-      auto& i = next[static_cast<std::size_t>(s)];
-      while (i < list.size()) {
-        const auto& a = list[i];
-        const std::int32_t v = a.chunk * stages + s;
-        double ready = 0;
-        bool ok = true;
-        auto need = [&](char op, std::int32_t mb, std::int32_t vs) {
-          auto t = done_at(op, mb, vs);
-          if (t < 0) ok = false;
-          ready = std::max(ready, t);
-        };
-        if (a.op == 'F') {
-          if (v > 0) need('F', a.mb, v - 1);
-        } else if (a.op == 'B') {
-          need('F', a.mb, v);
-          if (v < virtual_stages - 1) need('B', a.mb, v + 1);
-        } else {
-          need('B', a.mb, v);
-        }
-        if (!ok) break;
-        const double start = std::max(ready, free_at[static_cast<std::size_t>(s)]);
-        const double end = start + duration(s, a.op);
-        done[{a.op, a.mb, v}] = end;
-        free_at[static_cast<std::size_t>(s)] = end;
-        out.busy[static_cast<std::size_t>(s)] += end - start;
-        out.runs.push_back({s, a.op, a.mb, a.chunk, start, end});
-        out.makespan = std::max(out.makespan, end);
-        ++i;
-        ++placed;
-        progress = true;
-      }
-    }
-  }
-  if (placed < total) {
-    for (std::int32_t s = 0; s < stages; ++s) {
-      const auto& list = schedule.actions[static_cast<std::size_t>(s)];
-      const auto i = next[static_cast<std::size_t>(s)];
-      if (i < list.size()) {
-        out.error = "the planned schedule deadlocks: stage " + std::to_string(s) + " waits forever at action " +
-                    std::to_string(i) + " (" + std::string(1, list[i].op) + " mb " + std::to_string(list[i].mb) + ")";
-        break;
-      }
-    }
-  }
+std::vector<planned_action> one_f_one_b(std::int32_t stages, std::int32_t stage, std::int32_t microbatches) {
+  if (stages < 1 || microbatches < 1 || stage < 0 || stage >= stages) return {};
+  // Callers ask stage by stage: make each shape's schedule once, not once per stage.
+  thread_local np::schedule made;
+  if (made.actions.empty() || made.stages != static_cast<std::uint32_t>(stages) ||
+      made.micro_batches != static_cast<std::uint32_t>(microbatches))
+    made = np::make_schedule(np::schedule_kind::one_f_one_b, static_cast<std::uint32_t>(stages),
+                             static_cast<std::uint32_t>(microbatches));
+  std::vector<planned_action> out;
+  for (const auto& a : made.actions[static_cast<std::size_t>(stage)])
+    out.push_back({static_cast<char>(a.op), static_cast<std::int32_t>(a.micro_batch), static_cast<std::int32_t>(a.chunk)});
   return out;
 }
 

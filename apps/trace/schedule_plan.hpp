@@ -2,7 +2,9 @@
 /// \file
 /// Turns the planned schedule (`nerve.schedule`: per stage, the order of F/B/W
 /// actions) into a planned timeline, so the page can overlay it on the measured one
-/// and the summary can compare planned and measured bubbles.
+/// and the summary can compare planned and measured bubbles. The schedule code is the
+/// pipeline's own (`nerve::schedule`, `layers/pipeline/schedule.hpp`); this is the
+/// viewer's view of it.
 
 #include "apps/trace/timeline.hpp"
 
@@ -26,26 +28,27 @@ struct planned_run {
 struct plan {
   std::vector<planned_run> runs;
   double makespan = 0;
-  std::vector<double> busy;  ///< per stage
-  std::string error;         ///< non-empty when the schedule deadlocks or is malformed
+  std::vector<double> bubbles;  ///< per stage: the share of the makespan it idles
+  std::string error;            ///< non-empty when the schedule cannot run (why, and where)
 
   /// Planned bubble fraction of a stage: 1 - busy / makespan.
-  [[nodiscard]] double bubble(std::size_t stage) const {
-    return makespan > 0 && stage < busy.size() ? 1.0 - busy[stage] / makespan : 0;
-  }
+  [[nodiscard]] double bubble(std::size_t stage) const { return stage < bubbles.size() ? bubbles[stage] : 0; }
 };
 
 /// Durations of F, B and W per stage (µs).
 using op_durations = std::vector<std::array<double, 3>>;
 
-/// Plays the schedule: each stage runs its list in order, an action starting when the
-/// stage is free and its inputs are done. With chunks (interleaved schedules) chunk c
-/// of stage s is virtual stage c * stages + s. F(mb, v) needs F(mb, v-1); B(mb, v)
-/// needs F(mb, v) and B(mb, v+1); W(mb, v) needs B(mb, v).
+/// Plays the schedule with `pipeline::simulate`: each stage runs its list in order, an
+/// action starting when the stage is free and its inputs are done (chunk c of stage s
+/// is piece c * stages + s). The schedule is checked first (`pipeline::validate`); one
+/// that cannot run comes back with `error` set and no runs. The counts default to the
+/// actions' when `schedule` leaves them 0; W actions make B the input gradient only.
+/// Stages without durations get F 1, B 2, W 1.
 plan play_schedule(const schedule_info& schedule, const op_durations& durations);
 
-/// The 1F1B order for one stage: min(stages - stage - 1, microbatches) forwards, then
-/// alternating F and B, then the remaining backwards.
+/// The 1F1B order for one stage, as `pipeline::make_schedule` makes it:
+/// min(stages - stage - 1, microbatches) forwards, then alternating F and B, then the
+/// remaining backwards. Empty when a count is below 1 or `stage` is out of range.
 std::vector<planned_action> one_f_one_b(std::int32_t stages, std::int32_t stage, std::int32_t microbatches);
 
 }  // namespace nerve::trace

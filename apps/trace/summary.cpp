@@ -61,7 +61,7 @@ std::map<std::int32_t, double> planned_bubbles(const trace_index& index, std::in
   if (!any) return out;
   auto p = play_schedule(*schedule, sums);
   if (!p.error.empty()) return out;
-  for (std::size_t s = 0; s < p.busy.size(); ++s) out[static_cast<std::int32_t>(s)] = p.bubble(s) * 100.0;
+  for (std::size_t s = 0; s < p.bubbles.size(); ++s) out[static_cast<std::int32_t>(s)] = p.bubbles[s] * 100.0;
   return out;
 }
 

@@ -103,7 +103,7 @@ TEST_SUITE("trace.synth") {
     SUBCASE("a schedule that cannot run says where it stops") {
       s.actions[1] = {{'B', 0, 0}, {'F', 0, 0}};
       auto bad = play_schedule(s, op_durations(4, {1.0, 2.0, 0.0}));
-      CHECK(bad.error.find("deadlocks: stage ") != std::string::npos);
+      CHECK(bad.error.find("stage 1, step 0") != std::string::npos);
     }
   }
 }
