@@ -11,6 +11,16 @@ layer_actor::layer_actor(graph::node_type& n, std::uint32_t index, const node_pl
   if (!node_.layer) throw std::invalid_argument("layer_actor: node '" + node_.name + "' is a graph input, not a layer");
   on<forward_msg>([this](forward_msg& m) { on_forward(m); });
   on<backward_msg>([this](backward_msg& m) { on_backward(m); });
+  // Checkpoints: names as the optimizer steps them (the layer's own: "weight").
+  on<get_optimizer_state>([this](get_optimizer_state&) {
+    optimizer_state st;
+    if (opt_) opt_->save_state(st);
+    return st;
+  });
+  on<set_optimizer_state>([this](set_optimizer_state& m) {
+    if (opt_) opt_->load_state(m.state, node_.layer->parameters());
+    return true;
+  });
   for (std::size_t k = 0; k < node_.inputs.size(); ++k)
     grad_.push_back(std::make_unique<bus::signal<backward_msg>>(*this, "grad" + std::to_string(k)));
   outstanding_.assign(plan_.edge_count(), 0);

@@ -313,6 +313,43 @@ bus_traffic network::traffic() const {
   return t;
 }
 
+optimizer_state network::optimizer_state_of() const {
+  optimizer_state all;
+  for (std::size_t i = 0; i < node_actors_.size(); ++i) {
+    if (!node_actors_[i]) continue;
+    const auto prefix = graph_.nodes()[i].name + ".";
+    auto st = rt_.ask<optimizer_state>(node_actors_[i], get_optimizer_state{}, std::chrono::nanoseconds::max()).get();
+    for (auto& b : st.buffers) all.buffers.push_back({prefix + b.parameter, std::move(b.name), std::move(b.values)});
+    for (auto& [k, v] : st.counters) all.counters[prefix + k] = v;
+  }
+  return all;
+}
+
+void network::load_optimizer_state(const optimizer_state& state) {
+  std::vector<optimizer_state> parts(node_actors_.size());
+  auto owner = [&](const std::string& name) -> std::pair<std::size_t, std::string> {
+    for (std::size_t i = 0; i < node_actors_.size(); ++i) {
+      const auto& n = graph_.nodes()[i].name;
+      if (node_actors_[i] && name.size() > n.size() && name.compare(0, n.size(), n) == 0 && name[n.size()] == '.')
+        return {i, name.substr(n.size() + 1)};
+    }
+    throw std::invalid_argument("optimizer state: '" + name + "' belongs to no layer of the network");
+  };
+  for (const auto& b : state.buffers) {
+    auto [i, local] = owner(b.parameter);
+    parts[i].buffers.push_back({local, b.name, b.values});
+  }
+  for (const auto& [k, v] : state.counters) {
+    auto [i, local] = owner(k);
+    parts[i].counters[local] = v;
+  }
+  std::vector<std::future<bool>> done;
+  for (std::size_t i = 0; i < node_actors_.size(); ++i)
+    if (node_actors_[i])
+      done.push_back(rt_.ask<bool>(node_actors_[i], set_optimizer_state{std::move(parts[i])}, std::chrono::nanoseconds::max()));
+  for (auto& f : done) f.get();
+}
+
 std::vector<actors::address> network::layer_actors() const {
   std::vector<actors::address> out;
   for (auto& a : node_actors_)

@@ -82,6 +82,13 @@ class network {
   /// The graph's plan the actors were wired from.
   const graph_plan& plan() const noexcept { return plan_; }
 
+  /// Every layer's optimizer state, parameters named as in the graph (`fc1.weight`) and
+  /// counters prefixed with the node (`fc1.steps`). Between steps (waits for the actors).
+  optimizer_state optimizer_state_of() const;
+  /// Gives each layer's optimizer its part of `state` (as `optimizer_state_of` made it).
+  /// Between steps. Throws naming a buffer no layer owns.
+  void load_optimizer_state(const optimizer_state& state);
+
   /// The actor running node `name`.
   actors::address actor_of(std::string_view name) const;
   /// Every layer actor, in node order (graph inputs skipped).

@@ -1,6 +1,9 @@
 #include "layers/optimizer.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 namespace nerve::layers {
 
@@ -89,6 +92,78 @@ void basic_adam<Scalar>::update(const parameter_ref& p) {
   const Scalar step_size = Scalar(lr / bc1);
   const Scalar bc2_sqrt = Scalar(std::sqrt(bc2));
   w += Scalar(-1) * step_size * (m / (v.sqrt() / bc2_sqrt + Scalar(o_.eps)));
+}
+
+namespace {
+
+/// The parameter `name` of `params`, and its tensor shaped like it from `values`.
+template <class Scalar>
+basic_tensor<Scalar> shaped_like(std::span<const basic_parameter_ref<Scalar>> params, const std::string& name,
+                                 const std::string& buffer, const std::vector<Scalar>& values) {
+  for (const auto& p : params)
+    if (p.name == name) {
+      if (values.size() != static_cast<std::size_t>(p.value->size()))
+        throw std::invalid_argument("optimizer state: '" + name + "." + buffer + "' has " +
+                                    std::to_string(values.size()) + " values, the parameter " +
+                                    std::to_string(p.value->size()));
+      basic_tensor<Scalar> t(p.value->batch(), p.value->sample_shape());
+      std::copy(values.begin(), values.end(), t.data());
+      return t;
+    }
+  throw std::invalid_argument("optimizer state: '" + name + "." + buffer + "' belongs to no parameter here");
+}
+
+template <class Scalar>
+std::vector<Scalar> flat(const basic_tensor<Scalar>& t) {
+  return {t.data(), t.data() + t.size()};
+}
+
+}  // namespace
+
+template <class Scalar>
+void basic_sgd<Scalar>::save_state(basic_optimizer_state<Scalar>& out) const {
+  basic_optimizer<Scalar>::save_state(out);
+  for (const auto& [name, buf] : momentum_) out.buffers.push_back({name, "momentum_buffer", flat(buf)});
+}
+
+template <class Scalar>
+void basic_sgd<Scalar>::load_state(const basic_optimizer_state<Scalar>& in,
+                                   std::span<const typename basic_optimizer<Scalar>::parameter_ref> params) {
+  basic_optimizer<Scalar>::load_state(in, params);
+  momentum_.clear();
+  for (const auto& b : in.buffers) {
+    if (b.name != "momentum_buffer")
+      throw std::invalid_argument("optimizer state: SGD has no buffer '" + b.name + "' (of '" + b.parameter + "')");
+    momentum_.insert_or_assign(b.parameter, shaped_like(params, b.parameter, b.name, b.values));
+  }
+}
+
+template <class Scalar>
+void basic_adam<Scalar>::save_state(basic_optimizer_state<Scalar>& out) const {
+  basic_optimizer<Scalar>::save_state(out);
+  for (const auto& [name, s] : state_) {
+    out.buffers.push_back({name, "exp_avg", flat(s.m)});
+    out.buffers.push_back({name, "exp_avg_sq", flat(s.v)});
+    out.counters[name + ".step"] = s.t;
+  }
+}
+
+template <class Scalar>
+void basic_adam<Scalar>::load_state(const basic_optimizer_state<Scalar>& in,
+                                    std::span<const typename basic_optimizer<Scalar>::parameter_ref> params) {
+  basic_optimizer<Scalar>::load_state(in, params);
+  state_.clear();
+  for (const auto& b : in.buffers) {
+    if (b.name != "exp_avg" && b.name != "exp_avg_sq")
+      throw std::invalid_argument("optimizer state: Adam has no buffer '" + b.name + "' (of '" + b.parameter + "')");
+    auto& s = state_[b.parameter];
+    (b.name == "exp_avg" ? s.m : s.v) = shaped_like(params, b.parameter, b.name, b.values);
+    auto t = in.counters.find(b.parameter + ".step");
+    s.t = t == in.counters.end() ? 0 : t->second;
+  }
+  for (auto& [name, s] : state_)
+    if (s.m.empty() || s.v.empty())
+      throw std::invalid_argument("optimizer state: Adam needs both exp_avg and exp_avg_sq of '" + name + "'");
 }
 
 template <class Scalar>

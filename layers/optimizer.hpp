@@ -3,6 +3,7 @@
 /// Optimizers with PyTorch's update rules: SGD (momentum, Nesterov, weight decay), Adam, AdamW.
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -13,6 +14,21 @@
 #include "layers/layer.hpp"
 
 namespace nerve::layers {
+
+/// What an optimizer carries from step to step, for a checkpoint: per parameter (by the
+/// name it was stepped under) its buffers in PyTorch's names (`momentum_buffer`,
+/// `exp_avg`, `exp_avg_sq`), flat in the parameter's layout, and integer counters
+/// (`steps`, `<parameter>.step`).
+template <class Scalar>
+struct basic_optimizer_state {
+  struct buffer {
+    std::string parameter;
+    std::string name;
+    std::vector<Scalar> values;
+  };
+  std::vector<buffer> buffers;
+  std::map<std::string, std::int64_t, std::less<>> counters;
+};
 
 /// Updates parameters from their accumulated gradients.
 ///
@@ -38,6 +54,16 @@ class basic_optimizer {
   void set_lr(double lr) noexcept { lr_ = lr; }
   /// Steps taken so far.
   std::int64_t steps() const noexcept { return steps_; }
+
+  /// Appends the state to `out` (checkpoints). One caller at a time, between steps.
+  virtual void save_state(basic_optimizer_state<Scalar>& out) const { out.counters["steps"] = steps_; }
+  /// Replaces the state with `in` (as `save_state` wrote it); `params` give the buffers'
+  /// shapes. Throws `std::invalid_argument` naming a buffer whose parameter is not in
+  /// `params` or whose size differs.
+  virtual void load_state(const basic_optimizer_state<Scalar>& in, std::span<const parameter_ref> params) {
+    auto it = in.counters.find("steps");
+    steps_ = it == in.counters.end() ? 0 : it->second;
+  }
 
  protected:
   explicit basic_optimizer(double lr) : lr_(lr) {}
@@ -66,6 +92,8 @@ class basic_sgd final : public basic_optimizer<Scalar> {
   explicit basic_sgd(sgd_options options = {});
   std::string_view kind() const noexcept override { return "SGD"; }
   const sgd_options& options() const noexcept { return o_; }
+  void save_state(basic_optimizer_state<Scalar>& out) const override;
+  void load_state(const basic_optimizer_state<Scalar>& in, std::span<const parameter_ref> params) override;
 
  protected:
   void update(const parameter_ref& p) override;
@@ -95,6 +123,8 @@ class basic_adam : public basic_optimizer<Scalar> {
   explicit basic_adam(adam_options options = {}, bool decoupled = false);
   std::string_view kind() const noexcept override { return decoupled_ ? "AdamW" : "Adam"; }
   const adam_options& options() const noexcept { return o_; }
+  void save_state(basic_optimizer_state<Scalar>& out) const override;
+  void load_state(const basic_optimizer_state<Scalar>& in, std::span<const parameter_ref> params) override;
 
  protected:
   void update(const parameter_ref& p) override;
@@ -123,6 +153,7 @@ std::unique_ptr<basic_optimizer<Scalar>> make_optimizer(std::string_view name, d
                                                         double weight_decay = 0.0);
 
 using optimizer = basic_optimizer<float>;
+using optimizer_state = basic_optimizer_state<float>;
 using sgd = basic_sgd<float>;
 using adam = basic_adam<float>;
 using adamw = basic_adamw<float>;

@@ -1,6 +1,7 @@
 #include "layers/trainer.hpp"
 
 #include <chrono>
+#include <tuple>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -137,6 +138,8 @@ class network_engine : public train_engine {
   }
   std::future<step_result> evaluate(tensor x, targets y) override { return net_.evaluate(std::move(x), std::move(y)); }
   void finish() override { net_.system().synchronize(); }
+  optimizer_state optimizer_state_of() override { return net_.optimizer_state_of(); }
+  void load_optimizer_state(const optimizer_state& state) override { net_.load_optimizer_state(state); }
 
  private:
   network net_;
@@ -173,6 +176,182 @@ engine_factory engine_for(const std::string& device) {
   throw std::invalid_argument("unknown --device '" + device + "' (this build has: " + names + ")");
 }
 
+optimizer_state train_engine::optimizer_state_of() {
+  throw std::invalid_argument("--checkpoint: this engine cannot save its optimizer state");
+}
+void train_engine::load_optimizer_state(const optimizer_state&) {
+  throw std::invalid_argument("--resume: this engine cannot restore an optimizer state");
+}
+
+namespace {
+
+// A checkpoint is one safetensors file: the weights and buffers under their PyTorch
+// names (what --save writes), the optimizer's buffers as `optimizer.<parameter>.<buffer>`,
+// and the rest as JSON in the metadata entry `nerve.train_state`.
+constexpr const char* state_key = "nerve.train_state";
+constexpr std::string_view optimizer_prefix = "optimizer.";
+
+nlohmann::json settings_of(const train_options& o) {
+  return {{"model", o.model},         {"epochs", o.epochs},
+          {"steps", o.steps},         {"batch", o.batch},
+          {"micro_batches", o.micro_batches}, {"optimizer", o.optimizer},
+          {"lr", o.lr},               {"momentum", o.momentum},
+          {"nesterov", o.nesterov},   {"weight_decay", o.weight_decay},
+          {"schedule", o.schedule},   {"device", o.device},
+          {"threads", o.threads},     {"spread", o.spread},
+          {"seed", o.seed},           {"shuffle", o.shuffle},
+          {"data", o.data.string()},  {"evaluate", o.evaluate},
+          {"trace_exact", o.trace_exact}, {"checkpoint_every", o.checkpoint_every},
+          {"app", o.app_settings}};
+}
+
+/// Where a run stands between two steps.
+struct run_position {
+  std::int64_t step = 0;
+  int epoch = 0;           // the epoch under way (0-based)
+  std::size_t batch = 0;   // its next batch
+  double loss_sum = 0;     // this epoch's figures so far
+  std::int64_t correct = 0, seen = 0, epoch_steps = 0;
+  std::vector<epoch_stats> done;  // the epochs before
+};
+
+nlohmann::json to_json(const epoch_stats& e) {
+  return {{"epoch", e.epoch}, {"steps", e.steps}, {"train_loss", e.train_loss}, {"train_accuracy", e.train_accuracy},
+          {"test_loss", e.test_loss}, {"test_accuracy", e.test_accuracy}, {"seconds", e.seconds},
+          {"samples_per_s", e.samples_per_s}};
+}
+epoch_stats epoch_from(const nlohmann::json& j) {
+  epoch_stats e;
+  e.epoch = j.at("epoch");
+  e.steps = j.at("steps");
+  e.train_loss = j.at("train_loss");
+  e.train_accuracy = j.at("train_accuracy");
+  e.test_loss = j.at("test_loss");
+  e.test_accuracy = j.at("test_accuracy");
+  e.seconds = j.at("seconds");
+  e.samples_per_s = j.at("samples_per_s");
+  return e;
+}
+
+void write_train_state(const std::filesystem::path& path, graph& g, const optimizer_state& opt,
+                       const train_options& o, const run_position& pos) {
+  checkpoint::state_dict d;
+  auto add = [&](const std::string& name, const tensor& t, const std::vector<std::int64_t>& torch_shape) {
+    d.add(name, std::vector<std::size_t>(torch_shape.begin(), torch_shape.end()),
+          std::vector<float>(t.data(), t.data() + t.size()));
+  };
+  for (auto& p : g.parameters()) add(p.name, *p.value, p.torch_shape);
+  for (auto& b : g.buffers()) add(b.name, *b.value, b.torch_shape);
+  for (auto& b : opt.buffers)
+    d.add(std::string(optimizer_prefix) + b.parameter + "." + b.name, {b.values.size()}, b.values);
+  nlohmann::json epochs = nlohmann::json::array();
+  for (auto& e : pos.done) epochs.push_back(to_json(e));
+  const nlohmann::json state = {
+      {"format", "nerve-train-state-1"},
+      {"settings", settings_of(o)},
+      {"position",
+       {{"step", pos.step}, {"epoch", pos.epoch}, {"batch", pos.batch}, {"loss_sum", pos.loss_sum},
+        {"correct", pos.correct}, {"seen", pos.seen}, {"epoch_steps", pos.epoch_steps}}},
+      {"epochs", epochs},
+      {"optimizer_counters", opt.counters}};
+  d.metadata["model"] = o.model;
+  d.metadata["format"] = "nerve-checkpoint-1";
+  d.metadata[state_key] = state.dump();
+  checkpoint::save_checkpoint(path, d);
+}
+
+nlohmann::json read_state(const checkpoint::state_dict& d, const std::filesystem::path& path) {
+  auto it = d.metadata.find(state_key);
+  if (it == d.metadata.end())
+    throw std::invalid_argument("--resume " + path.string() +
+                                ": no training state in it (weights only? --init starts from weights)");
+  try {
+    auto j = nlohmann::json::parse(it->second);
+    if (j.value("format", "") != "nerve-train-state-1")
+      throw std::invalid_argument("unknown format '" + j.value("format", "") + "'");
+    return j;
+  } catch (const std::exception& e) {
+    throw std::invalid_argument("--resume " + path.string() + ": unreadable training state: " + e.what());
+  }
+}
+
+/// Loads the checkpoint's weights into `g` and returns its optimizer state and position.
+std::pair<optimizer_state, run_position> read_train_state(const std::filesystem::path& path, graph& g) {
+  const auto d = checkpoint::load_checkpoint(path);
+  const auto j = read_state(d, path);
+  try {
+    std::vector<std::string> names;
+    for (auto& p : g.parameters()) names.push_back(p.name);
+    for (auto& b : g.buffers()) names.push_back(b.name);
+    optimizer_state opt;
+    for (auto& n : d.names()) {
+      if (!n.starts_with(optimizer_prefix)) continue;
+      names.push_back(n);
+      const auto dot = n.rfind('.');
+      const auto& t = d.at(n);
+      opt.buffers.push_back({n.substr(optimizer_prefix.size(), dot - optimizer_prefix.size()), n.substr(dot + 1), t.floats});
+    }
+    d.check_names(names);
+    auto copy = [&](const std::string& name, tensor& t, const std::vector<std::int64_t>& torch_shape) {
+      std::vector<std::size_t> shp(torch_shape.begin(), torch_shape.end());
+      d.copy_to(name, shp, std::span<float>(t.data(), static_cast<std::size_t>(t.size())));
+    };
+    for (auto& p : g.parameters()) copy(p.name, *p.value, p.torch_shape);
+    for (auto& b : g.buffers()) copy(b.name, *b.value, b.torch_shape);
+    opt.counters = j.at("optimizer_counters").get<std::map<std::string, std::int64_t, std::less<>>>();
+    run_position pos;
+    const auto& p = j.at("position");
+    pos.step = p.at("step");
+    pos.epoch = p.at("epoch");
+    pos.batch = p.at("batch");
+    pos.loss_sum = p.at("loss_sum");
+    pos.correct = p.at("correct");
+    pos.seen = p.at("seen");
+    pos.epoch_steps = p.at("epoch_steps");
+    for (auto& e : j.at("epochs")) pos.done.push_back(epoch_from(e));
+    return {std::move(opt), std::move(pos)};
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument("--resume " + path.string() + ": unreadable training state: " + e.what());
+  }
+}
+
+}  // namespace
+
+train_options resume_options(const std::filesystem::path& path) {
+  const auto d = checkpoint::load_checkpoint(path);
+  const auto j = read_state(d, path);
+  try {
+    const auto& s = j.at("settings");
+    train_options o;
+    o.model = s.at("model");
+    o.epochs = s.at("epochs");
+    o.steps = s.at("steps");
+    o.batch = s.at("batch");
+    o.micro_batches = s.at("micro_batches");
+    o.optimizer = s.at("optimizer");
+    o.lr = s.at("lr");
+    o.momentum = s.at("momentum");
+    o.nesterov = s.at("nesterov");
+    o.weight_decay = s.at("weight_decay");
+    o.schedule = s.at("schedule");
+    o.device = s.at("device");
+    o.threads = s.at("threads");
+    o.spread = s.at("spread");
+    o.seed = s.at("seed");
+    o.shuffle = s.at("shuffle");
+    o.data = s.at("data").get<std::string>();
+    o.evaluate = s.at("evaluate");
+    o.trace_exact = s.at("trace_exact");
+    o.checkpoint_every = s.at("checkpoint_every");
+    o.app_settings = s.at("app");
+    o.resume = path;
+    o.checkpoint = path;  // a resumed run goes on saving its state where it was
+    return o;
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument("--resume " + path.string() + ": unreadable settings: " + e.what());
+  }
+}
+
 train_report train(graph& g, const train_options& o, const std::function<void(const train_progress&)>& on_progress,
                    const std::function<void(const epoch_stats&)>& on_epoch, engine_factory make_engine) {
   if (o.batch == 0) throw std::invalid_argument("--batch must be at least 1");
@@ -182,7 +361,12 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
   if (o.epochs <= 0 && o.steps < 0) throw std::invalid_argument("--epochs must be at least 1");
   if (!make_engine) make_engine = engine_for(o.device);
 
-  if (!o.init.empty()) load_weights(g, o.init);
+  optimizer_state resumed_opt;
+  run_position pos;
+  if (!o.resume.empty())
+    std::tie(resumed_opt, pos) = read_train_state(o.resume, g);
+  else if (!o.init.empty())
+    load_weights(g, o.init);
   auto train_set = std::make_shared<const data::dataset>(data::load_fashion_mnist(o.data, data::split::train));
   std::shared_ptr<const data::dataset> test_set;
   if (o.evaluate) test_set = std::make_shared<const data::dataset>(data::load_fashion_mnist(o.data, data::split::test));
@@ -203,6 +387,11 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
   // Declared after the runtime, so destroyed before it: a device engine's completions
   // post to the runtime's loops.
   auto engine = make_engine(rt, g, o);
+  if (!o.resume.empty()) engine->load_optimizer_state(resumed_opt);
+  auto save_state = [&](const run_position& at) {
+    engine->sync_weights();
+    write_train_state(o.checkpoint, g, engine->optimizer_state_of(), o, at);
+  };
   const std::size_t batches = (train_set->size() + o.batch - 1) / o.batch;
   const std::int64_t total_steps =
       o.steps >= 0 ? std::min<std::int64_t>(o.steps, std::int64_t(batches) * std::max(o.epochs, 1))
@@ -217,17 +406,24 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
 
   train_report report;
   report.parameters = g.parameter_count();
-  std::int64_t step = 0;
+  report.epochs = pos.done;
+  std::int64_t step = pos.step;
   const int epochs = o.steps >= 0 ? static_cast<int>((o.steps + std::int64_t(batches) - 1) / std::int64_t(batches))
                                   : o.epochs;
-  for (int epoch = 0; epoch < std::max(epochs, 1) && (o.steps < 0 || step < o.steps); ++epoch) {
+  for (int epoch = pos.epoch; epoch < std::max(epochs, 1) && (o.steps < 0 || step < o.steps); ++epoch) {
     const auto t0 = std::chrono::steady_clock::now();
+    const bool resumed = epoch == pos.epoch;  // a checkpoint's epoch goes on where it stood
+    const std::size_t first = resumed ? pos.batch : 0;
     epoch_stats st;
     st.epoch = epoch + 1;
-    double loss_sum = 0;
-    std::int64_t correct = 0, seen = 0;
-    auto next = rt.ask<prepared_batch>(loader, load_batch{std::uint64_t(epoch), 0}, std::chrono::nanoseconds::max());
-    for (std::size_t b = 0; b < batches && (o.steps < 0 || step < o.steps); ++b) {
+    st.steps = resumed ? pos.epoch_steps : 0;
+    double loss_sum = resumed ? pos.loss_sum : 0;
+    std::int64_t correct = resumed ? pos.correct : 0, seen = resumed ? pos.seen : 0;
+    const std::int64_t seen_before = seen;  // samples/s counts this process's samples only
+    std::future<prepared_batch> next;
+    if (first < batches)
+      next = rt.ask<prepared_batch>(loader, load_batch{std::uint64_t(epoch), first}, std::chrono::nanoseconds::max());
+    for (std::size_t b = first; b < batches && (o.steps < 0 || step < o.steps); ++b) {
       auto cur = next.get();
       if (b + 1 < batches)  // prefetch: the loader copies the next batch while this one trains
         next = rt.ask<prepared_batch>(loader, load_batch{std::uint64_t(epoch), b + 1}, std::chrono::nanoseconds::max());
@@ -242,13 +438,15 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
       correct += r.correct;
       seen += r.samples;
       if (on_progress)
-        on_progress({epoch + 1, b + 1, batches, loss_sum / double(seen), double(seen) / seconds_since(t0)});
+        on_progress({epoch + 1, b + 1, batches, loss_sum / double(seen), double(seen - seen_before) / seconds_since(t0)});
+      if (!o.checkpoint.empty() && o.checkpoint_every > 0 && step % o.checkpoint_every == 0)
+        save_state({step, epoch, b + 1, loss_sum, correct, seen, st.steps, report.epochs});
     }
     if (next.valid()) next.wait();  // a prefetched batch nobody needs
     st.seconds = seconds_since(t0);
     st.train_loss = seen ? loss_sum / double(seen) : 0;
     st.train_accuracy = seen ? double(correct) / double(seen) : 0;
-    st.samples_per_s = st.seconds > 0 ? double(seen) / st.seconds : 0;
+    st.samples_per_s = st.seconds > 0 ? double(seen - seen_before) / st.seconds : 0;
     if (test_set) {
       const std::size_t chunk = evaluation_rows;
       double tl = 0;
@@ -269,6 +467,7 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
     }
     report.epochs.push_back(st);
     if (on_epoch) on_epoch(st);
+    if (!o.checkpoint.empty()) save_state({step, epoch + 1, 0, 0, 0, 0, 0, report.epochs});
   }
   report.steps = step;
   engine->finish();

@@ -58,6 +58,14 @@ struct train_options {
   std::filesystem::path trace;      ///< write the message trace here (Chrome trace JSON)
   bool trace_exact = false;         ///< time every handler run alone (recorder::timing::exact)
   bool evaluate = true;             ///< test accuracy after every epoch
+  /// Write the full training state here (weights, optimizer state, position, settings;
+  /// atomically, see `write_train_state`) every `checkpoint_every` steps and after every epoch.
+  std::filesystem::path checkpoint;
+  std::int64_t checkpoint_every = 0;  ///< steps between checkpoints (0: after every epoch only)
+  /// Continue the run saved in this checkpoint (`resume_options` reads its settings).
+  std::filesystem::path resume;
+  /// An app's own settings (JSON text), kept in checkpoints and given back on resume.
+  std::string app_settings;
 };
 
 /// Rows per evaluation call (the test set goes through in chunks of this size).
@@ -110,6 +118,13 @@ class train_engine {
   /// Everything started has run and the graph holds the trained weights (a device
   /// engine downloads them). Between steps, never on a loop.
   virtual void finish() {}
+  /// The optimizer state of every layer (checkpoints), named as the graph names the
+  /// parameters. Between steps. The default says the engine cannot checkpoint.
+  virtual optimizer_state optimizer_state_of();
+  /// Restores what `optimizer_state_of` returned (resume). Between steps, before the first.
+  virtual void load_optimizer_state(const optimizer_state& state);
+  /// Brings the weights into the graph without ending the run (checkpoints). Between steps.
+  virtual void sync_weights() {}
   /// Adds what the trace's `nerve` metadata should say besides the runtime's (device,
   /// stages, schedule) to the object `extra`.
   virtual void trace_metadata(nlohmann::json& extra) const {}
@@ -137,6 +152,11 @@ std::unique_ptr<train_engine> make_network_engine(actors::runtime& rt, graph& g,
 train_report train(graph& g, const train_options& options,
                    const std::function<void(const train_progress&)>& on_progress = {},
                    const std::function<void(const epoch_stats&)>& on_epoch = {}, engine_factory engine = {});
+
+/// The settings a checkpoint was written with, `resume` set to `path`: what an app starts
+/// from on `--resume` before it applies the outputs the user gives again (`--save`,
+/// `--trace`, `--checkpoint`). Throws naming the file when it holds no training state.
+train_options resume_options(const std::filesystem::path& path);
 
 /// Trains the preset `options.model` (see `train(graph&, ...)`).
 train_report train(const train_options& options, const std::function<void(const train_progress&)>& on_progress = {},

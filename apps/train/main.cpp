@@ -95,34 +95,64 @@ int main(int argc, char** argv) {
   app.add_flag("--trace-exact", trace_exact,
                "Time every handler run with a clock read of its own (default: short runs in a row share one; docs/trace.md)");
   app.add_flag("--no-eval", no_eval, "Skip the test-set evaluation after each epoch");
+  std::string checkpoint, resume;
+  long long checkpoint_every = 0;
+  app.add_option("--checkpoint", checkpoint,
+                 "Write the full training state (weights, optimizer, position, settings) here, atomically, after "
+                 "every epoch and every --checkpoint-every steps");
+  app.add_option("--checkpoint-every", checkpoint_every, "Steps between checkpoints (0: after every epoch only)");
+  app.add_option("--resume", resume,
+                 "Continue the run saved in this checkpoint with its settings (--save, --trace, --checkpoint and "
+                 "--json may be given again)");
   app.add_option("--device", device, "Where the network runs: cpu, cuda, cuda:N or standin (the CPU stand-in of a GPU)");
   app.add_flag("--json", json, "Print one JSON object with the results on stdout");
   app.add_flag("--quiet", quiet, "No progress bar");
   CLI11_PARSE(app, argc, argv);
 
   try {
-    o = preset_defaults(model);
-    if (epochs >= 0) o.epochs = epochs;
-    if (steps >= 0) o.steps = steps;
-    if (batch > 0) o.batch = static_cast<std::size_t>(batch);
-    if (lr >= 0) o.lr = lr;
-    if (!optimizer.empty()) o.optimizer = optimizer;
-    if (momentum >= 0) o.momentum = momentum;
-    if (weight_decay >= 0) o.weight_decay = weight_decay;
-    o.nesterov = nesterov;
-    o.micro_batches = micro;
-    o.schedule = schedule;
-    o.threads = threads;
-    o.spread = spread;
-    o.seed = seed;
-    o.shuffle = !no_shuffle;
-    o.data = data;
-    o.init = init;
-    o.save = save;
-    o.trace = trace;
-    o.trace_exact = trace_exact;
-    o.evaluate = !no_eval;
-    o.device = device;
+    if (checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be 0 or more steps");
+    if (!resume.empty()) {
+      // The checkpoint's settings hold: a training option given beside --resume would be ignored.
+      for (const char* opt : {"--model", "--epochs", "--steps", "--batch", "--microbatches", "--lr", "--optimizer",
+                              "--momentum", "--nesterov", "--weight-decay", "--schedule", "--threads", "--spread",
+                              "--seed", "--no-shuffle", "--data", "--init", "--device", "--no-eval"})
+        if (app.count(opt) > 0)
+          throw std::invalid_argument(std::string(opt) + " cannot be given with --resume: the run goes on with the "
+                                      "settings its checkpoint holds");
+      o = resume_options(resume);
+      model = o.model;
+      device = o.device;
+      if (!checkpoint.empty()) o.checkpoint = checkpoint;
+      if (app.count("--checkpoint-every") > 0) o.checkpoint_every = checkpoint_every;
+      o.save = save;
+      o.trace = trace;
+      o.trace_exact = trace_exact;
+    } else {
+      o = preset_defaults(model);
+      if (epochs >= 0) o.epochs = epochs;
+      if (steps >= 0) o.steps = steps;
+      if (batch > 0) o.batch = static_cast<std::size_t>(batch);
+      if (lr >= 0) o.lr = lr;
+      if (!optimizer.empty()) o.optimizer = optimizer;
+      if (momentum >= 0) o.momentum = momentum;
+      if (weight_decay >= 0) o.weight_decay = weight_decay;
+      o.nesterov = nesterov;
+      o.micro_batches = micro;
+      o.schedule = schedule;
+      o.threads = threads;
+      o.spread = spread;
+      o.seed = seed;
+      o.shuffle = !no_shuffle;
+      o.data = data;
+      o.init = init;
+      o.save = save;
+      o.trace = trace;
+      o.trace_exact = trace_exact;
+      o.evaluate = !no_eval;
+      o.device = device;
+      o.checkpoint = checkpoint;
+      o.checkpoint_every = checkpoint_every;
+    }
 
     if (!json)
       std::printf("nerve-train: %s, %s, batch %zu, %s lr %g%s, %u thread%s\n", o.model.c_str(),

@@ -2,48 +2,24 @@
 // user's own graph trained through it.
 #include <doctest/doctest.h>
 
-#include <stdlib.h>
-
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
 #include "layers/activation.hpp"
-#include "layers/data/idx.hpp"
 #include "layers/join.hpp"
 #include "layers/linear.hpp"
 #include "layers/lr_schedule.hpp"
 #include "layers/trainer.hpp"
+#include "tests/layers/tiny_fashion_mnist.hpp"
 
 using namespace nerve;
 using namespace nerve::layers;
+using nerve::testing::tiny_fashion_mnist;
 
 namespace {
-
-/// A Fashion-MNIST-shaped data directory with `train` and `test` random samples.
-struct tiny_fashion_mnist {
-  std::filesystem::path dir;
-  tiny_fashion_mnist(std::size_t train, std::size_t test) {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "nerve-trainer-XXXXXX").string();
-    dir = ::mkdtemp(tmpl.data());
-    std::mt19937 rng(1);
-    write("train", train, rng);
-    write("t10k", test, rng);
-  }
-  ~tiny_fashion_mnist() { std::filesystem::remove_all(dir); }
-  void write(const std::string& prefix, std::size_t n, std::mt19937& rng) {
-    std::vector<std::uint8_t> px(n * 28 * 28), lab(n);
-    for (auto& p : px) p = static_cast<std::uint8_t>(rng() % 256);
-    for (auto& l : lab) l = static_cast<std::uint8_t>(rng() % 10);
-    std::vector<std::size_t> ishape{n, 28, 28}, lshape{n};
-    put(prefix + "-images-idx3-ubyte", data::encode_idx<std::uint8_t>(ishape, px));
-    put(prefix + "-labels-idx1-ubyte", data::encode_idx<std::uint8_t>(lshape, lab));
-  }
-  void put(const std::string& name, const std::vector<std::byte>& bytes) {
-    std::ofstream(dir / name, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
-  }
-};
 
 /// What the trainer asked of an engine (it outlives the engine, which train() destroys).
 struct engine_log {
@@ -152,5 +128,91 @@ TEST_SUITE("layers.trainer") {
     CHECK_THROWS_WITH_AS(engine_for("tpu:1"), doctest::Contains("unknown --device 'tpu:1' (this build has: cpu"),
                          std::invalid_argument);
     CHECK(engine_for("cpu"));
+  }
+}
+
+TEST_SUITE("layers.trainer.resume") {
+  /// The cpu engine, failing the step `fail_at` as a killed process would stop there.
+  struct crashing_engine : train_engine {
+    std::unique_ptr<train_engine> inner;
+    std::int64_t fail_at;
+    explicit crashing_engine(std::int64_t f) : fail_at(f) {}
+    std::future<step_result> train_step(tensor x, targets y, std::size_t m, std::uint64_t step, double lr) override {
+      if (std::int64_t(step) == fail_at) throw std::runtime_error("killed");
+      return inner->train_step(std::move(x), std::move(y), m, step, lr);
+    }
+    std::future<step_result> evaluate(tensor x, targets y) override { return inner->evaluate(std::move(x), std::move(y)); }
+    void finish() override { inner->finish(); }
+    optimizer_state optimizer_state_of() override { return inner->optimizer_state_of(); }
+    void load_optimizer_state(const optimizer_state& s) override { inner->load_optimizer_state(s); }
+  };
+
+  bool same_weights(graph& a, graph& b) {
+    auto pa = a.parameters(), pb = b.parameters();
+    for (std::size_t i = 0; i < pa.size(); ++i)
+      if (std::memcmp(pa[i].value->data(), pb[i].value->data(), sizeof(float) * std::size_t(pa[i].value->size())) != 0)
+        return false;
+    return pa.size() == pb.size();
+  }
+
+  TEST_CASE("a run stopped anywhere and resumed from its checkpoint ends with the uninterrupted run's bits") {
+    tiny_fashion_mnist data(200, 10);
+    for (std::string opt : {"sgd", "adam"}) {
+      CAPTURE(opt);
+      train_options o;
+      o.model = "users";
+      o.data = data.dir;
+      o.epochs = 3;
+      o.batch = 48;  // 5 steps an epoch, the last of 8 rows
+      o.micro_batches = 2;
+      o.optimizer = opt;
+      o.lr = opt == "sgd" ? 0.05 : 0.002;
+      o.momentum = opt == "sgd" ? 0.9 : 0;
+      o.schedule = "cosine";
+      o.evaluate = true;
+      auto whole = users_graph();
+      auto want = train(whole, o);
+      REQUIRE(want.steps == 15);
+
+      // Stopped at step 7 (mid-epoch), at 10 (an epoch's end) and at 1; checkpoints every 3
+      // steps and after each epoch, so some resumes replay steps done after the checkpoint.
+      for (std::int64_t stop : {7, 10, 1}) {
+        CAPTURE(stop);
+        auto ck = o;
+        ck.checkpoint = data.dir / ("ck-" + opt + ".safetensors");
+        ck.checkpoint_every = 3;
+        std::filesystem::remove(ck.checkpoint);
+        auto g = users_graph();
+        CHECK_THROWS_WITH(train(g, ck, {}, {},
+                                [&](actors::runtime& rt, graph& gg, const train_options& oo) {
+                                  auto e = std::make_unique<crashing_engine>(stop);
+                                  e->inner = make_network_engine(rt, gg, oo);
+                                  return e;
+                                }),
+                          "killed");
+        if (!std::filesystem::exists(ck.checkpoint)) {  // stopped before the first checkpoint: start again
+          CHECK(stop < 3);
+          continue;
+        }
+        auto ro = resume_options(ck.checkpoint);
+        CHECK(ro.optimizer == opt);
+        CHECK(ro.batch == 48);
+        auto resumed = users_graph();  // fresh weights: the checkpoint's replace them
+        auto got = train(resumed, ro);
+        CHECK(got.steps == 15);
+        REQUIRE(got.epochs.size() == 3);
+        CHECK(got.epochs[2].test_accuracy == want.epochs[2].test_accuracy);
+        CHECK(got.epochs[2].train_loss == doctest::Approx(want.epochs[2].train_loss).epsilon(1e-12));
+        CHECK(same_weights(resumed, whole));
+      }
+    }
+  }
+
+  TEST_CASE("resuming from a weights-only file says what is missing") {
+    tiny_fashion_mnist data(64, 10);
+    auto g = users_graph();
+    save_weights(g, data.dir / "w.safetensors", "users");
+    CHECK_THROWS_WITH_AS(resume_options(data.dir / "w.safetensors"), doctest::Contains("no training state in it"),
+                         std::invalid_argument);
   }
 }
