@@ -1,5 +1,4 @@
-#include "gpu/cuda/cuda_backend.hpp"
-
+// The CUDA backend, built into the module libnerve_gpu_cuda.so (gpu/detail/cuda_module.hpp).
 #include "gpu/cuda/check.hpp"
 #include "gpu/device.hpp"
 #include "gpu/kernels/launch.hpp"
@@ -269,8 +268,6 @@ class cuda_backend final : public backend {
   cudaMemPool_t pool_ = nullptr;
 };
 
-}  // namespace
-
 int device_count() noexcept {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -292,4 +289,21 @@ std::string cublas_text(int code) {
   return std::string(cublasGetStatusName(s)) + ": " + cublasGetStatusString(s);
 }
 
+const cuda_module_host* lent = nullptr;
+const cuda_module_api api{cuda_module_abi, &device_count, &make_backend, &error_text, &cublas_text};
+
+}  // namespace
+
+const cuda_module_host& host() noexcept { return *lent; }
+
 }  // namespace nerve::gpu::detail::cuda
+
+/// The module's one exported symbol (the rest is hidden): the program calls it once,
+/// from one thread, before anything else of the module.
+extern "C" __attribute__((visibility("default"))) const nerve::gpu::detail::cuda_module_api* nerve_gpu_cuda_module(
+    int abi, const nerve::gpu::detail::cuda_module_host* host) {
+  using namespace nerve::gpu::detail;
+  if (abi != cuda_module_abi || !host) return nullptr;
+  cuda::lent = host;
+  return &cuda::api;
+}
