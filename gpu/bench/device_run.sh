@@ -10,10 +10,13 @@
 #   scripts/build build-gpu-dev -DNERVE_ENABLE_CUDA=ON -DNERVE_ARCH=x86-64-v3 -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON
 #   (or cmake --build build-gpu-dev --target nerve-train nerve-bench nerve-pipeline gpu_device_test gpu_fault_test)
 #   mkdir -p .carry .data && cp build-gpu-dev/bin/{nerve-train,nerve-bench,nerve-pipeline,gpu_device_test,gpu_fault_test} .carry/
+#   cp build-gpu-dev/lib/{libnerve_gpu_cuda.so,libnerve_bench_cudnn.so} .carry/   # the CUDA modules: found beside the binaries
 #   strip .carry/*; cp /lib/x86_64-linux-gnu/{libgomp.so.1,libz.so.1} .carry/
 #   cp /usr/share/datasets/fashion-mnist/*.gz .data/
 # libcudart/libcublas(Lt).so.13 come from the machine's toolkit or PyTorch's
-# nvidia wheels (libcublasLt alone is 540 MB: it cannot be carried).
+# nvidia wheels (libcublasLt alone is 540 MB: it cannot be carried). Only the modules
+# need them (the binaries link no CUDA library); a carried build folder works too:
+# build/bin/* find build/lib/libnerve_gpu_cuda.so through ../lib.
 # STEPS=name,name,... runs only those steps (a rerun after a fix).
 set -uo pipefail
 out=${OUT:-out}
@@ -33,7 +36,8 @@ export NERVE_FASHION_MNIST=$PWD/.data   # for gpu_device_test's training case
   grep -m1 "model name" /proc/cpuinfo; nproc
   nvcc --version | tail -2
   python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
-  ldd .carry/nerve-bench | grep -E "not found|cublas|cudart|gomp"
+  ldd .carry/nerve-bench | grep -E "not found|cublas|cudart|gomp"   # no cudart/cublas: only the modules link them
+  ldd .carry/libnerve_gpu_cuda.so .carry/libnerve_bench_cudnn.so | grep -E "not found|cublas|cudart|cudnn"
 } >> "$log" 2>&1
 want() { [ -z "${STEPS:-}" ] || [[ ",$STEPS," == *",$1,"* ]]; }
 # run NAME LIMIT_S CMD...: output to the log, exit status after it; a hang costs at most LIMIT_S.

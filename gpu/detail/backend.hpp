@@ -3,7 +3,8 @@
 /// The small table of functions every backend fills (ggml style): streams,
 /// events, memory, copies, matrix products and kernels. Internal to nerve::gpu;
 /// the public types (device, stream, event, device_buffer) are thin handles on it.
-/// `backend_select.cpp` is the one place that picks an implementation.
+/// `backend_select.cpp` is the one place that picks an implementation; the CUDA
+/// one lives in a module it opens on demand (cuda_module.hpp).
 
 #include "gpu/blas.hpp"
 #include "gpu/detail/unique_function.hpp"
@@ -137,7 +138,8 @@ class backend {
 };
 
 // ---- picked in backend_select.cpp -------------------------------------------
-/// CUDA devices visible (0 without CUDA or when the driver finds none). Never throws.
+/// CUDA devices visible (0 without CUDA, without its module, or when the driver
+/// finds none). The first call opens the CUDA module. Never throws.
 int cuda_device_count() noexcept;
 /// Opens a backend: the CUDA device `ordinal`, or the CPU stand-in.
 std::unique_ptr<backend> make_backend(backend_kind kind, int ordinal);
