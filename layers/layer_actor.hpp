@@ -39,16 +39,6 @@ namespace nerve::layers {
 using graph = basic_graph<float>;
 using stash = basic_stash<float>;
 
-/// A request to a layer actor, between steps: its optimizer's state (checkpoints).
-struct get_optimizer_state {
-  static constexpr std::string_view kind = "get_optimizer_state";
-};
-/// A request to a layer actor, between steps: replace its optimizer's state; answered with true.
-struct set_optimizer_state {
-  static constexpr std::string_view kind = "set_optimizer_state";
-  optimizer_state state;
-};
-
 class layer_actor : public actors::actor {
  public:
   /// `node` (of a graph that outlives the actor) is used by this actor only; `plan` is

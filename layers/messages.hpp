@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "layers/loss.hpp"
+#include "layers/optimizer.hpp"
 #include "layers/tensor.hpp"
 
 namespace nerve::layers {
@@ -70,6 +71,17 @@ struct node_done {
   static constexpr std::string_view kind = "node_done";
   std::uint64_t step = 0;
   std::uint32_t node = 0;
+};
+
+/// A request to an actor that owns an optimizer (a layer actor, a pipeline stage), between
+/// steps: its optimizer's state, for a checkpoint.
+struct get_optimizer_state {
+  static constexpr std::string_view kind = "get_optimizer_state";
+};
+/// A request to the same, between steps: replace the optimizer's state; answered with true.
+struct set_optimizer_state {
+  static constexpr std::string_view kind = "set_optimizer_state";
+  optimizer_state state;
 };
 
 }  // namespace nerve::layers

@@ -413,7 +413,7 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
   for (int epoch = pos.epoch; epoch < std::max(epochs, 1) && (o.steps < 0 || step < o.steps); ++epoch) {
     const auto t0 = std::chrono::steady_clock::now();
     const bool resumed = epoch == pos.epoch;  // a checkpoint's epoch goes on where it stood
-    const std::size_t first = resumed ? pos.batch : 0;
+    const std::size_t first_batch = resumed ? pos.batch : 0;
     epoch_stats st;
     st.epoch = epoch + 1;
     st.steps = resumed ? pos.epoch_steps : 0;
@@ -421,9 +421,9 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
     std::int64_t correct = resumed ? pos.correct : 0, seen = resumed ? pos.seen : 0;
     const std::int64_t seen_before = seen;  // samples/s counts this process's samples only
     std::future<prepared_batch> next;
-    if (first < batches)
-      next = rt.ask<prepared_batch>(loader, load_batch{std::uint64_t(epoch), first}, std::chrono::nanoseconds::max());
-    for (std::size_t b = first; b < batches && (o.steps < 0 || step < o.steps); ++b) {
+    if (first_batch < batches)
+      next = rt.ask<prepared_batch>(loader, load_batch{std::uint64_t(epoch), first_batch}, std::chrono::nanoseconds::max());
+    for (std::size_t b = first_batch; b < batches && (o.steps < 0 || step < o.steps); ++b) {
       auto cur = next.get();
       if (b + 1 < batches)  // prefetch: the loader copies the next batch while this one trains
         next = rt.ask<prepared_batch>(loader, load_batch{std::uint64_t(epoch), b + 1}, std::chrono::nanoseconds::max());

@@ -94,6 +94,13 @@ class pipeline_engine : public nl::train_engine {
                   const np::schedule& plan, const nl::train_options& o, np::pipeline_options po,
                   const std::vector<std::string>& devices, pipeline_outcome& out, bool announce)
       : rt_(rt), g_(*graphs[0]), out_(out), threads_(o.threads) {
+    // Replicas start from replica 0's weights: the trainer loaded --init or --resume there.
+    for (std::size_t r = 1; r < graphs.size(); ++r) {
+      auto from = graphs[0]->parameters(), to = graphs[r]->parameters();
+      for (std::size_t i = 0; i < from.size(); ++i) to[i].value->matrix() = from[i].value->matrix();
+      auto bf = graphs[0]->buffers(), bt = graphs[r]->buffers();
+      for (std::size_t i = 0; i < bf.size(); ++i) bt[i].value->matrix() = bf[i].value->matrix();
+    }
     const auto stages = plan.stages;
     out_.device_of.assign(stages, "cpu");
     for (std::uint32_t s = 0; s < stages && s < devices.size(); ++s) {
@@ -116,7 +123,8 @@ class pipeline_engine : public nl::train_engine {
       po.engines.push_back(
           [d = dev.get(), so](const np::stage_engine_context& ctx) { return gpu::make_device_stage(*d, ctx, so); });
     }
-    if (po.engines.size() != stages) po.engines.clear();
+    // Every stage on the CPU: no engines at all (replicas need that).
+    if (std::none_of(po.engines.begin(), po.engines.end(), [](auto& f) { return bool(f); })) po.engines.clear();
     nl::set_gemm_threads(1);  // one product thread per stage loop
     pipe_ = std::make_unique<np::pipeline>(rt, graphs, pieces, plan, std::make_shared<nl::cross_entropy>(),
                                            nl::make_optimizer_factory(o), po);
@@ -171,6 +179,12 @@ class pipeline_engine : public nl::train_engine {
                              -100 + long(s));
   }
   void trace_metadata(nlohmann::json& extra) const override { extra.update(pipe_->trace_metadata()); }
+  nl::optimizer_state optimizer_state_of() override { return pipe_->optimizer_state_of(); }
+  void load_optimizer_state(const nl::optimizer_state& state) override { pipe_->load_optimizer_state(state); }
+  void sync_weights() override {
+    if (!downloaded_) pipe_->download();
+    downloaded_ = true;
+  }
 
  private:
   actors::runtime& rt_;
@@ -236,13 +250,54 @@ int main(int argc, char** argv) {
   app.add_flag("--no-eval", no_eval, "Skip the test-set evaluation after each epoch");
   app.add_flag("--json", json, "Print one JSON object with the results on stdout");
   app.add_flag("--quiet", quiet, "No progress bar");
+  std::string checkpoint, resume;
+  long long checkpoint_every = 0;
+  app.add_option("--checkpoint", checkpoint,
+                 "Write the full training state (weights, optimizer, position, settings) here, atomically, after "
+                 "every epoch and every --checkpoint-every steps");
+  app.add_option("--checkpoint-every", checkpoint_every, "Steps between checkpoints (0: after every epoch only)");
+  app.add_option("--resume", resume,
+                 "Continue the run saved in this checkpoint with its settings (--save, --trace, --checkpoint and "
+                 "--json may be given again)");
   CLI11_PARSE(app, argc, argv);
 
   try {
     if (replicas == 0) throw std::invalid_argument("--replicas must be at least 1");
+    if (checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be 0 or more steps");
+    nl::train_options resumed;
+    std::string resumed_plan;
+    if (!resume.empty()) {
+      // The checkpoint's settings hold: a training option given beside --resume would be ignored.
+      for (const char* opt : {"--model", "--stages", "--microbatches", "--schedule", "--chunks", "--credits",
+                              "--replicas", "--partition", "--schedule-file", "--devices", "--epochs", "--steps",
+                              "--batch", "--lr", "--momentum", "--threads", "--seed", "--no-shuffle", "--data", "--init",
+                              "--no-eval"})
+        if (app.count(opt) > 0)
+          throw std::invalid_argument(std::string(opt) + " cannot be given with --resume: the run goes on with the "
+                                      "settings its checkpoint holds");
+      resumed = nl::resume_options(resume);
+      const auto a = nlohmann::json::parse(resumed.app_settings.empty() ? "null" : resumed.app_settings);
+      if (!a.is_object() || !a.contains("plan"))
+        throw std::invalid_argument("--resume " + resume + ": not a nerve-pipeline checkpoint");
+      model = resumed.model;
+      schedule_name = a.at("schedule");
+      resumed_plan = a.at("plan");
+      replicas = a.at("replicas");
+      credits = a.at("credits");
+      devices = a.at("devices");
+      partition = a.at("cut");
+      threads = resumed.threads;
+      seed = resumed.seed;
+    }
     const bool emergent = schedule_name == "emergent";
     np::schedule plan;
-    if (!load_schedule_file.empty()) {
+    if (!resumed_plan.empty()) {
+      plan = np::parse_schedule(resumed_plan);
+      np::validate(plan);
+      stages = plan.stages;
+      micro = plan.micro_batches;
+      chunks = plan.chunks;
+    } else if (!load_schedule_file.empty()) {
       plan = np::load_schedule(load_schedule_file);
       np::validate(plan);
       stages = plan.stages;
@@ -262,13 +317,23 @@ int main(int argc, char** argv) {
       return 0;
     }
 
-    auto o = nl::preset_defaults(model);
-    if (epochs >= 0) o.epochs = epochs;
-    if (steps >= 0) o.steps = steps;
-    if (batch > 0) o.batch = static_cast<std::size_t>(batch);
-    if (lr >= 0) o.lr = lr;
-    if (momentum >= 0) o.momentum = momentum;
-    o.seed = seed;
+    auto o = resume.empty() ? nl::preset_defaults(model) : resumed;
+    if (resume.empty()) {
+      if (epochs >= 0) o.epochs = epochs;
+      if (steps >= 0) o.steps = steps;
+      if (batch > 0) o.batch = static_cast<std::size_t>(batch);
+      if (lr >= 0) o.lr = lr;
+      if (momentum >= 0) o.momentum = momentum;
+      o.seed = seed;
+      o.shuffle = !no_shuffle;
+      o.data = data;
+      o.evaluate = !no_eval;
+      o.checkpoint = checkpoint;
+      o.checkpoint_every = checkpoint_every;
+    } else {
+      if (!checkpoint.empty()) o.checkpoint = checkpoint;
+      if (app.count("--checkpoint-every") > 0) o.checkpoint_every = checkpoint_every;
+    }
     if (o.batch < std::size_t(micro) * replicas)
       throw std::invalid_argument("--batch " + std::to_string(o.batch) + " cannot split into " +
                                   std::to_string(replicas) + " x " + std::to_string(micro) + " micro-batches");
@@ -297,15 +362,16 @@ int main(int argc, char** argv) {
     }
 
     o.model = model;
-    o.seed = seed;
-    o.shuffle = !no_shuffle;
-    o.data = data;
     o.save = save;
     o.trace = trace;
     o.trace_exact = trace_exact;
-    o.evaluate = !no_eval;
     o.threads = threads;
     o.micro_batches = 1;  // the schedule's M splits each replica's part, not the trainer
+    std::string cut;      // the first layer of each piece after the first: how a resume cuts again
+    for (std::size_t k = 1; k < pieces.size(); ++k) cut += (k > 1 ? "," : "") + g.nodes()[pieces[k][0]].name;
+    o.app_settings = nlohmann::json{{"schedule", schedule_name}, {"plan", np::to_text(plan)}, {"replicas", replicas},
+                                    {"credits", credits}, {"devices", devices}, {"cut", cut}}
+                         .dump();
 
     if (!json)
       std::printf("nerve-pipeline: %s, %u stages x %u replica%s, %s, %u micro-batches of ~%zu (batch %zu), %s lr %g, "

@@ -140,6 +140,26 @@ class stage_actor : public actors::actor {
     S_ = c_.plan->stages;
     P_ = c_.plan->pieces();
     on<step_msg>([this](step_msg& m) { guarded([&] { on_step(m); }); });
+    // Checkpoints, between steps: the stage's optimizer over the parameters of its pieces.
+    on<layers::get_optimizer_state>([this](layers::get_optimizer_state&) {
+      if (c_.engine) throw std::invalid_argument("stage " + std::to_string(c_.stage) + " runs on " +
+                                                 c_.engine->device_name() + ": device stages cannot checkpoint yet");
+      layers::optimizer_state st;
+      c_.opt->save_state(st);
+      return st;
+    });
+    on<layers::set_optimizer_state>([this](layers::set_optimizer_state& m) {
+      if (c_.engine) throw std::invalid_argument("stage " + std::to_string(c_.stage) + " runs on " +
+                                                 c_.engine->device_name() + ": device stages cannot resume yet");
+      auto params = parameters();
+      layers::optimizer_state mine;  // the buffers of this stage's parameters, and the counters
+      for (auto& b : m.state.buffers)
+        for (auto& p : params)
+          if (p.name == b.parameter) mine.buffers.push_back(b);
+      mine.counters = m.state.counters;
+      c_.opt->load_state(mine, params);
+      return true;
+    });
     on<activation_msg>([this](activation_msg& m) {
       guarded([&] {
         acts_[{m.micro_batch, m.piece}] = std::move(m.x);
@@ -465,14 +485,19 @@ class stage_actor : public actors::actor {
       });
       return;
     }
-    std::vector<layers::parameter_ref> params;
-    for (auto& c : c_.chunks)
-      for (auto& p : c->parameters()) params.push_back(std::move(p));
-    c_.opt->step(params);
+    c_.opt->step(parameters());
     const auto stepped = now() - start;
     rep_.busy_ns += stepped;
     rep_.optimizer_ns += stepped;
     deliver();
+  }
+
+  /// The parameters of the stage's pieces, named as in the graph.
+  std::vector<layers::parameter_ref> parameters() {
+    std::vector<layers::parameter_ref> params;
+    for (auto& c : c_.chunks)
+      for (auto& p : c->parameters()) params.push_back(std::move(p));
+    return params;
   }
 
   void deliver() {
@@ -609,6 +634,24 @@ pipeline::~pipeline() {
     } catch (...) {  // a failure of the run was reported by train_step
     }
   }
+}
+
+layers::optimizer_state pipeline::optimizer_state_of() const {
+  layers::optimizer_state all;  // replica 0's stages: every replica steps the same sums
+  for (std::uint32_t s = 0; s < plan_.stages; ++s) {
+    auto st = rt_.ask<layers::optimizer_state>(stages_[s], layers::get_optimizer_state{}, std::chrono::nanoseconds::max())
+                  .get();
+    for (auto& b : st.buffers) all.buffers.push_back(std::move(b));
+    for (auto& [k, v] : st.counters) all.counters.emplace(k, v);
+  }
+  return all;
+}
+
+void pipeline::load_optimizer_state(const layers::optimizer_state& state) {
+  std::vector<std::future<bool>> done;
+  for (auto& a : stages_)
+    done.push_back(rt_.ask<bool>(a, layers::set_optimizer_state{state}, std::chrono::nanoseconds::max()));
+  for (auto& f : done) f.get();
 }
 
 void pipeline::download() {

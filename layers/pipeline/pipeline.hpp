@@ -124,6 +124,11 @@ class pipeline {
   /// The stage actors: replica r's stage s at r * S + s.
   const std::vector<actors::address>& stage_actors() const noexcept { return stages_; }
   std::uint32_t replicas() const noexcept { return replicas_; }
+  /// The optimizer state of every stage, parameters named as in the graph (replica 0's:
+  /// the replicas step the same sums). Between steps, off the loops. Throws for device stages.
+  layers::optimizer_state optimizer_state_of() const;
+  /// Gives every stage of every replica its part of `state`. Between steps, off the loops.
+  void load_optimizer_state(const layers::optimizer_state& state);
   /// Copies the weights of the device stages into the graph (waits for their streams:
   /// call between steps, never on a loop). CPU stages train the graph's layers in place.
   void download();

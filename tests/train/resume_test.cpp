@@ -25,10 +25,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// Starts nerve-train with `args` (output to /dev/null); returns its pid.
-pid_t start(const std::vector<std::string>& args) {
+/// Starts `bin` (nerve-train by default) with `args`, output to /dev/null; returns its pid.
+pid_t start(const std::vector<std::string>& args, std::string bin = NERVE_TRAIN_BIN) {
   std::vector<char*> argv;
-  std::string bin = NERVE_TRAIN_BIN;
   argv.push_back(bin.data());
   std::vector<std::string> copy = args;
   for (auto& a : copy) argv.push_back(a.data());
@@ -149,5 +148,54 @@ TEST_SUITE("train.resume") {
     CHECK(killed >= 10);
     CHECK(in_write >= 1);
     CHECK(resumes >= 10);
+  }
+
+  TEST_CASE("nerve-pipeline killed inside a checkpoint write resumes to the same bits, for every schedule and replicas") {
+    nerve::testing::tiny_fashion_mnist data(320, 40);
+    const fs::path dir = data.dir;
+    struct variant {
+      std::string name;
+      std::vector<std::string> args;
+    };
+    const std::vector<variant> variants = {
+        {"gpipe", {"--schedule", "gpipe"}},
+        {"1f1b", {"--schedule", "1f1b"}},
+        {"interleaved", {"--schedule", "interleaved", "--chunks", "2"}},
+        {"zb-h1 x2 replicas", {"--schedule", "zb-h1", "--replicas", "2"}},
+        {"emergent", {"--schedule", "emergent"}},
+    };
+    std::mt19937 rng(7);
+    int resumed = 0;
+    for (const auto& v : variants) {
+      CAPTURE(v.name);
+      std::vector<std::string> run = {"--data", dir.string(), "--model", "deep-mlp", "--stages", "2",
+                                      "--microbatches", "4", "--batch", "32", "--epochs", "2", "--quiet"};
+      run.insert(run.end(), v.args.begin(), v.args.end());
+      auto with = [&](std::vector<std::string> extra) {
+        auto a = run;
+        a.insert(a.end(), extra.begin(), extra.end());
+        return a;
+      };
+      const fs::path want = dir / "want", ck = dir / "ck", out = dir / "out";
+      fs::remove(ck);
+      REQUIRE(wait_for(start(with({"--save", want.string()}), NERVE_PIPELINE_BIN)) == 0);
+      const int watch = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+      REQUIRE(watch >= 0);
+      REQUIRE(::inotify_add_watch(watch, dir.c_str(), IN_CREATE) >= 0);
+      const pid_t pid = start(with({"--checkpoint", ck.string(), "--checkpoint-every", "1", "--save", out.string()}),
+                              NERVE_PIPELINE_BIN);
+      // 10 steps an epoch: somewhere in the second epoch, after the evaluation between them.
+      const int k = std::uniform_int_distribution<int>(12, 18)(rng);
+      const bool in_time = wait_for_create(watch, "." + ck.filename().string() + ".tmp-", k, pid);
+      ::close(watch);
+      REQUIRE(in_time);
+      ::kill(pid, SIGKILL);
+      REQUIRE(wait_for(pid) == -SIGKILL);
+      REQUIRE(fs::exists(ck));
+      ++resumed;
+      REQUIRE(wait_for(start({"--resume", ck.string(), "--save", out.string(), "--quiet"}, NERVE_PIPELINE_BIN)) == 0);
+      CHECK(bytes_of(out) == bytes_of(want));
+    }
+    CHECK(resumed == 5);
   }
 }
