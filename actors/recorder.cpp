@@ -1,8 +1,15 @@
 #include "actors/recorder.hpp"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -645,15 +652,68 @@ nlohmann::json recorder::to_chrome_trace(const nlohmann::json& actors, const nlo
 }
 
 void recorder::write_file(const std::string& path, const nlohmann::json& actors, const nlohmann::json& extra) const {
-  auto j = to_chrome_trace(actors, extra);
-  auto tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error("cannot write trace file '" + path + "'");
-    out << j.dump();
-    if (!out) throw std::runtime_error("error writing trace file '" + path + "'");
+  // The same rules as a checkpoint's atomic_file (layers/checkpoint, which actors/ cannot
+  // use): follow symlinks to the file they name, replace only a regular file and keep its
+  // permission bits, and leave no temporary behind when a write fails (a full disk).
+  auto fail = [&](const std::string& what, int err) {
+    throw std::runtime_error("trace file '" + path + "': " + what + (err ? std::string(": ") + std::strerror(err) : ""));
+  };
+  std::filesystem::path target = path;
+  struct stat old {};
+  bool replacing = false;
+  for (int hops = 0;; ++hops) {
+    if (::lstat(target.c_str(), &old) != 0) {
+      if (errno != ENOENT) fail("cannot inspect " + target.string(), errno);
+      break;
+    }
+    if (S_ISLNK(old.st_mode)) {
+      if (hops == 40) fail("more than 40 symlinks in a row (a loop?)", 0);
+      const auto link = std::filesystem::read_symlink(target);
+      target = link.is_absolute() ? link : target.parent_path() / link;
+      continue;
+    }
+    if (!S_ISREG(old.st_mode)) {
+      const char* kind = S_ISDIR(old.st_mode)    ? "a directory"
+                         : S_ISFIFO(old.st_mode) ? "a FIFO"
+                         : S_ISCHR(old.st_mode)  ? "a character device"
+                         : S_ISBLK(old.st_mode)  ? "a block device"
+                         : S_ISSOCK(old.st_mode) ? "a socket"
+                                                 : "something";
+      fail((target.string() == path ? std::string() : "leads to '" + target.string() + "', which ") + "is " + kind +
+               ", not a regular file: refusing to replace it",
+           0);
+    }
+    replacing = true;
+    break;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("cannot rename trace file to '" + path + "'");
+  const auto text = to_chrome_trace(actors, extra).dump();
+  static std::atomic<unsigned> counter{0};
+  std::string name(1, '.');  // appended piece by piece: "." + std::string trips GCC 12's -Wrestrict (bug 105329)
+  name += target.filename().string();
+  name += ".tmp-";
+  name += std::to_string(::getpid());
+  name += '-';
+  name += std::to_string(counter++);
+  const auto tmp = target.parent_path() / name;
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd < 0) fail("cannot create " + tmp.string(), errno);
+  auto abandon = [&](const std::string& what) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    fail(what, err);
+  };
+  if (replacing && ::fchmod(fd, old.st_mode & 07777) != 0) abandon("cannot set the mode of " + tmp.string());
+  for (std::size_t at = 0; at < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + at, text.size() - at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) abandon("error writing " + tmp.string());
+    at += static_cast<std::size_t>(n);
+  }
+  const int closed = ::close(fd);
+  fd = -1;
+  if (closed != 0) abandon("error writing " + tmp.string());
+  if (std::rename(tmp.c_str(), target.c_str()) != 0) abandon("cannot rename " + tmp.string() + " over it");
 }
 
 }  // namespace nerve::actors

@@ -3,11 +3,13 @@
 #include <atomic>
 #include <cerrno>
 #include <random>
+#include <stdexcept>
 #include <cstdlib>
 #include <string>
 #include <system_error>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace nerve::checkpoint {
@@ -16,9 +18,38 @@ namespace {
 [[noreturn]] void throw_errno(const std::filesystem::path& path, const std::string& what) {
   throw std::system_error(errno, std::generic_category(), path.string() + ": " + what);
 }
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
 }  // namespace
 
-atomic_file::atomic_file(std::filesystem::path target) : target_(std::move(target)) {
+std::filesystem::path replace_target(const std::filesystem::path& path) {
+  std::filesystem::path at = path;
+  for (int hops = 0;; ++hops) {
+    struct stat st {};
+    if (::lstat(at.c_str(), &st) != 0) {
+      if (errno == ENOENT) return at;  // a new file (or a dangling link's target): created there
+      throw_errno(path, "cannot inspect " + at.string());
+    }
+    if (S_ISREG(st.st_mode)) return at;
+    const std::string where = at == path ? "'" + path.string() + "'" : "'" + path.string() + "' leads to '" + at.string() + "', which";
+    if (!S_ISLNK(st.st_mode))
+      throw std::invalid_argument(where + " is " + file_kind(st.st_mode) +
+                                  ", not a regular file: refusing to replace it");
+    if (hops == 40) throw std::invalid_argument("'" + path.string() + "': more than 40 symlinks in a row (a loop?)");
+    const auto link = std::filesystem::read_symlink(at);
+    at = link.is_absolute() ? link : at.parent_path() / link;
+  }
+}
+
+atomic_file::atomic_file(std::filesystem::path target) : target_(replace_target(target)) {
+  struct stat old {};
+  const bool replacing = ::stat(target_.c_str(), &old) == 0;
   std::filesystem::path dir = target_.parent_path();
   if (dir.empty()) dir = ".";
   // O_EXCL on a fresh name rather than mkstemp: mkstemp makes the file 0600, and the
@@ -36,6 +67,16 @@ atomic_file::atomic_file(std::filesystem::path target) : target_(std::move(targe
       temp_.clear();
       throw_errno(target_, "cannot create a temporary file in " + dir.string());
     }
+  }
+  // A 0600 checkpoint stays 0600: the replacement takes the old file's permission bits.
+  if (replacing && ::fchmod(fd_, old.st_mode & 07777) != 0) {
+    const int saved = errno;
+    ::close(fd_);
+    fd_ = -1;
+    ::unlink(temp_.c_str());
+    temp_.clear();
+    errno = saved;
+    throw_errno(target_, "cannot give the temporary file the mode of the old one");
   }
 }
 

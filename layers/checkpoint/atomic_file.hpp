@@ -1,6 +1,10 @@
 #pragma once
 /// \file
 /// Crash-safe replacement of a file: write a temporary, fsync, rename, fsync the directory.
+///
+/// What is replaced is a regular file: a symlink is followed to the file it names (the
+/// link stays), anything else (a directory, FIFO, device, socket) is refused, and the
+/// new file keeps the old one's permission bits.
 
 #include <cstddef>
 #include <filesystem>
@@ -16,8 +20,17 @@ namespace nerve::checkpoint {
 ///
 /// Not thread-safe; one writer per object. Throws `std::system_error` naming
 /// the file on any I/O error.
+/// The regular file that replacing `path` must write: `path` itself (existing or not),
+/// or the end of its chain of symlinks. Throws `std::invalid_argument` naming `path`
+/// (and where its links lead) when that is not a regular file: renaming over a FIFO
+/// or a device (`/dev/null`) would destroy it. Throws `std::system_error` when it
+/// cannot be inspected. Any thread.
+std::filesystem::path replace_target(const std::filesystem::path& path);
+
 class atomic_file {
  public:
+  /// Opens a temporary beside `replace_target(target)` (which it may throw from), with
+  /// the existing file's permission bits, or 0666 less the umask for a new file.
   explicit atomic_file(std::filesystem::path target);
   atomic_file(const atomic_file&) = delete;
   atomic_file& operator=(const atomic_file&) = delete;
@@ -28,6 +41,8 @@ class atomic_file {
   /// fsyncs the temporary, renames it over the target and fsyncs the directory.
   void commit();
 
+  /// The file `commit()` replaces (`target` with its symlinks followed).
+  const std::filesystem::path& target() const noexcept { return target_; }
   /// The temporary file's path (for tests).
   const std::filesystem::path& temp_path() const noexcept { return temp_; }
 
