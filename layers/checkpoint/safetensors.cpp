@@ -11,6 +11,11 @@
 #include <cstring>
 #include <set>
 #include <sstream>
+#include <system_error>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdexcept>
 
 static_assert(std::endian::native == std::endian::little,
@@ -120,23 +125,75 @@ std::uint64_t tensor_info::elements() const noexcept {
 
 // ---- reading -----------------------------------------------------------------
 
+namespace {
+struct fd_guard {
+  int fd;
+  ~fd_guard() { ::close(fd); }
+};
+[[noreturn]] void throw_errno(const std::filesystem::path& path, const char* what) {
+  throw std::system_error(errno, std::generic_category(), path.string() + ": " + what);
+}
+// Reads `n` bytes at `offset` into `out`; false when the file ends first.
+bool read_at(int fd, const std::filesystem::path& path, std::uint64_t offset, std::byte* out, std::size_t n) {
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, out, n, off_t(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw_errno(path, "cannot read");
+    if (got == 0) return false;
+    out += got, offset += std::uint64_t(got), n -= std::size_t(got);
+  }
+  return true;
+}
+}  // namespace
+
 safetensors_file safetensors_file::read(const std::filesystem::path& path) {
-  return parse(data::detail::read_file_bytes(path), path.string());
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_errno(path, "cannot open");
+  fd_guard guard{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw_errno(path, "cannot stat");
+  // A pipe or a device reports no size to check against: read it whole.
+  if (!S_ISREG(st.st_mode)) return parse(data::detail::read_file_bytes(path), path.string());
+
+  safetensors_file f;
+  f.name_ = path.string();
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  std::vector<std::byte> head(std::min<std::uint64_t>(size, 8));
+  if (!read_at(fd, path, 0, head.data(), head.size()))
+    throw format_error(f.name_, 0, "the file shrank while it was read");
+  if (size >= 8) {
+    const auto n = load<std::uint64_t>(head.data());
+    if (n <= max_header_size && n <= size - 8) {
+      head.resize(8 + n);
+      if (!read_at(fd, path, 8, head.data() + 8, n)) throw format_error(f.name_, 8, "the file shrank while it was read");
+    }
+  }
+  parse_header(f, head, size);  // every offset checked against the size: now the data is worth reading
+  f.bytes_ = std::move(head);
+  f.bytes_.resize(size);
+  if (!read_at(fd, path, f.buffer_offset_, f.bytes_.data() + f.buffer_offset_, size - f.buffer_offset_))
+    throw format_error(f.name_, f.buffer_offset_, "the file shrank while it was read");
+  return f;
 }
 
 safetensors_file safetensors_file::parse(std::vector<std::byte> bytes, std::string name) {
   safetensors_file f;
   f.name_ = std::move(name);
   f.bytes_ = std::move(bytes);
+  parse_header(f, f.bytes_, f.bytes_.size());
+  return f;
+}
+
+void safetensors_file::parse_header(safetensors_file& f, std::span<const std::byte> head, std::uint64_t file_size) {
   const std::string& file = f.name_;
-  const std::uint64_t size = f.bytes_.size();
+  const std::uint64_t size = file_size;
   auto fail = [&](std::uint64_t at, const std::string& problem) -> format_error { return format_error(file, at, problem); };
 
   if (size < 8) {
     throw fail(size, "truncated: the file has " + std::to_string(size) +
                          " bytes, a safetensors file starts with an 8-byte header size");
   }
-  const std::uint64_t n = load<std::uint64_t>(f.bytes_.data());
+  const std::uint64_t n = load<std::uint64_t>(head.data());
   if (n > max_header_size) {
     throw fail(0, "header size " + std::to_string(n) + " is over the limit of " + std::to_string(max_header_size) +
                       " bytes (a corrupt file, or not safetensors)");
@@ -146,7 +203,7 @@ safetensors_file safetensors_file::parse(std::vector<std::byte> bytes, std::stri
                       " bytes): truncated");
   }
   f.buffer_offset_ = 8 + n;
-  const char* text = reinterpret_cast<const char*>(f.bytes_.data() + 8);
+  const char* text = reinterpret_cast<const char*>(head.data() + 8);
   if (n < 2 || text[0] != '{') throw fail(8, "the JSON header does not start with '{'");
 
   // nlohmann keeps the last of duplicate keys silently; a checkpoint with two
@@ -258,7 +315,6 @@ safetensors_file safetensors_file::parse(std::vector<std::byte> bytes, std::stri
     throw fail(f.buffer_offset_ + at, std::to_string(buffer_size - at) +
                                           " bytes after the last tensor are not covered by any tensor");
   }
-  return f;
 }
 
 const tensor_info* safetensors_file::find(std::string_view tensor) const noexcept {

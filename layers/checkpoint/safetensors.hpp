@@ -64,9 +64,11 @@ inline constexpr std::uint64_t max_header_size = 100'000'000;
 /// Immutable once built; any thread may read it.
 class safetensors_file {
  public:
-  /// Reads and validates the file at `path`. Throws `format_error` (naming the file,
-  /// the tensor where there is one, the byte offset and the problem) or
-  /// `std::system_error` if it cannot be read.
+  /// Reads and validates the file at `path`. The header is read and checked against the
+  /// file's size first, so a malformed file is refused before its data is read (a 2 GB
+  /// file with a bad header costs a few bytes of reading, not 2 GB). Throws
+  /// `format_error` (naming the file, the tensor where there is one, the byte offset and
+  /// the problem) or `std::system_error` if it cannot be read.
   static safetensors_file read(const std::filesystem::path& path);
   /// Validates the bytes of a file held in memory (taking them over); `name` is used in errors.
   static safetensors_file parse(std::vector<std::byte> bytes, std::string name = "<memory>");
@@ -92,6 +94,9 @@ class safetensors_file {
 
  private:
   safetensors_file() = default;
+  /// Validates the 8-byte size and the header (`head`, which holds them when they fit in
+  /// `file_size`) against a file of `file_size` bytes; fills all but `bytes_`.
+  static void parse_header(safetensors_file& f, std::span<const std::byte> head, std::uint64_t file_size);
   std::string name_;
   std::vector<std::byte> bytes_;
   std::uint64_t buffer_offset_ = 0;

@@ -164,4 +164,34 @@ TEST_SUITE("layers.save_target") {
       CHECK(d.names() == std::vector<std::string>{"out"});
     }
   }
+
+  TEST_CASE("a safetensors file is refused by its header, before its data is read") {
+    // A valid header for 8 bytes of data, then a terabyte of holes: reading the file
+    // whole first cannot even allocate it.
+    temp_dir d;
+    const auto path = d.path / "huge.safetensors";
+    const std::vector<float> two{1.0f, 2.0f};
+    const std::vector<checkpoint::tensor_ref> refs{checkpoint::f32_tensor("w", {2}, two)};
+    const auto bytes = checkpoint::encode_safetensors(refs);
+    {
+      std::ofstream out(path, std::ios::binary);
+      out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+    }
+    const std::uintmax_t size = std::uintmax_t{1} << 40;
+    fs::resize_file(path, size);
+    const auto buffer = size - (bytes.size() - 8);
+    CHECK_THROWS_WITH_AS(checkpoint::safetensors_file::read(path),
+                         doctest::Contains((std::to_string(buffer - 8) +
+                                            " bytes after the last tensor are not covered by any tensor")
+                                               .c_str()),
+                         checkpoint::format_error);
+    // And a header size past the end of the file, on a small file.
+    put(d.path / "short.safetensors", std::string("\x10\0\0\0\0\0\0\0{}", 10));
+    CHECK_THROWS_WITH_AS(checkpoint::safetensors_file::read(d.path / "short.safetensors"),
+                         doctest::Contains("runs past the end of the file (10 bytes)"), checkpoint::format_error);
+    // A well-formed file still reads, data included.
+    fs::resize_file(path, bytes.size());
+    auto f = checkpoint::safetensors_file::read(path);
+    CHECK(f.to_float(f.at("w")) == two);
+  }
 }
