@@ -2,6 +2,8 @@
 
 #include "actors/runtime.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 namespace nerve::layers {
@@ -21,6 +23,7 @@ layer_actor::layer_actor(graph::node_type& n, std::uint32_t index, const node_pl
     if (opt_) opt_->load_state(m.state, node_.layer->parameters());
     return true;
   });
+  on<allow_nonfinite_gradients>([this](allow_nonfinite_gradients& m) { allow_nonfinite_ = m.allow; });
   for (std::size_t k = 0; k < node_.inputs.size(); ++k)
     grad_.push_back(std::make_unique<bus::signal<backward_msg>>(*this, "grad" + std::to_string(k)));
   outstanding_.assign(plan_.edge_count(), 0);
@@ -143,6 +146,11 @@ void layer_actor::finish_weight_grads() {
   if (backwards_done_ < step_micro_batches_) return;
   if (params) {
     auto ps = lay.parameters();
+    for (auto& p : ps)  // a NaN would reach the weights and every later step
+      if (!allow_nonfinite_ && !std::all_of(p.grad->data(), p.grad->data() + p.grad->size(),
+                                            [](float v) { return std::isfinite(v); }))
+        throw std::runtime_error("layer '" + node_.name + "': step " + std::to_string(step_) + ": the gradient of " +
+                                 node_.name + "." + p.name + " is not finite (nan or inf): training diverged");
     opt_->step(ps);
     lay.zero_grad();
   }

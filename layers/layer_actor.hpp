@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "actors/actor.hpp"
@@ -38,6 +39,14 @@ namespace nerve::layers {
 
 using graph = basic_graph<float>;
 using stash = basic_stash<float>;
+
+/// Tells a layer actor to pass non-finite gradients to its optimizer
+/// (`train_options::allow_nonfinite`); by default a NaN or Inf gradient fails the run,
+/// naming the layer and the step, before the optimizer writes it into the weights.
+struct allow_nonfinite_gradients {
+  static constexpr std::string_view kind = "allow_nonfinite_gradients";
+  bool allow = true;
+};
 
 class layer_actor : public actors::actor {
  public:
@@ -96,6 +105,7 @@ class layer_actor : public actors::actor {
   std::uint32_t step_micro_batches_ = 0;
   std::uint32_t backwards_done_ = 0;
   std::size_t peak_stashed_ = 0, peak_bytes_ = 0, bytes_ = 0;
+  bool allow_nonfinite_ = false;
 };
 
 }  // namespace nerve::layers

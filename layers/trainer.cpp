@@ -2,15 +2,19 @@
 
 #include <chrono>
 #include <tuple>
+#include <cmath>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <stdexcept>
 
 #include "actors/runtime.hpp"
+#include "layers/checkpoint/atomic_file.hpp"
 #include "layers/checkpoint/checkpoint.hpp"
 #include "layers/data/batcher.hpp"
 #include "layers/data/dataset.hpp"
 #include "layers/gemm.hpp"
+#include "layers/layer_actor.hpp"
 #include "layers/lr_schedule.hpp"
 #include "layers/presets.hpp"
 
@@ -107,8 +111,9 @@ void save_weights(graph& g, const std::filesystem::path& path, const std::string
   checkpoint::save_checkpoint(path, d);
 }
 
-void load_weights(graph& g, const std::filesystem::path& path) {
+void load_weights(graph& g, const std::filesystem::path& path, bool allow_nonfinite) {
   auto d = checkpoint::load_checkpoint(path);
+  if (!allow_nonfinite) d.check_finite();
   std::vector<std::string> names;
   for (auto& p : g.parameters()) names.push_back(p.name);
   for (auto& b : g.buffers()) names.push_back(b.name);
@@ -131,7 +136,10 @@ namespace {
 class network_engine : public train_engine {
  public:
   network_engine(actors::runtime& rt, graph& g, const train_options& o)
-      : net_(rt, g, std::make_shared<cross_entropy>(), make_optimizer_factory(o), network_options{.spread = o.spread}) {}
+      : net_(rt, g, std::make_shared<cross_entropy>(), make_optimizer_factory(o), network_options{.spread = o.spread}) {
+    if (o.allow_nonfinite)
+      for (auto& a : net_.layer_actors()) rt.send(a, allow_nonfinite_gradients{});
+  }
   std::future<step_result> train_step(tensor x, targets y, std::size_t micro_batches, std::uint64_t step,
                                       double lr) override {
     return net_.train_step(std::move(x), std::move(y), micro_batches, step, lr);
@@ -202,6 +210,7 @@ nlohmann::json settings_of(const train_options& o) {
           {"seed", o.seed},           {"shuffle", o.shuffle},
           {"data", o.data.string()},  {"evaluate", o.evaluate},
           {"trace_exact", o.trace_exact}, {"checkpoint_every", o.checkpoint_every},
+          {"allow_nonfinite", o.allow_nonfinite},
           {"app", o.app_settings}};
 }
 
@@ -343,6 +352,7 @@ train_options resume_options(const std::filesystem::path& path) {
     o.evaluate = s.at("evaluate");
     o.trace_exact = s.at("trace_exact");
     o.checkpoint_every = s.at("checkpoint_every");
+    o.allow_nonfinite = s.at("allow_nonfinite");
     o.app_settings = s.at("app");
     o.resume = path;
     o.checkpoint = path;  // a resumed run goes on saving its state where it was
@@ -352,13 +362,41 @@ train_options resume_options(const std::filesystem::path& path) {
   }
 }
 
+void check_options(const train_options& o) {
+  auto num = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", v);
+    return std::string(b);
+  };
+  auto refuse = [](const std::string& what) { throw std::invalid_argument(what); };
+  if (o.epochs < 1) refuse("--epochs must be at least 1 (got " + std::to_string(o.epochs) + ")");
+  if (o.steps != -1 && o.steps < 1) refuse("--steps must be at least 1 (got " + std::to_string(o.steps) + ")");
+  if (o.batch == 0) refuse("--batch must be at least 1 (got 0)");
+  if (o.micro_batches == 0 || o.micro_batches > o.batch)
+    refuse("--microbatches must be between 1 and the batch size " + std::to_string(o.batch) + " (got " +
+           std::to_string(o.micro_batches) + ")");
+  // Written so that NaN fails every test: it compares false with everything.
+  if (!(std::isfinite(o.lr) && o.lr > 0)) refuse("--lr must be a finite number above 0 (got " + num(o.lr) + ")");
+  if (!(o.momentum >= 0 && o.momentum < 1)) refuse("--momentum must be in [0, 1) (got " + num(o.momentum) + ")");
+  if (!(std::isfinite(o.weight_decay) && o.weight_decay >= 0))
+    refuse("--weight-decay must be a finite number, 0 or more (got " + num(o.weight_decay) + ")");
+  if (o.optimizer != "sgd" && o.optimizer != "adam" && o.optimizer != "adamw")
+    refuse("unknown --optimizer '" + o.optimizer + "' (sgd, adam, adamw)");
+  if (o.nesterov && o.optimizer == "sgd" && o.momentum == 0)
+    refuse("--nesterov needs a --momentum above 0 (as torch.optim.SGD)");
+  if (o.schedule != "none" && o.schedule != "step" && o.schedule != "cosine")
+    refuse("unknown --schedule '" + o.schedule + "' (none, step, cosine)");
+  if (o.threads < 1 || o.threads > max_threads)
+    refuse("--threads must be between 1 and " + std::to_string(max_threads) + " (got " + std::to_string(o.threads) +
+           "): each is an event loop with its own thread and memory");
+  // Before a long run, not after it: a FIFO or a device is refused (atomic_file).
+  if (!o.save.empty()) checkpoint::replace_target(o.save);
+  if (!o.trace.empty()) checkpoint::replace_target(o.trace);
+}
+
 train_report train(graph& g, const train_options& o, const std::function<void(const train_progress&)>& on_progress,
                    const std::function<void(const epoch_stats&)>& on_epoch, engine_factory make_engine) {
-  if (o.batch == 0) throw std::invalid_argument("--batch must be at least 1");
-  if (o.micro_batches == 0 || o.micro_batches > o.batch)
-    throw std::invalid_argument("--microbatches must be between 1 and the batch size");
-  if (o.threads == 0) throw std::invalid_argument("--threads must be at least 1");
-  if (o.epochs <= 0 && o.steps < 0) throw std::invalid_argument("--epochs must be at least 1");
+  check_options(o);
   if (!make_engine) make_engine = engine_for(o.device);
 
   optimizer_state resumed_opt;
@@ -366,7 +404,7 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
   if (!o.resume.empty())
     std::tie(resumed_opt, pos) = read_train_state(o.resume, g);
   else if (!o.init.empty())
-    load_weights(g, o.init);
+    load_weights(g, o.init, o.allow_nonfinite);
   auto train_set = std::make_shared<const data::dataset>(data::load_fashion_mnist(o.data, data::split::train));
   std::shared_ptr<const data::dataset> test_set;
   if (o.evaluate) test_set = std::make_shared<const data::dataset>(data::load_fashion_mnist(o.data, data::split::test));
@@ -393,24 +431,29 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
     write_train_state(o.checkpoint, g, engine->optimizer_state_of(), o, at);
   };
   const std::size_t batches = (train_set->size() + o.batch - 1) / o.batch;
-  const std::int64_t total_steps =
-      o.steps >= 0 ? std::min<std::int64_t>(o.steps, std::int64_t(batches) * std::max(o.epochs, 1))
-                   : std::int64_t(batches) * o.epochs;
+  // The run ends at the first limit reached, epochs or steps, and the schedule spans the
+  // steps it will take: a last batch smaller than the engine takes is no step.
+  const std::size_t full = train_set->size() / o.batch, tail = train_set->size() % o.batch;
+  const std::int64_t per_epoch = std::int64_t(o.batch >= engine->min_rows() ? full : 0) +
+                                 (tail > 0 && tail >= engine->min_rows() ? 1 : 0);
+  if (per_epoch == 0)
+    throw std::invalid_argument("--batch " + std::to_string(o.batch) + ": the " + std::to_string(train_set->size()) +
+                                " training rows make no batch of the " + std::to_string(engine->min_rows()) +
+                                " rows or more this engine needs");
+  const std::int64_t total_steps = o.steps >= 0 ? std::min(o.steps, per_epoch * o.epochs) : per_epoch * o.epochs;
   auto lr_at = [&](std::int64_t t) {
     if (o.schedule == "none") return o.lr;
     if (o.schedule == "step") return step_lr{o.lr, std::max<std::int64_t>(1, total_steps / 3)}(t);
     if (o.schedule == "cosine") return cosine_lr{o.lr, std::max<std::int64_t>(1, total_steps)}(t);
     throw std::invalid_argument("unknown --schedule '" + o.schedule + "' (none, step, cosine)");
   };
-  (void)lr_at(0);
 
   train_report report;
   report.parameters = g.parameter_count();
   report.epochs = pos.done;
   std::int64_t step = pos.step;
-  const int epochs = o.steps >= 0 ? static_cast<int>((o.steps + std::int64_t(batches) - 1) / std::int64_t(batches))
-                                  : o.epochs;
-  for (int epoch = pos.epoch; epoch < std::max(epochs, 1) && (o.steps < 0 || step < o.steps); ++epoch) {
+  auto stop_requested = [&] { return o.stop && o.stop->load(std::memory_order_relaxed); };
+  for (int epoch = pos.epoch; epoch < o.epochs && step < total_steps && !report.interrupted; ++epoch) {
     const auto t0 = std::chrono::steady_clock::now();
     const bool resumed = epoch == pos.epoch;  // a checkpoint's epoch goes on where it stood
     const std::size_t first_batch = resumed ? pos.batch : 0;
@@ -420,10 +463,16 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
     double loss_sum = resumed ? pos.loss_sum : 0;
     std::int64_t correct = resumed ? pos.correct : 0, seen = resumed ? pos.seen : 0;
     const std::int64_t seen_before = seen;  // samples/s counts this process's samples only
+    std::size_t stopped_at = batches;      // the next batch, when a stop request ends the epoch
     std::future<prepared_batch> next;
     if (first_batch < batches)
       next = rt.ask<prepared_batch>(loader, load_batch{std::uint64_t(epoch), first_batch}, std::chrono::nanoseconds::max());
-    for (std::size_t b = first_batch; b < batches && (o.steps < 0 || step < o.steps); ++b) {
+    for (std::size_t b = first_batch; b < batches && step < total_steps; ++b) {
+      if (stop_requested()) {
+        st.interrupted = report.interrupted = true;
+        stopped_at = b;
+        break;
+      }
       auto cur = next.get();
       if (b + 1 < batches)  // prefetch: the loader copies the next batch while this one trains
         next = rt.ask<prepared_batch>(loader, load_batch{std::uint64_t(epoch), b + 1}, std::chrono::nanoseconds::max());
@@ -432,6 +481,11 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
       auto r = engine->train_step(std::move(cur.x), std::move(cur.y), std::min(o.micro_batches, rows),
                                   std::uint64_t(step), lr_at(step))
                    .get();
+      if (!std::isfinite(r.loss) && !o.allow_nonfinite)
+        throw std::runtime_error("step " + std::to_string(step) + " (epoch " + std::to_string(epoch + 1) + ", batch " +
+                                 std::to_string(b + 1) + "): the loss is " + (std::isnan(r.loss) ? "nan" : "inf") +
+                                 " (on the output of layer '" + g.nodes()[g.output()].name +
+                                 "'): training diverged (a lower --lr may help; --allow-nonfinite goes on regardless)");
       ++step;
       ++st.steps;
       loss_sum += r.loss * double(r.samples);
@@ -443,11 +497,13 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
         save_state({step, epoch, b + 1, loss_sum, correct, seen, st.steps, report.epochs});
     }
     if (next.valid()) next.wait();  // a prefetched batch nobody needs
+    if (!report.interrupted && stop_requested()) st.interrupted = report.interrupted = true;
+    if (st.interrupted && st.steps == 0) break;  // nothing of this epoch to report
     st.seconds = seconds_since(t0);
     st.train_loss = seen ? loss_sum / double(seen) : 0;
     st.train_accuracy = seen ? double(correct) / double(seen) : 0;
     st.samples_per_s = st.seconds > 0 ? double(seen - seen_before) / st.seconds : 0;
-    if (test_set) {
+    if (test_set && !st.interrupted) {
       const std::size_t chunk = evaluation_rows;
       double tl = 0;
       std::int64_t tc = 0;
@@ -465,9 +521,18 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
       st.test_loss = tl / double(test_set->size());
       st.test_accuracy = double(tc) / double(test_set->size());
     }
+    if (!o.checkpoint.empty()) {
+      if (st.interrupted)  // stopped mid-epoch: a resume goes on with its next batch
+        save_state({step, epoch, stopped_at, loss_sum, correct, seen, st.steps, report.epochs});
+      else
+        save_state({step, epoch + 1, 0, 0, 0, 0, 0, [&] {
+                      auto done = report.epochs;
+                      done.push_back(st);
+                      return done;
+                    }()});
+    }
     report.epochs.push_back(st);
     if (on_epoch) on_epoch(st);
-    if (!o.checkpoint.empty()) save_state({step, epoch + 1, 0, 0, 0, 0, 0, report.epochs});
   }
   report.steps = step;
   engine->finish();
@@ -477,7 +542,7 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
     engine->trace_metadata(extra);
     rt.write_trace(o.trace.string(), extra);
   }
-  if (!o.save.empty()) save_weights(g, o.save, o.model);
+  if (!o.save.empty() && !report.interrupted) save_weights(g, o.save, o.model);
   return report;
 }
 

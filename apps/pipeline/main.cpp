@@ -9,13 +9,18 @@
 // a GPU): between two stages of one GPU the tensors stay on the device (docs/gpu.md).
 // Epochs, batches, evaluation, trace and checkpoint are the one trainer's (layers/trainer.hpp);
 // this app hands it a pipeline as its engine.
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <future>
+#include <filesystem>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -198,6 +203,39 @@ class pipeline_engine : public nl::train_engine {
   bool downloaded_ = true;
 };
 
+// Ctrl-C or SIGTERM: the trainer stops before its next step, finishes the pipeline, writes
+// the trace and the figures so far (marked interrupted), and the app exits 128 + signal.
+// A second signal ends the process at once (SA_RESETHAND).
+std::atomic<bool> stop_requested{false};
+volatile std::sig_atomic_t stop_signal = 0;
+static_assert(std::atomic<bool>::is_always_lock_free, "the signal handler needs a lock-free flag");
+
+extern "C" void on_stop_signal(int sig) {
+  stop_signal = sig;
+  stop_requested.store(true);
+}
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART | SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+/// `value` of option `name` as an unsigned 32-bit count in [lo, hi]; throws naming both.
+/// (`hi` < 0: no bound of its own but what 32 bits hold.)
+std::uint32_t count_in_range(const char* name, long long value, long long lo, long long hi, const char* why = "") {
+  const long long top = hi < 0 ? std::numeric_limits<std::uint32_t>::max() : hi;
+  if (value < lo || value > top)
+    throw std::invalid_argument(std::string(name) + " must be " +
+                                (hi < 0 ? "at least " + std::to_string(lo)
+                                        : "between " + std::to_string(lo) + " and " + std::to_string(hi)) +
+                                " (got " + std::to_string(value) + ")" + why);
+  return static_cast<std::uint32_t>(value);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -206,18 +244,22 @@ int main(int argc, char** argv) {
   std::string init, save, trace, load_schedule_file, write_schedule_file, devices;
   std::uint32_t stages = 2, micro = 8, chunks = 2, replicas = 1, credits = 0;
   unsigned threads = 0;
+  // Read as wide signed numbers so that 0, -1 or 10000 get this app's message, not a
+  // conversion error or CLI11's range of 300 digits.
+  long long stages_in = stages, micro_in = micro, chunks_in = chunks, replicas_in = replicas, credits_in = credits,
+            threads_in = threads;
   int epochs = -1;
   long long steps = -1, batch = -1;
   double lr = -1, momentum = -1;
   unsigned long long seed = 0;
   bool no_shuffle = false, json = false, print_schedule = false, quiet = false, no_eval = false;
   app.add_option("--model", model, "Preset: mlp, deep-mlp, lenet, resmlp")->capture_default_str();
-  app.add_option("--stages", stages, "Pipeline stages (S)")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--microbatches", micro, "Micro-batches per mini-batch (M)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--stages", stages_in, "Pipeline stages (S), 1 to 256")->capture_default_str();
+  app.add_option("--microbatches", micro_in, "Micro-batches per mini-batch (M), 1 to the batch size")->capture_default_str();
   app.add_option("--schedule", schedule_name, "gpipe, 1f1b, interleaved, zb-h1 or emergent")->capture_default_str();
-  app.add_option("--chunks", chunks, "Model chunks per stage for interleaved (v)")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--credits", credits, "emergent: micro-batches in flight per stage (0: S - s, 1F1B's bound)");
-  app.add_option("--replicas", replicas,
+  app.add_option("--chunks", chunks_in, "Model chunks per stage for interleaved (v), 1 to 256")->capture_default_str();
+  app.add_option("--credits", credits_in, "emergent: micro-batches in flight per stage (0: S - s, 1F1B's bound)");
+  app.add_option("--replicas", replicas_in,
                  "Data-parallel replicas of the pipeline (R): the batch splits over them, gradients are all-reduced "
                  "per layer")
       ->capture_default_str();
@@ -236,7 +278,7 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "Mini-batch size; it splits into the micro-batches (default: the preset's)");
   app.add_option("--lr", lr, "Learning rate (default: the preset's)");
   app.add_option("--momentum", momentum, "SGD momentum (default: the preset's)");
-  app.add_option("--threads", threads, "Event loops (default: one per stage)");
+  app.add_option("--threads", threads_in, "Event loops, 1 to 256 (default: one per stage)");
   app.add_option("--seed", seed, "Seed for initialisation and shuffling");
   app.add_flag("--no-shuffle", no_shuffle, "Batches in file order");
   app.add_option("--data", data, "Directory with the Fashion-MNIST IDX files")->capture_default_str();
@@ -248,6 +290,10 @@ int main(int argc, char** argv) {
                "Time every handler run with a clock read of its own (default: short runs in a row share one; docs/trace.md)");
   app.add_flag("--print-schedule", print_schedule, "Print the planned schedule (stage x time and stage x step) and exit");
   app.add_flag("--no-eval", no_eval, "Skip the test-set evaluation after each epoch");
+  bool allow_nonfinite = false;
+  app.add_flag("--allow-nonfinite", allow_nonfinite,
+               "Go on through a NaN or Inf loss, and load NaN or Inf --init weights (default: stop with an error "
+               "naming the step, or the tensor)");
   app.add_flag("--json", json, "Print one JSON object with the results on stdout");
   app.add_flag("--quiet", quiet, "No progress bar");
   std::string checkpoint, resume;
@@ -262,8 +308,18 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    if (replicas == 0) throw std::invalid_argument("--replicas must be at least 1");
     if (checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be 0 or more steps");
+    const auto loops = static_cast<long long>(nl::max_threads);
+    const char* per_loop = ": each stage of each replica is an actor, by default on its own event loop";
+    stages = count_in_range("--stages", stages_in, 1, loops, per_loop);
+    replicas = count_in_range("--replicas", replicas_in, 1, loops, per_loop);
+    if (stages * replicas > nl::max_threads)
+      throw std::invalid_argument("--stages x --replicas must be at most " + std::to_string(nl::max_threads) +
+                                  " (got " + std::to_string(stages) + " x " + std::to_string(replicas) + ")" + per_loop);
+    micro = count_in_range("--microbatches", micro_in, 1, -1);
+    chunks = count_in_range("--chunks", chunks_in, 1, loops);
+    credits = count_in_range("--credits", credits_in, 0, -1);
+    if (app.count("--threads")) threads = count_in_range("--threads", threads_in, 1, loops, ": one event loop each");
     nl::train_options resumed;
     std::string resumed_plan;
     if (!resume.empty()) {
@@ -271,7 +327,7 @@ int main(int argc, char** argv) {
       for (const char* opt : {"--model", "--stages", "--microbatches", "--schedule", "--chunks", "--credits",
                               "--replicas", "--partition", "--schedule-file", "--devices", "--epochs", "--steps",
                               "--batch", "--lr", "--momentum", "--threads", "--seed", "--no-shuffle", "--data", "--init",
-                              "--no-eval"})
+                              "--no-eval", "--allow-nonfinite"})
         if (app.count(opt) > 0)
           throw std::invalid_argument(std::string(opt) + " cannot be given with --resume: the run goes on with the "
                                       "settings its checkpoint holds");
@@ -290,6 +346,10 @@ int main(int argc, char** argv) {
       seed = resumed.seed;
     }
     const bool emergent = schedule_name == "emergent";
+    // Options the chosen schedule does not read: say so rather than drop them unseen.
+    auto ignored = [&](const char* option, const std::string& by) {
+      if (app.count(option)) std::fprintf(stderr, "nerve-pipeline: warning: %s is ignored by %s\n", option, by.c_str());
+    };
     np::schedule plan;
     if (!resumed_plan.empty()) {
       plan = np::parse_schedule(resumed_plan);
@@ -298,15 +358,25 @@ int main(int argc, char** argv) {
       micro = plan.micro_batches;
       chunks = plan.chunks;
     } else if (!load_schedule_file.empty()) {
-      plan = np::load_schedule(load_schedule_file);
-      np::validate(plan);
+      const std::string file = "--schedule-file '" + load_schedule_file + "'";
+      for (auto* option : {"--schedule", "--stages", "--microbatches", "--chunks"}) ignored(option, file + " (it sets them)");
+      try {
+        if (std::filesystem::exists(load_schedule_file) && std::filesystem::is_empty(load_schedule_file))
+          throw std::invalid_argument("the file is empty");
+        plan = np::load_schedule(load_schedule_file);
+        np::validate(plan);
+      } catch (const std::exception& e) {
+        throw std::invalid_argument(file + ": " + e.what());
+      }
       stages = plan.stages;
       micro = plan.micro_batches;
       chunks = plan.chunks;
     } else {
+      if (schedule_name != "interleaved") ignored("--chunks", "--schedule " + schedule_name + " (interleaved only)");
       if (schedule_name != "interleaved") chunks = 1;
       plan = np::make_schedule(emergent ? "1f1b" : schedule_name, stages, micro, chunks);
     }
+    if (!emergent) ignored("--credits", (load_schedule_file.empty() ? "--schedule " + schedule_name : std::string("a schedule file")) + " (emergent only)");
     if (!write_schedule_file.empty()) np::save_schedule(plan, write_schedule_file);
     if (print_schedule) {
       if (emergent)
@@ -319,15 +389,21 @@ int main(int argc, char** argv) {
 
     auto o = resume.empty() ? nl::preset_defaults(model) : resumed;
     if (resume.empty()) {
-      if (epochs >= 0) o.epochs = epochs;
-      if (steps >= 0) o.steps = steps;
-      if (batch > 0) o.batch = static_cast<std::size_t>(batch);
-      if (lr >= 0) o.lr = lr;
-      if (momentum >= 0) o.momentum = momentum;
+      // What the user gave replaces the preset's, whatever it is: check_options refuses
+      // what is out of range rather than the preset's value standing in for it unseen.
+      if (app.count("--epochs")) o.epochs = epochs;
+      if (app.count("--steps")) o.steps = steps;
+      if (app.count("--batch")) {
+        if (batch < 1) throw std::invalid_argument("--batch must be at least 1 (got " + std::to_string(batch) + ")");
+        o.batch = static_cast<std::size_t>(batch);
+      }
+      if (app.count("--lr")) o.lr = lr;
+      if (app.count("--momentum")) o.momentum = momentum;
       o.seed = seed;
       o.shuffle = !no_shuffle;
       o.data = data;
       o.evaluate = !no_eval;
+      o.allow_nonfinite = allow_nonfinite;
       o.checkpoint = checkpoint;
       o.checkpoint_every = checkpoint_every;
     } else {
@@ -338,11 +414,20 @@ int main(int argc, char** argv) {
       throw std::invalid_argument("--batch " + std::to_string(o.batch) + " cannot split into " +
                                   std::to_string(replicas) + " x " + std::to_string(micro) + " micro-batches");
     if (threads == 0) threads = stages * replicas;
+    o.model = model;
+    o.init.clear();  // loaded below into every replica, not by the trainer
+    o.save = save;
+    o.trace = trace;
+    o.trace_exact = trace_exact;
+    o.threads = threads;
+    o.micro_batches = 1;  // the schedule's M splits each replica's part, not the trainer
+    o.stop = &stop_requested;
+    nl::check_options(o);  // before the replicas, the partition and the data
 
     std::vector<nl::graph> graphs;
     for (std::uint32_t r = 0; r < replicas; ++r) {
       graphs.push_back(nl::make_preset(model, seed));
-      if (!init.empty()) nl::load_weights(graphs.back(), init);  // every replica: the trainer's --init is not used
+      if (!init.empty()) nl::load_weights(graphs.back(), init, allow_nonfinite);  // every replica: the trainer's --init is not used
     }
     std::vector<nl::graph*> replica_graphs;
     for (auto& rg : graphs) replica_graphs.push_back(&rg);
@@ -361,12 +446,6 @@ int main(int argc, char** argv) {
                                     " pieces; the schedule needs " + std::to_string(n_pieces));
     }
 
-    o.model = model;
-    o.save = save;
-    o.trace = trace;
-    o.trace_exact = trace_exact;
-    o.threads = threads;
-    o.micro_batches = 1;  // the schedule's M splits each replica's part, not the trainer
     std::string cut;      // the first layer of each piece after the first: how a resume cuts again
     for (std::size_t k = 1; k < pieces.size(); ++k) cut += (k > 1 ? "," : "") + g.nodes()[pieces[k][0]].name;
     o.app_settings = nlohmann::json{{"schedule", schedule_name}, {"plan", np::to_text(plan)}, {"replicas", replicas},
@@ -397,11 +476,13 @@ int main(int argc, char** argv) {
                                                !json && !devices.empty());
     };
     progress_bar bar(quiet || json);
+    install_stop_handlers();
     nlohmann::json epochs_json = nlohmann::json::array();
     auto report = nl::train(
         g, o, [&](const nl::train_progress& p) { bar(p.epoch, p.batch, p.batches, p.loss, p.samples_per_s); },
         [&](const nl::epoch_stats& e) {
           epochs_json.push_back({{"epoch", e.epoch},
+                                 {"interrupted", e.interrupted},
                                  {"train_loss", e.train_loss},
                                  {"train_accuracy", e.train_accuracy},
                                  {"test_loss", e.test_loss},
@@ -410,8 +491,8 @@ int main(int argc, char** argv) {
                                  {"samples_per_s", e.samples_per_s}});
           if (!json) {
             std::printf("epoch %2d  train loss %.4f  train acc %6.2f%%", e.epoch, e.train_loss, 100 * e.train_accuracy);
-            if (o.evaluate) std::printf("  test acc %6.2f%%", 100 * e.test_accuracy);
-            std::printf("  %6.2f s  %8.0f samples/s\n", e.seconds, e.samples_per_s);
+            if (o.evaluate && !e.interrupted) std::printf("  test acc %6.2f%%", 100 * e.test_accuracy);
+            std::printf("  %6.2f s  %8.0f samples/s%s\n", e.seconds, e.samples_per_s, e.interrupted ? "  (interrupted)" : "");
             std::fflush(stdout);
           }
         },
@@ -437,6 +518,7 @@ int main(int argc, char** argv) {
       j["threads"] = threads;
       j["seed"] = seed;
       j["steps"] = step;
+      j["interrupted"] = report.interrupted;
       j["pieces"] = np::to_string(g, pieces);
       j["devices"] = device_of;
       j["samples_per_s"] = train_seconds > 0 ? double(trained) / train_seconds : 0;
@@ -473,8 +555,14 @@ int main(int argc, char** argv) {
                   np::to_table(plan).c_str(), outcome.measured.c_str());
       std::printf("%.0f samples/s over %lld steps\n", train_seconds > 0 ? double(trained) / train_seconds : 0,
                   static_cast<long long>(step));
-      if (!save.empty()) std::printf("weights written to %s\n", save.c_str());
+      if (!save.empty() && !report.interrupted) std::printf("weights written to %s\n", save.c_str());
       if (!trace.empty()) std::printf("trace written to %s\n", trace.c_str());
+    }
+    if (report.interrupted) {
+      std::fprintf(stderr, "nerve-pipeline: interrupted by %s after %lld steps%s\n",
+                   stop_signal == SIGTERM ? "SIGTERM" : "SIGINT", static_cast<long long>(step),
+                   save.empty() ? "" : "; the weights were not saved (--save is for a finished run)");
+      return 128 + (stop_signal ? int(stop_signal) : SIGINT);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "nerve-pipeline: %s\n", e.what());

@@ -6,8 +6,11 @@
 //
 // The epochs, batches and evaluation are the one trainer's (layers/trainer.hpp); --device
 // picks its engine: the layer actors on the CPU, or a device network (cuda, standin).
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -54,6 +57,27 @@ class progress_bar {
   bool quiet_, tty_;
   int last_ = -1;
 };
+
+// Ctrl-C or SIGTERM: the trainer stops before its next step, finishes the engine, writes
+// the trace and the figures so far (marked interrupted), and the app exits 128 + signal.
+// A second signal ends the process at once (SA_RESETHAND).
+std::atomic<bool> stop_requested{false};
+volatile std::sig_atomic_t stop_signal = 0;
+static_assert(std::atomic<bool>::is_always_lock_free, "the signal handler needs a lock-free flag");
+
+extern "C" void on_stop_signal(int sig) {
+  stop_signal = sig;
+  stop_requested.store(true);
+}
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART | SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
 
 }  // namespace
 
@@ -105,6 +129,10 @@ int main(int argc, char** argv) {
                  "Continue the run saved in this checkpoint with its settings (--save, --trace, --checkpoint and "
                  "--json may be given again)");
   app.add_option("--device", device, "Where the network runs: cpu, cuda, cuda:N or standin (the CPU stand-in of a GPU)");
+  bool allow_nonfinite = false;
+  app.add_flag("--allow-nonfinite", allow_nonfinite,
+               "Go on through a NaN or Inf loss or gradient, and load NaN or Inf --init weights (default: stop with "
+               "an error naming the step and the layer, or the tensor)");
   app.add_flag("--json", json, "Print one JSON object with the results on stdout");
   app.add_flag("--quiet", quiet, "No progress bar");
   CLI11_PARSE(app, argc, argv);
@@ -115,7 +143,7 @@ int main(int argc, char** argv) {
       // The checkpoint's settings hold: a training option given beside --resume would be ignored.
       for (const char* opt : {"--model", "--epochs", "--steps", "--batch", "--microbatches", "--lr", "--optimizer",
                               "--momentum", "--nesterov", "--weight-decay", "--schedule", "--threads", "--spread",
-                              "--seed", "--no-shuffle", "--data", "--init", "--device", "--no-eval"})
+                              "--seed", "--no-shuffle", "--data", "--init", "--device", "--no-eval", "--allow-nonfinite"})
         if (app.count(opt) > 0)
           throw std::invalid_argument(std::string(opt) + " cannot be given with --resume: the run goes on with the "
                                       "settings its checkpoint holds");
@@ -127,15 +155,24 @@ int main(int argc, char** argv) {
       o.save = save;
       o.trace = trace;
       o.trace_exact = trace_exact;
+      o.stop = &stop_requested;
     } else {
       o = preset_defaults(model);
-      if (epochs >= 0) o.epochs = epochs;
-      if (steps >= 0) o.steps = steps;
-      if (batch > 0) o.batch = static_cast<std::size_t>(batch);
-      if (lr >= 0) o.lr = lr;
+      // What the user gave replaces the preset's, whatever it is: check_options refuses
+      // what is out of range rather than the preset's value standing in for it unseen.
+      if (app.count("--epochs")) o.epochs = epochs;
+      if (app.count("--steps")) o.steps = steps;
+      if (app.count("--batch")) {
+        if (batch < 1) throw std::invalid_argument("--batch must be at least 1 (got " + std::to_string(batch) + ")");
+        o.batch = static_cast<std::size_t>(batch);
+      }
+      if (app.count("--lr")) o.lr = lr;
       if (!optimizer.empty()) o.optimizer = optimizer;
-      if (momentum >= 0) o.momentum = momentum;
-      if (weight_decay >= 0) o.weight_decay = weight_decay;
+      if (app.count("--momentum")) o.momentum = momentum;
+      if (app.count("--weight-decay")) o.weight_decay = weight_decay;
+      if (o.optimizer != "sgd" && (app.count("--momentum") || nesterov))
+        std::fprintf(stderr, "nerve-train: warning: --momentum and --nesterov apply to sgd; %s ignores them\n",
+                     o.optimizer.c_str());
       o.nesterov = nesterov;
       o.micro_batches = micro;
       o.schedule = schedule;
@@ -150,26 +187,32 @@ int main(int argc, char** argv) {
       o.trace_exact = trace_exact;
       o.evaluate = !no_eval;
       o.device = device;
+      o.allow_nonfinite = allow_nonfinite;
+      o.stop = &stop_requested;
       o.checkpoint = checkpoint;
       o.checkpoint_every = checkpoint_every;
     }
+    check_options(o);  // before the banner and the data: a bad value costs nothing
 
     if (!json)
       std::printf("nerve-train: %s, %s, batch %zu, %s lr %g%s, %u thread%s\n", o.model.c_str(),
-                  o.steps > 0 ? (std::to_string(o.steps) + " steps at most").c_str()
-                                  : (std::to_string(o.epochs) + " epochs").c_str(),
+                  (std::to_string(o.epochs) + (o.epochs == 1 ? " epoch" : " epochs") +
+                   (o.steps > 0 ? ", " + std::to_string(o.steps) + " steps at most" : ""))
+                      .c_str(),
                   o.batch, o.optimizer.c_str(), o.lr, o.momentum > 0 ? (" momentum " + fmt_g(o.momentum)).c_str() : "",
                   o.threads, o.threads == 1 ? "" : "s");
     progress_bar bar(quiet);
+    install_stop_handlers();
     nerve::gpu::register_engines();  // --device cuda, cuda:N, standin beside the built-in cpu
     auto report = train(
         o, [&](const train_progress& p) { bar(p); },
         [&](const epoch_stats& e) {
           if (!json) {
-            char test[32] = "      -";  // --no-eval: no test accuracy to show
-            if (o.evaluate) std::snprintf(test, sizeof test, "%6.2f%%", 100 * e.test_accuracy);
-            std::printf("epoch %2d  train loss %.4f  train acc %6.2f%%  test acc %s  %6.2f s  %8.0f samples/s\n",
-                        e.epoch, e.train_loss, 100 * e.train_accuracy, test, e.seconds, e.samples_per_s);
+            char test[32] = "      -";  // --no-eval or interrupted: no test accuracy to show
+            if (o.evaluate && !e.interrupted) std::snprintf(test, sizeof test, "%6.2f%%", 100 * e.test_accuracy);
+            std::printf("epoch %2d  train loss %.4f  train acc %6.2f%%  test acc %s  %6.2f s  %8.0f samples/s%s\n",
+                        e.epoch, e.train_loss, 100 * e.train_accuracy, test, e.seconds, e.samples_per_s,
+                        e.interrupted ? "  (interrupted)" : "");
           }
           std::fflush(stdout);
         });
@@ -184,9 +227,11 @@ int main(int argc, char** argv) {
       j["lr"] = o.lr;
       j["threads"] = o.threads;
       j["seed"] = o.seed;
+      j["interrupted"] = report.interrupted;
       j["epochs"] = nlohmann::json::array();
       for (auto& e : report.epochs)
         j["epochs"].push_back({{"epoch", e.epoch},
+                               {"interrupted", e.interrupted},
                                {"steps", e.steps},
                                {"train_loss", e.train_loss},
                                {"train_accuracy", e.train_accuracy},
@@ -196,8 +241,14 @@ int main(int argc, char** argv) {
                                {"samples_per_s", e.samples_per_s}});
       std::cout << j.dump(2) << "\n";
     } else {
-      if (!o.save.empty()) std::printf("weights written to %s\n", o.save.c_str());
+      if (!o.save.empty() && !report.interrupted) std::printf("weights written to %s\n", o.save.c_str());
       if (!o.trace.empty()) std::printf("trace written to %s\n", o.trace.c_str());
+    }
+    if (report.interrupted) {
+      std::fprintf(stderr, "nerve-train: interrupted by %s after %lld steps%s\n",
+                   stop_signal == SIGTERM ? "SIGTERM" : "SIGINT", static_cast<long long>(report.steps),
+                   o.save.empty() ? "" : "; the weights were not saved (--save is for a finished run)");
+      return 128 + (stop_signal ? int(stop_signal) : SIGINT);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "nerve-train: %s\n", e.what());

@@ -1,6 +1,7 @@
 #include "layers/checkpoint/checkpoint.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 #include <stdexcept>
 
@@ -102,6 +103,17 @@ void state_dict::check_names(std::span<const std::string> expected) const {
   if (!unexpected.empty()) msg += " unexpected " + list(unexpected) + ";";
   msg.pop_back();
   throw std::runtime_error(msg);
+}
+
+void state_dict::check_finite() const {
+  for (const auto& [name, t] : tensors_) {
+    auto bad = std::find_if(t.floats.begin(), t.floats.end(), [](float v) { return !std::isfinite(v); });
+    if (bad == t.floats.end()) continue;
+    throw std::runtime_error((source.empty() ? "state_dict" : source) + ": tensor '" + name + "' holds " +
+                             (std::isnan(*bad) ? "nan" : *bad > 0 ? "inf" : "-inf") + " at element " +
+                             std::to_string(bad - t.floats.begin()) + " of " + std::to_string(t.floats.size()) +
+                             ": refusing non-finite weights (--allow-nonfinite loads them)");
+  }
 }
 
 void save_checkpoint(const std::filesystem::path& path, const state_dict& dict, const write_options& options) {

@@ -62,6 +62,10 @@ class state_dict {
   /// does; throws `std::runtime_error` listing the missing and the unexpected names.
   void check_names(std::span<const std::string> expected) const;
 
+  /// Throws `std::runtime_error` naming the source, the tensor, the element and its value
+  /// for the first NaN or Inf among the float tensors (weights that would poison a run).
+  void check_finite() const;
+
   /// Free-form `__metadata__` strings (e.g. the model preset, the step).
   checkpoint::metadata metadata;
   /// Where it was loaded from (used in error messages); empty for a new one.

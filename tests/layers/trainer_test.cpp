@@ -9,6 +9,7 @@
 #include <random>
 
 #include "layers/activation.hpp"
+#include "layers/checkpoint/checkpoint.hpp"
 #include "layers/join.hpp"
 #include "layers/linear.hpp"
 #include "layers/lr_schedule.hpp"
@@ -54,6 +55,41 @@ struct recording_engine : train_engine {
     inner->finish();
   }
 };
+
+/// The cpu engine behind `recording_engine`, for `train`'s last argument.
+engine_factory recording(engine_log& log) {
+  return [&log](actors::runtime& rt, graph& g, const train_options& o) {
+    auto e = std::make_unique<recording_engine>(log);
+    e->inner = make_network_engine(rt, g, o);
+    return e;
+  };
+}
+
+/// The cpu engine, but step `bad_step` reports `loss` (a diverged run, as a device or
+/// pipeline engine would see it, with no layer actor to catch the gradient).
+engine_factory reporting_loss_at(std::uint64_t bad_step, double loss) {
+  struct engine : train_engine {
+    std::unique_ptr<train_engine> inner;
+    std::uint64_t bad;
+    double loss;
+    std::future<step_result> train_step(tensor x, targets y, std::size_t m, std::uint64_t step, double lr) override {
+      auto r = inner->train_step(std::move(x), std::move(y), m, step, lr).get();
+      if (step == bad) r.loss = loss;
+      std::promise<step_result> p;
+      p.set_value(r);
+      return p.get_future();
+    }
+    std::future<step_result> evaluate(tensor x, targets y) override { return inner->evaluate(std::move(x), std::move(y)); }
+    void finish() override { inner->finish(); }
+  };
+  return [=](actors::runtime& rt, graph& g, const train_options& o) {
+    auto e = std::make_unique<engine>();
+    e->inner = make_network_engine(rt, g, o);
+    e->bad = bad_step;
+    e->loss = loss;
+    return e;
+  };
+}
 
 /// A small residual network a user might wire: flatten, a skip connection, a custom width.
 graph users_graph() {
@@ -128,6 +164,217 @@ TEST_SUITE("layers.trainer") {
     CHECK_THROWS_WITH_AS(engine_for("tpu:1"), doctest::Contains("unknown --device 'tpu:1' (this build has: cpu"),
                          std::invalid_argument);
     CHECK(engine_for("cpu"));
+  }
+
+  TEST_CASE("epochs and steps: the first limit reached ends the run, and the schedule spans that run") {
+    tiny_fashion_mnist data(300, 10);
+    train_options o;
+    o.model = "users";
+    o.data = data.dir;
+    o.evaluate = false;
+    o.batch = 100;  // 3 steps an epoch
+    o.lr = 0.1;
+    o.schedule = "cosine";
+    SUBCASE("one epoch before six steps: three steps, cosine over three") {
+      o.epochs = 1;
+      o.steps = 6;
+      auto g = users_graph();
+      engine_log log;
+      auto report = train(g, o, {}, {}, recording(log));
+      CHECK(report.steps == 3);
+      REQUIRE(log.rates.size() == 3);
+      for (std::size_t t = 0; t < 3; ++t) CHECK(log.rates[t] == cosine_lr{0.1, 3}(std::int64_t(t)));
+      CHECK(log.rates.back() > 0);
+    }
+    SUBCASE("four steps before five epochs: four steps, cosine over four") {
+      o.epochs = 5;
+      o.steps = 4;
+      auto g = users_graph();
+      engine_log log;
+      auto report = train(g, o, {}, {}, recording(log));
+      CHECK(report.steps == 4);
+      REQUIRE(report.epochs.size() == 2);
+      CHECK(report.epochs[1].steps == 1);
+      for (std::size_t t = 0; t < log.rates.size(); ++t) CHECK(log.rates[t] == cosine_lr{0.1, 4}(std::int64_t(t)));
+    }
+    SUBCASE("a last batch too small for the engine is no step, and the schedule knows it") {
+      o.batch = 128;  // 128, 128 and 44 rows; the engine takes 64 or more
+      o.epochs = 2;
+      auto g = users_graph();
+      engine_log log;
+      auto report = train(g, o, {}, {}, [&](actors::runtime& rt, graph& gg, const train_options& oo) {
+        struct picky : recording_engine {
+          using recording_engine::recording_engine;
+          std::size_t min_rows() const override { return 64; }
+        };
+        auto e = std::make_unique<picky>(log);
+        e->inner = make_network_engine(rt, gg, oo);
+        return e;
+      });
+      CHECK(report.steps == 4);
+      for (std::size_t t = 0; t < log.rates.size(); ++t) CHECK(log.rates[t] == cosine_lr{0.1, 4}(std::int64_t(t)));
+    }
+  }
+
+  TEST_CASE("options out of range are refused, naming the option and the range") {
+    tiny_fashion_mnist data(64, 10);
+    train_options o;
+    o.model = "users";
+    o.data = data.dir;
+    o.save = data.dir / "w.safetensors";
+    auto refused = [&](const std::string& message) {
+      auto g = users_graph();
+      CHECK_THROWS_WITH_AS(train(g, o), doctest::Contains(message.c_str()), std::invalid_argument);
+      CHECK_FALSE(std::filesystem::exists(o.save));
+    };
+    SUBCASE("epochs 0, even with steps (nerve-pipeline --epochs 0 --save wrote untrained weights)") {
+      o.epochs = 0;
+      o.steps = 5;
+      refused("--epochs must be at least 1 (got 0)");
+    }
+    SUBCASE("steps 0") {
+      o.steps = 0;
+      refused("--steps must be at least 1 (got 0)");
+    }
+    SUBCASE("lr nan") {
+      o.lr = std::nan("");
+      refused("--lr must be a finite number above 0 (got nan)");
+    }
+    SUBCASE("lr inf") {
+      o.lr = INFINITY;
+      refused("--lr must be a finite number above 0 (got inf)");
+    }
+    SUBCASE("lr -1") {
+      o.lr = -1;
+      refused("--lr must be a finite number above 0 (got -1)");
+    }
+    SUBCASE("momentum -1") {
+      o.momentum = -1;
+      refused("--momentum must be in [0, 1) (got -1)");
+    }
+    SUBCASE("momentum 1") {
+      o.momentum = 1;
+      refused("--momentum must be in [0, 1) (got 1)");
+    }
+    SUBCASE("weight decay nan") {
+      o.weight_decay = std::nan("");
+      refused("--weight-decay must be a finite number, 0 or more (got nan)");
+    }
+    SUBCASE("10000 threads") {
+      o.threads = 10000;
+      refused("--threads must be between 1 and 256 (got 10000)");
+    }
+    SUBCASE("batch 0") {
+      o.batch = 0;
+      refused("--batch must be at least 1 (got 0)");
+    }
+    SUBCASE("an unknown schedule, before the data is read") {
+      o.schedule = "linear";
+      o.data = data.dir / "nowhere";
+      refused("unknown --schedule 'linear' (none, step, cosine)");
+    }
+  }
+
+  TEST_CASE("a non-finite loss stops the run, naming the step and the layer, unless allowed") {
+    tiny_fashion_mnist data(128, 10);
+    train_options o;
+    o.model = "users";
+    o.data = data.dir;
+    o.evaluate = false;
+    o.batch = 32;
+    o.save = data.dir / "w.safetensors";
+    auto g = users_graph();
+    SUBCASE("stopped") {
+      CHECK_THROWS_WITH_AS(train(g, o, {}, {}, reporting_loss_at(2, std::nan(""))),
+                           "step 2 (epoch 1, batch 3): the loss is nan (on the output of layer 'head'): training "
+                           "diverged (a lower --lr may help; --allow-nonfinite goes on regardless)",
+                           std::runtime_error);
+      CHECK_FALSE(std::filesystem::exists(o.save));
+    }
+    SUBCASE("allowed") {
+      o.allow_nonfinite = true;
+      CHECK(train(g, o, {}, {}, reporting_loss_at(2, INFINITY)).steps == 4);
+      CHECK(std::filesystem::exists(o.save));
+    }
+  }
+
+  TEST_CASE("a non-finite gradient stops the layer's optimizer step, naming the layer and the step, unless allowed") {
+    tiny_fashion_mnist data(128, 10);
+    train_options o;
+    o.model = "users";
+    o.data = data.dir;
+    o.evaluate = false;
+    o.batch = 32;
+    auto g = users_graph();
+    // From step 1 on, the gradient 'head' sends back to 'skip' is NaN: the loss stays
+    // finite, and fc2 is the first layer with parameters to receive it.
+    std::uint64_t backwards = 0;
+    g.node("head").backward_hooks.push_back([&](const hook_context&, std::vector<tensor>& gi, const tensor&) {
+      if (backwards++ >= 1) gi[0].data()[0] = std::nanf("");
+    });
+    const float before = g.layer<linear>("fc2").parameters()[0].value->data()[0];
+    SUBCASE("stopped, the weights as they were") {
+      CHECK_THROWS_WITH(train(g, o), doctest::Contains("layer 'fc2': step 1: the gradient of fc2.weight is not finite"));
+      CHECK(std::isfinite(g.layer<linear>("fc2").parameters()[0].value->data()[0]));
+      CHECK(g.layer<linear>("fc2").parameters()[0].value->data()[0] != before);  // step 0 did run
+    }
+    SUBCASE("allowed") {
+      o.allow_nonfinite = true;
+      CHECK(train(g, o).steps == 4);
+      CHECK(std::isnan(g.layer<linear>("fc2").parameters()[0].value->data()[0]));
+    }
+  }
+
+  TEST_CASE("--init refuses NaN or Inf weights, naming the tensor, unless allowed") {
+    tiny_fashion_mnist data(64, 10);
+    auto g = users_graph();
+    g.layer<linear>("fc2").parameters()[1].value->data()[3] = std::nanf("");
+    const auto init = data.dir / "nan.safetensors";
+    save_weights(g, init, "users");
+    train_options o;
+    o.model = "users";
+    o.data = data.dir;
+    o.evaluate = false;
+    o.init = init;
+    auto fresh = users_graph();
+    CHECK_THROWS_WITH(train(fresh, o), doctest::Contains("tensor 'fc2.bias' holds nan at element 3 of 32"));
+    CHECK_THROWS_WITH(load_weights(fresh, init), doctest::Contains("tensor 'fc2.bias' holds nan"));
+    o.allow_nonfinite = true;
+    o.steps = 1;
+    CHECK_NOTHROW(train(fresh, o));
+  }
+
+  TEST_CASE("a stop request ends the run between steps: figures so far, engine finished, trace written, no weights") {
+    tiny_fashion_mnist data(320, 10);
+    train_options o;
+    o.model = "users";
+    o.data = data.dir;
+    o.batch = 32;  // 10 steps an epoch
+    o.epochs = 3;
+    o.save = data.dir / "w.safetensors";
+    o.trace = data.dir / "trace.json";
+    std::atomic<bool> stop{false};
+    o.stop = &stop;
+    auto g = users_graph();
+    engine_log log;
+    std::vector<epoch_stats> seen;
+    auto report = train(
+        g, o,
+        [&](const train_progress& p) {
+          if (p.epoch == 2 && p.batch == 4) stop = true;  // as a signal handler would, between steps
+        },
+        [&](const epoch_stats& e) { seen.push_back(e); }, recording(log));
+    CHECK(report.interrupted);
+    CHECK(report.steps == 14);
+    REQUIRE(report.epochs.size() == 2);
+    CHECK_FALSE(report.epochs[0].interrupted);
+    CHECK(report.epochs[1].interrupted);
+    CHECK(report.epochs[1].steps == 4);
+    CHECK(seen.size() == 2);
+    CHECK(log.eval_rows.size() == 1);  // the first epoch only: no evaluation of a stopped one
+    CHECK(log.finished == 1);
+    CHECK(std::filesystem::exists(o.trace));
+    CHECK_FALSE(std::filesystem::exists(o.save));
   }
 }
 
