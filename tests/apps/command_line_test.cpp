@@ -1,0 +1,237 @@
+// nerve-train and nerve-pipeline run as a user runs them: refused options, warnings, and
+// Ctrl-C or SIGTERM in the middle of a run.
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "layers/data/idx.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+using namespace nerve;
+
+namespace {
+
+/// A Fashion-MNIST-shaped data directory of random samples.
+struct tiny_fashion_mnist {
+  fs::path dir;
+  tiny_fashion_mnist(std::size_t train, std::size_t test) {
+    std::string tmpl = (fs::temp_directory_path() / "nerve-apps-XXXXXX").string();
+    dir = ::mkdtemp(tmpl.data());
+    std::mt19937 rng(1);
+    write("train", train, rng);
+    write("t10k", test, rng);
+  }
+  ~tiny_fashion_mnist() { fs::remove_all(dir); }
+  void write(const std::string& prefix, std::size_t n, std::mt19937& rng) {
+    std::vector<std::uint8_t> px(n * 28 * 28), lab(n);
+    for (auto& p : px) p = static_cast<std::uint8_t>(rng() % 256);
+    for (auto& l : lab) l = static_cast<std::uint8_t>(rng() % 10);
+    std::vector<std::size_t> ishape{n, 28, 28}, lshape{n};
+    put(prefix + "-images-idx3-ubyte", data::encode_idx<std::uint8_t>(ishape, px));
+    put(prefix + "-labels-idx1-ubyte", data::encode_idx<std::uint8_t>(lshape, lab));
+  }
+  void put(const std::string& name, const std::vector<std::byte>& bytes) {
+    std::ofstream(dir / name, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  }
+};
+
+struct run_result {
+  int exit_code = -1;  ///< -1 when killed by a signal
+  std::string out, err;
+};
+
+/// Runs `args` (the program first) with stdout and stderr captured. `on_stderr` sees
+/// all of stderr so far each time more arrives, with the child's pid: a test reacts to
+/// what the app says, never to time. Both pipes are drained to the end, so a chatty
+/// child never blocks on a full pipe.
+run_result run(const std::vector<std::string>& args,
+               const std::function<void(pid_t, const std::string&)>& on_stderr = {}) {
+  int out[2], err[2];
+  REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+  REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  run_result r;
+  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  int open = 2;
+  char buf[4096];
+  while (open > 0) {
+    if (::poll(fds, 2, -1) < 0) {
+      REQUIRE(errno == EINTR);
+      continue;
+    }
+    for (int k = 0; k < 2; ++k) {
+      if (fds[k].fd < 0 || !(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      const ssize_t n = ::read(fds[k].fd, buf, sizeof buf);
+      if (n <= 0) {
+        ::close(fds[k].fd);
+        fds[k].fd = -1;
+        --open;
+        continue;
+      }
+      (k == 0 ? r.out : r.err).append(buf, std::size_t(n));
+      if (k == 1 && on_stderr) on_stderr(pid, r.err);
+    }
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  return r;
+}
+
+const std::string train_bin = NERVE_TRAIN_BIN, pipeline_bin = NERVE_PIPELINE_BIN;
+
+}  // namespace
+
+TEST_SUITE("apps.command_line") {
+  TEST_CASE("nerve-train refuses a value out of range, naming the option and the range, before any work") {
+    const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+        {{"--lr", "nan"}, "--lr must be a finite number above 0 (got nan)"},
+        {{"--lr", "-1"}, "--lr must be a finite number above 0 (got -1)"},
+        {{"--lr", "inf"}, "--lr must be a finite number above 0 (got inf)"},
+        {{"--batch", "0"}, "--batch must be at least 1 (got 0)"},
+        {{"--momentum", "-1"}, "--momentum must be in [0, 1) (got -1)"},
+        {{"--weight-decay", "nan"}, "--weight-decay must be a finite number, 0 or more (got nan)"},
+        {{"--epochs", "0"}, "--epochs must be at least 1 (got 0)"},
+        {{"--epochs", "0", "--steps", "5"}, "--epochs must be at least 1 (got 0)"},
+        {{"--steps", "0"}, "--steps must be at least 1 (got 0)"},
+        {{"--threads", "10000"},
+         "--threads must be between 1 and 256 (got 10000): each is an event loop with its own thread and memory"},
+        {{"--save", "/dev/null"}, "'/dev/null' is a character device, not a regular file: refusing to replace it"},
+    };
+    for (const auto& [options, message] : cases) {
+      CAPTURE(message);
+      std::vector<std::string> args{train_bin, "--data", "/nonexistent"};
+      args.insert(args.end(), options.begin(), options.end());
+      auto r = run(args);
+      CHECK(r.exit_code == 1);
+      CHECK(r.err == "nerve-train: " + message + "\n");
+      CHECK(r.out.empty());
+    }
+  }
+
+  TEST_CASE("nerve-pipeline refuses a value out of range in a line a person can read") {
+    const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+        {{"--stages", "0"}, "--stages must be between 1 and 256 (got 0)"},
+        {{"--stages", "-1"}, "--stages must be between 1 and 256 (got -1)"},
+        {{"--microbatches", "0"}, "--microbatches must be at least 1 (got 0)"},
+        {{"--chunks", "0"}, "--chunks must be between 1 and 256 (got 0)"},
+        {{"--threads", "10000"}, "--threads must be between 1 and 256 (got 10000): one event loop each"},
+        {{"--stages", "16", "--replicas", "32"}, "--stages x --replicas must be at most 256 (got 16 x 32)"},
+        {{"--lr", "nan"}, "--lr must be a finite number above 0 (got nan)"},
+        {{"--momentum", "1"}, "--momentum must be in [0, 1) (got 1)"},
+        {{"--epochs", "0", "--save", "w.safetensors"}, "--epochs must be at least 1 (got 0)"},
+        {{"--batch", "-3"}, "--batch must be at least 1 (got -3)"},
+    };
+    for (const auto& [options, message] : cases) {
+      CAPTURE(message);
+      std::vector<std::string> args{pipeline_bin, "--data", "/nonexistent"};
+      args.insert(args.end(), options.begin(), options.end());
+      auto r = run(args);
+      CHECK(r.exit_code == 1);
+      CHECK(r.err.starts_with("nerve-pipeline: " + message));
+      CHECK(r.err.size() < 200);
+      CHECK(r.out.empty());
+    }
+    CHECK_FALSE(fs::exists("w.safetensors"));
+  }
+
+  TEST_CASE("nerve-pipeline names an empty --schedule-file") {
+    tiny_fashion_mnist data(1, 1);
+    const auto file = data.dir / "empty.schedule";
+    std::ofstream{file};
+    auto r = run({pipeline_bin, "--schedule-file", file.string()});
+    CHECK(r.exit_code == 1);
+    CHECK(r.err == "nerve-pipeline: --schedule-file '" + file.string() + "': the file is empty\n");
+  }
+
+  TEST_CASE("nerve-pipeline warns of options its schedule ignores") {
+    SUBCASE("--chunks with 1f1b") {
+      auto r = run({pipeline_bin, "--schedule", "1f1b", "--chunks", "3", "--print-schedule"});
+      CHECK(r.exit_code == 0);
+      CHECK(r.err == "nerve-pipeline: warning: --chunks is ignored by --schedule 1f1b (interleaved only)\n");
+    }
+    SUBCASE("--credits with gpipe") {
+      auto r = run({pipeline_bin, "--schedule", "gpipe", "--credits", "2", "--print-schedule"});
+      CHECK(r.exit_code == 0);
+      CHECK(r.err == "nerve-pipeline: warning: --credits is ignored by --schedule gpipe (emergent only)\n");
+    }
+    SUBCASE("neither with interleaved and emergent") {
+      CHECK(run({pipeline_bin, "--schedule", "interleaved", "--stages", "2", "--chunks", "2", "--print-schedule"}).err.empty());
+      CHECK(run({pipeline_bin, "--schedule", "emergent", "--credits", "2", "--print-schedule"}).err.empty());
+    }
+  }
+
+  TEST_CASE("Ctrl-C or SIGTERM mid-run: the trace so far, the figures marked interrupted, no weights, 128 + signal") {
+    tiny_fashion_mnist data(64, 10);
+    const auto trace = data.dir / "trace.json", save = data.dir / "w.safetensors";
+    // A run far longer than any test: only the signal ends it.
+    const std::vector<std::string> common{"--model", "mlp", "--data", data.dir.string(), "--batch", "16", "--epochs",
+                                          "1000000", "--no-eval", "--trace", trace.string(), "--save", save.string()};
+    bool sent = false;
+    auto stop_with = [&](int sig) {
+      return [&sent, sig](pid_t pid, const std::string& err) {
+        // The first progress line: the run is under way.
+        if (!sent && err.find("epoch 1:") != std::string::npos) sent = ::kill(pid, sig) == 0;
+      };
+    };
+    run_result r;
+    int expected = 0;
+    std::string app;
+    SUBCASE("nerve-train, SIGINT") {
+      std::vector<std::string> args{train_bin, "--json"};
+      args.insert(args.end(), common.begin(), common.end());
+      r = run(args, stop_with(SIGINT));
+      expected = 130;
+      app = "nerve-train";
+      auto j = nlohmann::json::parse(r.out);
+      CHECK(j["interrupted"] == true);
+      REQUIRE(!j["epochs"].empty());
+      CHECK(j["epochs"].back()["interrupted"] == true);
+      CHECK(j["steps"].get<long long>() >= 1);
+    }
+    SUBCASE("nerve-pipeline, SIGTERM") {
+      std::vector<std::string> args{pipeline_bin, "--stages", "2", "--microbatches", "2"};
+      args.insert(args.end(), common.begin(), common.end());
+      r = run(args, stop_with(SIGTERM));
+      expected = 143;
+      app = "nerve-pipeline";
+      CHECK(r.out.find("samples/s over") != std::string::npos);  // the stage table and figures
+    }
+    CAPTURE(r.err);
+    CHECK(sent);
+    CHECK(r.exit_code == expected);
+    CHECK(r.err.find(app + ": interrupted by " + (expected == 130 ? "SIGINT" : "SIGTERM")) != std::string::npos);
+    REQUIRE(fs::exists(trace));
+    std::ifstream in(trace);
+    auto j = nlohmann::json::parse(in);
+    CHECK(j["traceEvents"].size() > 0);
+    CHECK_FALSE(fs::exists(save));
+  }
+}
