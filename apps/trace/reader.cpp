@@ -3,8 +3,13 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -21,6 +26,57 @@ constexpr std::string_view known_phases = "BEXiICbneSTpFstfPNODMVvRc()=";
 bool is_known_phase(char ph) { return known_phases.find(ph) != std::string_view::npos; }
 
 std::string in_quotes(const std::string& s) { return "\"" + s + "\""; }
+
+// At most `n` characters of `s`, marked when cut: keys and numbers can be megabytes long.
+std::string clipped(std::string_view s, std::size_t n = 40) {
+  return s.size() <= n ? std::string(s) : std::string(s.substr(0, n)) + "… (" + std::to_string(s.size()) + " characters)";
+}
+
+// The whole number `v` holds, truncated toward zero as before, if it lies in [lo, hi].
+// A float outside the 64-bit range has no such number (casting it would be undefined).
+std::optional<std::int64_t> whole_number(const json& v, std::int64_t lo, std::int64_t hi) {
+  std::int64_t x = 0;
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) return std::nullopt;
+    x = static_cast<std::int64_t>(u);
+  } else if (v.is_number_integer()) {
+    x = v.get<std::int64_t>();
+  } else if (v.is_number_float()) {
+    const double d = std::trunc(v.get<double>());
+    if (!(d >= -0x1p63 && d < 0x1p63)) return std::nullopt;
+    x = static_cast<std::int64_t>(d);
+  } else {
+    return std::nullopt;
+  }
+  if (x < lo || x > hi) return std::nullopt;
+  return x;
+}
+
+constexpr std::int64_t int32_min = std::numeric_limits<std::int32_t>::min();
+constexpr std::int64_t int32_max = std::numeric_limits<std::int32_t>::max();
+constexpr std::int64_t int64_min = std::numeric_limits<std::int64_t>::min();
+constexpr std::int64_t int64_max = std::numeric_limits<std::int64_t>::max();
+// The planned schedule's shape, bounded far beyond real pipelines.
+constexpr std::int64_t max_planned_stages = 65536;
+constexpr std::int64_t max_planned_chunks = 1024;
+
+std::string range_text(std::int64_t lo, std::int64_t hi) {
+  auto name = [](std::int64_t v) -> std::string {
+    if (v == int64_max) return "2^63-1";
+    if (v == int64_min) return "-2^63";
+    if (v == int32_max) return "2^31-1";
+    if (v == int32_min) return "-2^31";
+    return std::to_string(v);
+  };
+  return "an integer from " + name(lo) + " to " + name(hi);
+}
+
+// Thrown from the parse callback to stop reading a file nerve-trace refuses.
+struct refused {
+  std::int64_t event;
+  std::string what;
+};
 
 std::string type_name(const json& j) {
   if (j.is_string()) return "string " + j.dump();
@@ -61,23 +117,47 @@ class reader {
 
   timeline read(std::string_view text) {
     out_.files.push_back({file_, false, {}});
-    json root;
+    // Both parses (the retry too) can stop on a value nerve-trace refuses; what was
+    // read before it stays, as after a syntax error, and the error fails the file.
     try {
-      root = json::parse(text.begin(), text.end(),
-                         [this](int depth, json::parse_event_t ev, json& parsed) { return on_parse(depth, ev, parsed); });
-    } catch (const json::parse_error& e) {
-      if (!retry_unclosed_array(text, root)) {
-        std::string hint = e.byte >= text.size() ? " — the file ends early; is it truncated?" : "";
-        diags_.error(file_, -1, locate(text, e.byte == 0 ? 0 : e.byte - 1) + ": invalid JSON: " + plain(e.what()) + hint +
-                                    " (" + std::to_string(event_count_) + " events read before it)");
-        return std::move(out_);
+      json root;
+      try {
+        root = json::parse(text.begin(), text.end(),
+                           [this](int depth, json::parse_event_t ev, json& parsed) { return on_parse(depth, ev, parsed); });
+      } catch (const json::parse_error& e) {
+        if (!retry_unclosed_array(text, root)) {
+          std::string hint = e.byte >= text.size() ? " — the file ends early; is it truncated?" : "";
+          diags_.error(file_, -1, locate(text, e.byte == 0 ? 0 : e.byte - 1) + ": invalid JSON: " + plain(e.what()) + hint +
+                                      " (" + std::to_string(event_count_) + " events read before it)");
+          return std::move(out_);
+        }
       }
+      finish(root);
+    } catch (const refused& r) {
+      error(r.event, r.what);
+    } catch (const json::out_of_range& e) {
+      // The lexer throws this for a number beyond a double (1e400, a million digits).
+      error(current_event(), field_text() + "a number too large for a double (beyond ±1.8e308): " + number_in(e.what()) +
+                                 "; refused, as it has no finite value");
+    } catch (const json::exception& e) {
+      error(current_event(), std::string("cannot read the JSON: ") + clipped(plain(e.what()), 200));
     }
-    finish(root);
     return std::move(out_);
   }
 
  private:
+  // The event being parsed when the parser stopped (-1 outside the event array).
+  std::int64_t current_event() const { return in_events_ ? event_count_ : -1; }
+  // The key whose value was being parsed, for messages: `"ts": `.
+  std::string field_text() const { return last_key_.empty() ? std::string() : in_quotes(clipped(last_key_)) + ": "; }
+  // The number in nlohmann's "number overflow parsing '...'", clipped.
+  static std::string number_in(const std::string& what) {
+    auto open = what.find('\'');
+    auto close = what.rfind('\'');
+    if (open == std::string::npos || close <= open) return clipped(plain(what), 80);
+    return "'" + clipped(std::string_view(what).substr(open + 1, close - open - 1)) + "'";
+  }
+
   static std::string plain(const std::string& what) {
     // nlohmann prefixes "[json.exception.parse_error.101] parse error at line 1, column 5: "
     auto colon = what.find(": ");
@@ -102,6 +182,7 @@ class reader {
     events_depth_ = -1;
     expect_events_array_ = false;
     in_events_ = false;
+    last_key_.clear();
     try {
       root = json::parse(fixed, [this](int depth, json::parse_event_t ev, json& parsed) { return on_parse(depth, ev, parsed); });
     } catch (const json::parse_error&) {
@@ -113,6 +194,12 @@ class reader {
 
   bool on_parse(int depth, json::parse_event_t ev, json& parsed) {
     using pe = json::parse_event_t;
+    if (ev == pe::key) last_key_ = parsed.is_string() ? parsed.get_ref<const std::string&>() : std::string();
+    // The parser itself keeps its own stack, but dumping `args` and destroying values
+    // recurse: refuse deep nesting here, before any of that runs.
+    if ((ev == pe::object_start || ev == pe::array_start) && depth >= max_json_depth)
+      throw refused{current_event(), "JSON nested deeper than " + std::to_string(max_json_depth) +
+                                         " levels of arrays and objects; refused (traces nest a few levels)"};
     if (depth == 0 && ev == pe::array_start) {  // bare array form
       events_depth_ = 1;
       in_events_ = true;
@@ -155,9 +242,9 @@ class reader {
       key.value = id->get<std::uint64_t>();
     } else if (id->is_number_integer()) {
       key.value = static_cast<std::uint64_t>(id->get<std::int64_t>());
-    } else if (id->is_number_float()) {
-      key.value = static_cast<std::uint64_t>(id->get<double>());
-    } else {
+    } else if (const double d = id->is_number_float() ? std::trunc(id->get<double>()) : -1; d >= 0 && d < 0x1p64) {
+      key.value = static_cast<std::uint64_t>(d);
+    } else {  // strings, and numbers no 64-bit id holds, match by their text
       key.is_string = true;
       auto text = id->is_string() ? id->get<std::string>() : id->dump();
       auto [it, fresh] = string_ids_.emplace(text, string_ids_.size());
@@ -167,8 +254,11 @@ class reader {
   }
 
   std::int64_t read_track_id(const json& v, std::int64_t index, const char* field) {
-    if (v.is_number_integer() || v.is_number_unsigned()) return v.get<std::int64_t>();
-    if (v.is_number_float()) return static_cast<std::int64_t>(v.get<double>());
+    if (v.is_number()) {
+      if (auto x = whole_number(v, int64_min, int64_max)) return *x;
+      error(index, std::string("\"") + field + "\" " + clipped(v.dump()) + " is out of range: it must be " + range_text(int64_min, int64_max));
+      return 0;
+    }
     if (v.is_string()) {  // some tools write names; give each a stable number
       auto [it, fresh] = string_tracks_.emplace(v.get<std::string>(), 1000000000LL + std::int64_t(string_tracks_.size()));
       return it->second;
@@ -223,8 +313,12 @@ class reader {
       if (!it->is_number()) {
         error(index, label + ": \"ts\" must be a number (µs), got " + type_name(*it));
         ok = false;
+      } else if (const double ts = it->get<double>(); !(ts >= 0 && ts <= max_time_us)) {
+        error(index, label + ": \"ts\" " + clipped(it->dump()) + " is out of range: times must lie from 0 to " + number(max_time_us) +
+                         " µs (about 127 years)");
+        ok = false;
       } else {
-        out.ts = it->get<double>();
+        out.ts = ts;
       }
     } else if (ph != 'M') {
       error(index, label + ": missing \"ts\"");
@@ -258,6 +352,10 @@ class reader {
           ok = false;
         } else if (it->get<double>() < 0) {
           error(index, label + ": negative \"dur\" " + it->dump());
+          ok = false;
+        } else if (ok && !(out.ts + it->get<double>() <= max_time_us)) {
+          error(index, label + ": \"dur\" " + clipped(it->dump()) + " ends the event after " + number(max_time_us) +
+                           " µs (about 127 years), the latest time a trace may hold");
           ok = false;
         } else {
           out.dur = it->get<double>();
@@ -322,7 +420,7 @@ class reader {
     }
     if (!ok) return;
 
-    if (args) lift_args(out, *args, ph);
+    if (args && !lift_args(out, *args, ph, index, label)) return;
     if (ph == 'M') return;  // metadata is kept in the timeline's tables, not as events
 
     const auto position = static_cast<std::uint32_t>(out_.events.size());
@@ -331,21 +429,38 @@ class reader {
     out_.events.push_back(out);
   }
 
-  // Lift the arguments nerve knows into the event; keep the rest as JSON text for details.
-  void lift_args(event& out, const json& args, char ph) {
-    bool other = false;
+  // Lift the arguments nerve knows into the event; keep the rest as JSON text for
+  // details. A known argument out of its type's range is an error (false): clipping
+  // it would show a different number than the file holds.
+  bool lift_args(event& out, const json& args, char ph, std::int64_t index, const std::string& label) {
+    bool other = false, ok = true;
     for (auto& [k, v] : args.items()) {
       if (v.is_number()) {
-        const double d = v.get<double>();
-        if (k == "mb") out.mb = static_cast<std::int32_t>(d);
-        else if (k == "queue_us") out.queue_us = d;
-        else if (k == "bytes") out.bytes = static_cast<std::int64_t>(d);
-        else if (k == "sender") out.sender = static_cast<std::int64_t>(d);
-        else if (k == "to") out.to = static_cast<std::int64_t>(d);
-        else if (k == "loop") out.loop = static_cast<std::int32_t>(d);
-        else if (k == "stage") out.stage = static_cast<std::int32_t>(d);
-        else if (k == "step") out.step = static_cast<std::int32_t>(d);
-        else if (k == "chunk") out.chunk = static_cast<std::int32_t>(d);
+        auto whole = [&](std::int64_t lo, std::int64_t hi) -> std::int64_t {
+          if (auto x = whole_number(v, lo, hi)) return *x;
+          error(index, label + ": \"args." + k + "\" " + clipped(v.dump()) + " is out of range: it must be " + range_text(lo, hi));
+          ok = false;
+          return -1;
+        };
+        auto int32 = [&]() { return static_cast<std::int32_t>(whole(int32_min, int32_max)); };
+        if (k == "mb") out.mb = int32();
+        else if (k == "queue_us") {
+          const double d = v.get<double>();
+          if (d >= 0 && d <= max_time_us) {
+            out.queue_us = d;
+          } else {
+            error(index, label + ": \"args.queue_us\" " + clipped(v.dump()) + " is out of range: a wait lies from 0 to " +
+                             number(max_time_us) + " µs");
+            ok = false;
+          }
+        }
+        else if (k == "bytes") out.bytes = whole(int64_min, int64_max);
+        else if (k == "sender") out.sender = whole(int64_min, int64_max);
+        else if (k == "to") out.to = whole(int64_min, int64_max);
+        else if (k == "loop") out.loop = int32();
+        else if (k == "stage") out.stage = int32();
+        else if (k == "step") out.step = int32();
+        else if (k == "chunk") out.chunk = int32();
         else if (k == "id" && (ph == 's' || ph == 'f' || ph == 't')) {}
         else if (ph != 'C') other = true;
       } else if (v.is_string() && (k == "cause" || k == "reason")) {
@@ -358,6 +473,7 @@ class reader {
       out.extra = static_cast<std::uint32_t>(out_.extras.size());
       out_.extras.push_back(args.dump());
     }
+    return ok;
   }
 
   void read_metadata(const event& e, const std::string& name, const json& args, std::int64_t index, const std::string& label) {
@@ -375,14 +491,15 @@ class reader {
         a.name = it->get<std::string>();
       }
     } else if (name == "thread_sort_index") {
-      if (it == args.end() || !it->is_number()) {
-        error(index, label + ": needs a numeric \"args.sort_index\"");
+      auto sort_index = it == args.end() ? std::nullopt : whole_number(*it, int64_min, int64_max);
+      if (!sort_index) {
+        error(index, label + ": needs a numeric \"args.sort_index\", " + range_text(int64_min, int64_max));
         return;
       }
       auto& a = out_.actors[{e.pid, e.tid}];
       a.pid = e.pid;
       a.tid = e.tid;
-      a.sort_index = it->get<std::int64_t>();
+      a.sort_index = *sort_index;
     }
   }
 
@@ -545,12 +662,19 @@ class reader {
     for (auto& [pid, name] : out_.process_names) file_pids.insert(pid);
     if (file_pids.empty()) file_pids.insert(0);
     auto pids_of = [&](const json& entry) -> std::vector<std::int64_t> {
-      if (auto it = entry.find("pid"); it != entry.end() && it->is_number_integer()) return {it->get<std::int64_t>()};
+      if (auto it = entry.find("pid"); it != entry.end() && it->is_number_integer())
+        if (auto pid = whole_number(*it, int64_min, int64_max)) return {*pid};
       return {file_pids.begin(), file_pids.end()};
     };
-    auto int_field = [](const json& j, const char* k, std::int64_t fallback) -> std::int64_t {
+    // A numeric field in [lo, hi]; out of range is an error and reads as `fallback`.
+    auto int_field = [this](const json& j, const char* k, std::int64_t fallback, std::int64_t lo = int32_min,
+                            std::int64_t hi = int32_max) -> std::int64_t {
       auto it = j.find(k);
-      return it != j.end() && it->is_number() ? it->get<std::int64_t>() : fallback;
+      if (it == j.end() || !it->is_number()) return fallback;
+      if (auto x = whole_number(*it, lo, hi)) return *x;
+      error(-1, "nerve: \"" + std::string(k) + "\" " + clipped(it->dump()) + " in " + clipped(j.dump(), 80) +
+                    " is out of range: it must be " + range_text(lo, hi));
+      return fallback;
     };
     auto str_field = [](const json& j, const char* k) -> std::string {
       auto it = j.find(k);
@@ -561,13 +685,15 @@ class reader {
       else {
         std::size_t i = 0;
         for (auto& a : *it) {
-          if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer()) {
-            error(-1, "nerve.actors[" + std::to_string(i) + "] needs an integer \"id\"");
+          std::optional<std::int64_t> id;
+          if (a.is_object() && a.contains("id") && a["id"].is_number_integer()) id = whole_number(a["id"], int64_min, int64_max);
+          if (!id) {
+            error(-1, "nerve.actors[" + std::to_string(i) + "] needs an integer \"id\", " + range_text(int64_min, int64_max));
           } else {
             for (auto pid : pids_of(a)) {
-              auto& info = out_.actors[{pid, a["id"].get<std::int64_t>()}];
+              auto& info = out_.actors[{pid, *id}];
               info.pid = pid;
-              info.tid = a["id"].get<std::int64_t>();
+              info.tid = *id;
               if (auto name = str_field(a, "name"); !name.empty()) info.name = name;
               info.loop = static_cast<std::int32_t>(int_field(a, "loop", info.loop));
               info.stage = static_cast<std::int32_t>(int_field(a, "stage", info.stage));
@@ -592,7 +718,7 @@ class reader {
           info.device = str_field(s, "device");
           if (auto a = s.find("actors"); a != s.end() && a->is_array())
             for (auto& id : *a)
-              if (id.is_number_integer()) info.actors.push_back(id.get<std::int64_t>());
+              if (auto x = id.is_number_integer() ? whole_number(id, int64_min, int64_max) : std::nullopt) info.actors.push_back(*x);
           out_.stages.push_back(std::move(info));
         }
       }
@@ -600,10 +726,13 @@ class reader {
     if (auto it = nerve.find("schedule"); it != nerve.end() && it->is_object()) {
       schedule_info s;
       s.name = str_field(*it, "name");
-      s.stages = static_cast<std::int32_t>(int_field(*it, "stages", 0));
-      s.microbatches = static_cast<std::int32_t>(int_field(*it, "microbatches", 0));
-      s.chunks = static_cast<std::int32_t>(int_field(*it, "chunks", 1));
-      if (auto a = it->find("actions"); a != it->end() && a->is_array()) {
+      // Bounded so that playing the plan (chunk * stages + stage) stays far inside 32 bits.
+      s.stages = static_cast<std::int32_t>(int_field(*it, "stages", 0, 0, max_planned_stages));
+      s.microbatches = static_cast<std::int32_t>(int_field(*it, "microbatches", 0, 0, int32_max));
+      s.chunks = static_cast<std::int32_t>(int_field(*it, "chunks", 1, 1, max_planned_chunks));
+      if (auto a = it->find("actions"); a != it->end() && a->is_array() && a->size() > std::size_t(max_planned_stages)) {
+        error(-1, "nerve.schedule: " + std::to_string(a->size()) + " stages of actions; at most " + std::to_string(max_planned_stages));
+      } else if (a != it->end() && a->is_array()) {
         for (auto& stage : *a) {
           auto& list = s.actions.emplace_back();
           if (!stage.is_array()) continue;
@@ -613,8 +742,8 @@ class reader {
               error(-1, "nerve.schedule: action op must be \"F\", \"B\" or \"W\", got " + act.dump());
               continue;
             }
-            list.push_back({op[0], static_cast<std::int32_t>(int_field(act, "mb", 0)),
-                            static_cast<std::int32_t>(int_field(act, "chunk", 0))});
+            list.push_back({op[0], static_cast<std::int32_t>(int_field(act, "mb", 0, 0, int32_max)),
+                            static_cast<std::int32_t>(int_field(act, "chunk", 0, 0, max_planned_chunks - 1))});
           }
         }
       }
@@ -634,6 +763,7 @@ class reader {
   bool expect_events_array_ = false;
   bool in_events_ = false;
   bool bare_array_ = false;
+  std::string last_key_;  // the latest object key parsed, for messages
 };
 
 }  // namespace
@@ -643,14 +773,27 @@ timeline read_trace_text(std::string_view text, const std::string& file, diagnos
 }
 
 timeline read_trace_file(const std::string& path, diagnostics& diags) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    diags.error(path, -1, "cannot open the file");
+  auto fail = [&](const std::string& why) {
+    diags.error(path, -1, why);
     timeline t;
     t.files.push_back({path, false, {}});
     return t;
+  };
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (status.type() == std::filesystem::file_type::not_found) return fail("cannot open the file: no such file");
+  if (status.type() == std::filesystem::file_type::directory) return fail("cannot read it: it is a directory, not a trace file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return fail(std::string("cannot open the file: ") + std::strerror(errno));
+  // A read error (an unreadable device, an I/O error) throws from inside the stream
+  // buffer in libstdc++; turn it into the same kind of error as the rest.
+  std::string text;
+  try {
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::ios_base::failure& e) {
+    return fail(std::string("cannot read the file: ") + e.what());
   }
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return fail("cannot read the file: an I/O error");
   return read_trace_text(text, path, diags);
 }
 

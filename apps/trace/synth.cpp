@@ -112,6 +112,9 @@ class generator {
   }
 
   message send(std::int64_t from, std::int64_t to, const char* kind, std::int32_t mb, double ts) {
+    // A send just before a run that ends at 0 (a zero-time load) would come before the
+    // trace's start; traces hold no negative times.
+    ts = std::max(0.0, ts);
     const auto id = static_cast<long long>(next_flow_++);
     emit(R"j({"ph":"s","cat":"msg","name":"%s","pid":%lld,"tid":%lld,"ts":%.3f,"id":%lld,"args":{"id":%lld,"bytes":%d,"mb":%d,"to":%lld}})j",
          kind, static_cast<long long>(o_.pid), static_cast<long long>(from), ts, id, id, bytes(kind), mb, static_cast<long long>(to));

@@ -21,6 +21,12 @@ namespace nerve::trace {
 inline constexpr std::int64_t gpu_stream_tid_base = 1000000;
 inline constexpr std::int64_t stage_tid_base = 2000000;
 
+/// The latest time a trace may hold, in µs: every event's `ts` and end (`ts + dur`)
+/// lie in [0, max_time_us]. 4·10^15 µs is about 127 years, enough for timestamps
+/// counted from the Unix epoch, and 1000 times it still fits the 64-bit nanoseconds
+/// the page is drawn in.
+inline constexpr double max_time_us = 4e15;
+
 /// One trace event after reading. B/E pairs are joined into `ph == 'X'` slices.
 /// Numeric nerve arguments are lifted out of `args`; -1 (or < 0) means absent.
 struct event {
