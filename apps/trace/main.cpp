@@ -6,7 +6,8 @@
 //   nerve-trace merge TRACE... -o OUT       several traces as one file (for Perfetto)
 //   nerve-trace synth -o OUT [...]          a synthetic 1F1B pipeline trace
 //
-// Exit status: 0 fine, 1 the trace has errors (or an output could not be written), 2 usage.
+// Exit status: 0 fine, 1 the trace has errors (or a file could not be read or written,
+// or anything else failed: one line on stderr, never an abort), 2 usage.
 
 #include "apps/trace/html_page.hpp"
 #include "apps/trace/reader.hpp"
@@ -16,8 +17,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <sstream>
 
@@ -36,19 +42,90 @@ bool report(const diagnostics& diags, bool strict, bool quiet, std::size_t limit
   return diags.error_count() == 0 && (!strict || diags.warning_count() == 0);
 }
 
+// A number as a reader writes it: 10000000, 0.99, 4e+15.
+std::string readable(double v) {
+  std::ostringstream os;
+  os << std::setprecision(12) << v;
+  return os.str();
+}
+
+// The whole text as a finite double, or nothing (no trailing characters, no nan or inf).
+std::optional<double> finite_number(const std::string& text) {
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+// CLI11 checks for numeric options, with the range written out for a reader. They are
+// transforms: the value is rewritten in plain decimal, so CLI11's own conversion (which
+// reads 010 as octal and -1 as a huge unsigned) converts exactly what was checked.
+CLI::Validator real_in(double lo, double hi, const std::string& unit = "") {
+  const std::string range = "a finite number from " + readable(lo) + " to " + readable(hi) + unit;
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        auto v = finite_number(text);
+        if (!v || *v < lo || *v > hi) return "'" + text + "' is not " + range;
+        std::ostringstream os;
+        os << std::setprecision(17) << *v;
+        text = os.str();
+        return {};
+      },
+      "[" + readable(lo) + " to " + readable(hi) + unit + "]");
+}
+
+template <typename T>
+CLI::Validator whole_in(T lo, T hi, const std::string& hi_text = "") {
+  const std::string top = hi_text.empty() ? std::to_string(hi) : hi_text;
+  const std::string range = "a whole number from " + std::to_string(lo) + " to " + top;
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        T v{};
+        auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi) return "'" + text + "' is not " + range;
+        text = std::to_string(v);
+        return {};
+      },
+      "[" + std::to_string(lo) + " to " + top + "]");
+}
+
+// `--window A:B`: two finite times with 0 <= A < B <= max_time_us (an empty or reversed
+// window has no time to divide by).
 std::optional<window> parse_window(const std::string& text) {
   auto colon = text.find(':');
   if (colon == std::string::npos) return std::nullopt;
-  try {
-    return window{std::stod(text.substr(0, colon)), std::stod(text.substr(colon + 1))};
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
+  auto a = finite_number(text.substr(0, colon)), b = finite_number(text.substr(colon + 1));
+  if (!a || !b || *a < 0 || *a >= *b || *b > max_time_us) return std::nullopt;
+  return window{*a, *b};
 }
+
+int run(int argc, char** argv);
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Whatever escapes (a file that vanished, memory) ends in one line and status 1,
+  // never in std::terminate's abort.
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    for (auto& c : what)
+      if (c == '\n' || c == '\r') c = ' ';
+    if (what.size() > 300) what = what.substr(0, 300) + "…";
+    std::cerr << "nerve-trace: error: " << what << "\n";
+    return 1;
+  } catch (...) {
+    std::cerr << "nerve-trace: error: an unknown exception\n";
+    return 1;
+  }
+}
+
+namespace {
+
+int run(int argc, char** argv) {
   CLI::App app{"nerve-trace: validate, summarise and draw nerve traces (Chrome trace event format)"};
   app.require_subcommand(1);
 
@@ -63,19 +140,24 @@ int main(int argc, char** argv) {
   validate->add_flag("--strict", strict, "treat warnings (unclosed B, flows that never end, ...) as errors");
   validate->add_flag("-q,--quiet", quiet, "print errors only");
 
+  constexpr int max_int = std::numeric_limits<std::int32_t>::max();
+  constexpr std::size_t max_top = 1000000;
+  using L = synth_limits;
+
   auto* summary_cmd = app.add_subcommand("summary", "per-actor busy %, queue wait, handler time, bubbles, critical path");
   summary_cmd->add_option("TRACE", files, "trace files; several merge into one view")->required();
   summary_cmd->add_flag("--json", as_json, "print one JSON object instead of tables");
   summary_cmd->add_option("--step", step, "look at training step N only (from `step` slices); default: the whole trace, "
-                                          "critical path of the last step");
-  summary_cmd->add_option("--window", window_text, "look at the time range A:B (µs) only");
-  summary_cmd->add_option("--top", top, "how many slowest messages to list")->capture_default_str();
+                                          "critical path of the last step")
+      ->transform(whole_in(0, max_int, "2^31-1"));
+  summary_cmd->add_option("--window", window_text, "look at the time range A:B (µs) only, 0 <= A < B <= 4e15");
+  summary_cmd->add_option("--top", top, "how many slowest messages to list")->capture_default_str()->transform(whole_in<std::size_t>(0, max_top));
 
   auto* html = app.add_subcommand("html", "write one self-contained HTML page with the timeline");
   html->add_option("TRACE", files, "trace files; several merge into one view")->required();
   html->add_option("-o,--output", output, "the page to write")->required();
   html->add_option("--title", title, "page title (default: the file names)");
-  html->add_option("--step", step, "highlight the critical path of step N (default: the last step)");
+  html->add_option("--step", step, "highlight the critical path of step N (default: the last step)")->transform(whole_in(0, max_int, "2^31-1"));
 
   auto* merge = app.add_subcommand("merge", "write several traces as one file (pids renumbered on conflict)");
   merge->add_option("TRACE", files, "trace files")->required();
@@ -84,31 +166,53 @@ int main(int argc, char** argv) {
   synth_options so;
   auto* synth = app.add_subcommand("synth", "write a synthetic 1F1B pipeline trace with known bubbles");
   synth->add_option("-o,--output", output, "the trace to write")->required();
-  synth->add_option("--events", so.events, "write whole steps until at least this many events");
-  synth->add_option("--steps", so.steps, "minimum number of training steps")->capture_default_str();
-  synth->add_option("--stages", so.stages, "pipeline stages")->capture_default_str()->check(CLI::Range(1, 1024));
-  synth->add_option("--microbatches", so.microbatches, "micro-batches per step")->capture_default_str()->check(CLI::Range(1, 4096));
-  synth->add_option("--actors-per-stage", so.actors_per_stage, "layer actors per stage")->capture_default_str()->check(CLI::Range(1, 64));
-  synth->add_option("--forward-us", so.forward_us, "forward handler time per actor")->capture_default_str();
-  synth->add_option("--backward-us", so.backward_us, "backward handler time per actor")->capture_default_str();
-  synth->add_option("--load-us", so.load_us, "data loading per micro-batch")->capture_default_str();
-  synth->add_option("--optimizer-us", so.optimizer_us, "optimizer step per actor")->capture_default_str();
-  synth->add_option("--jitter", so.jitter, "vary durations by up to this fraction")->capture_default_str()->check(CLI::Range(0.0, 0.99));
-  synth->add_option("--seed", so.seed, "random seed for --jitter")->capture_default_str();
+  synth->add_option("--events", so.events, "write whole steps until at least this many events")
+      ->transform(whole_in<std::size_t>(0, L::max_events));
+  synth->add_option("--steps", so.steps, "minimum number of training steps")->capture_default_str()->transform(whole_in(1, L::max_steps));
+  synth->add_option("--stages", so.stages, "pipeline stages")->capture_default_str()->transform(whole_in(1, L::max_stages));
+  synth->add_option("--microbatches", so.microbatches, "micro-batches per step")
+      ->capture_default_str()
+      ->transform(whole_in(1, L::max_microbatches));
+  synth->add_option("--actors-per-stage", so.actors_per_stage, "layer actors per stage")
+      ->capture_default_str()
+      ->transform(whole_in(1, L::max_actors_per_stage));
+  const auto time_range = real_in(0, L::max_time_us, " µs");
+  synth->add_option("--forward-us", so.forward_us, "forward handler time per actor")->capture_default_str()->transform(time_range);
+  synth->add_option("--backward-us", so.backward_us, "backward handler time per actor")->capture_default_str()->transform(time_range);
+  synth->add_option("--load-us", so.load_us, "data loading per micro-batch")->capture_default_str()->transform(time_range);
+  synth->add_option("--optimizer-us", so.optimizer_us, "optimizer step per actor")->capture_default_str()->transform(time_range);
+  synth->add_option("--jitter", so.jitter, "vary durations by up to this fraction")
+      ->capture_default_str()
+      ->transform(real_in(0, L::max_jitter));
+  synth->add_option("--seed", so.seed, "random seed for --jitter")
+      ->capture_default_str()
+      ->transform(whole_in<std::uint64_t>(0, std::numeric_limits<std::uint64_t>::max(), "2^64-1"));
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help is a ParseError too (status 0); every other one is a usage error, status 2.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
 
   selection sel;
   if (step >= 0) sel.step = step;
   if (!window_text.empty()) {
     sel.range = parse_window(window_text);
     if (!sel.range) {
-      std::cerr << "nerve-trace: --window wants A:B in µs, got '" << window_text << "'\n";
+      std::cerr << "nerve-trace: --window wants A:B in µs, two finite numbers with 0 <= A < B <= " << readable(max_time_us)
+                << ", got '" << window_text << "'\n";
       return 2;
     }
   }
 
   if (*synth) {
+    try {  // the options' joint limit (how long the whole run lasts), before any file is written
+      check(so);
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "nerve-trace: " << e.what() << "\n";
+      return 2;
+    }
     std::ofstream out(output, std::ios::binary);
     if (!out) {
       std::cerr << "nerve-trace: cannot write " << output << "\n";
@@ -116,6 +220,10 @@ int main(int argc, char** argv) {
     }
     auto truth = write_synthetic_trace(so, out);
     out.close();
+    if (!out) {
+      std::cerr << "nerve-trace: cannot write " << output << "\n";
+      return 1;
+    }
     std::cout << "wrote " << output << ": " << truth.events << " events, " << truth.steps << " steps, " << truth.handler_runs
               << " handler runs, " << truth.flows << " messages\n";
     for (std::size_t s = 0; s < truth.stage_busy_us.size(); ++s) {
@@ -123,7 +231,7 @@ int main(int argc, char** argv) {
       for (const auto& [cause, us] : truth.stage_idle_us[s]) std::cout << ", " << cause << " " << us << " µs";
       std::cout << "\n";
     }
-    return out ? 0 : 1;
+    return 0;
   }
 
   diagnostics diags;
@@ -173,9 +281,13 @@ int main(int argc, char** argv) {
     }
     auto stats = write_html_page(index, opts, out);
     out.close();
+    if (!out) {
+      std::cerr << "nerve-trace: cannot write " << output << "\n";
+      return 1;
+    }
     std::cout << "wrote " << output << ": " << stats.lanes << " lanes, " << stats.rows << " rows, " << stats.events << " items, "
               << stats.flows << " flows, " << stats.bytes << " bytes\n";
-    return out ? 0 : 1;
+    return 0;
   }
 
   if (*merge) {
@@ -188,8 +300,15 @@ int main(int argc, char** argv) {
     for (const auto& f : tl.files)
       for (const auto& [from, to] : f.pid_map)
         if (from != to) std::cout << f.path << ": pid " << from << " -> " << to << "\n";
+    out.close();
+    if (!out) {
+      std::cerr << "nerve-trace: cannot write " << output << "\n";
+      return 1;
+    }
     std::cout << "wrote " << output << ": " << tl.events.size() << " events from " << files.size() << " file(s)\n";
     return 0;
   }
   return 2;
 }
+
+}  // namespace

@@ -10,6 +10,8 @@
 #include <cstdarg>
 #include <cstdio>
 #include <random>
+#include <sstream>
+#include <stdexcept>
 
 namespace nerve::trace {
 namespace {
@@ -307,7 +309,48 @@ class generator {
 
 }  // namespace
 
+void check(const synth_options& o) {
+  using L = synth_limits;
+  auto fail = [](const std::string& field, const std::string& range, double got) {
+    std::ostringstream os;
+    os << "synth: " << field << " " << got << " is out of range: it must be " << range;
+    throw std::invalid_argument(os.str());
+  };
+  if (o.events > L::max_events) fail("events", "from 0 to " + std::to_string(L::max_events), double(o.events));
+  if (o.steps < 1 || o.steps > L::max_steps) fail("steps", "from 1 to " + std::to_string(L::max_steps), o.steps);
+  if (o.stages < 1 || o.stages > L::max_stages) fail("stages", "from 1 to " + std::to_string(L::max_stages), o.stages);
+  if (o.microbatches < 1 || o.microbatches > L::max_microbatches)
+    fail("microbatches", "from 1 to " + std::to_string(L::max_microbatches), o.microbatches);
+  if (o.actors_per_stage < 1 || o.actors_per_stage > L::max_actors_per_stage)
+    fail("actors_per_stage", "from 1 to " + std::to_string(L::max_actors_per_stage), o.actors_per_stage);
+  const std::pair<const char*, double> times[] = {
+      {"forward_us", o.forward_us}, {"backward_us", o.backward_us}, {"load_us", o.load_us}, {"optimizer_us", o.optimizer_us}};
+  for (auto [field, us] : times)
+    if (!(us >= 0 && us <= L::max_time_us)) fail(field, "a finite number from 0 to 10000000 (µs)", us);
+  if (!(o.jitter >= 0 && o.jitter <= L::max_jitter)) fail("jitter", "a finite number from 0 to 0.99", o.jitter);
+
+  // No stage waits while nothing runs (messages arrive as they are sent), so a step
+  // lasts at most the sum of its handler runs, each at most (1 + jitter) times its base.
+  const double S = o.stages, M = o.microbatches, K = o.actors_per_stage;
+  const double runs_per_step = M + S * K * (2 * M + 1);
+  const double steps = std::max<double>(o.steps, std::ceil(double(o.events) / runs_per_step) + 1);
+  if (steps * runs_per_step > double(L::max_handler_runs)) {
+    std::ostringstream os;
+    os << "synth: the run would write " << steps * runs_per_step << " handler runs (" << steps << " steps), more than the "
+       << L::max_handler_runs << " allowed; ask for fewer steps, events, stages, micro-batches or actors";
+    throw std::invalid_argument(os.str());
+  }
+  const double step_us = (1 + o.jitter) * (M * o.load_us + S * K * (M * (o.forward_us + o.backward_us) + o.optimizer_us)) + 1;
+  if (steps * step_us > nerve::trace::max_time_us) {
+    std::ostringstream os;
+    os << "synth: the run would last up to " << steps * step_us << " µs (" << steps << " steps), beyond the " << nerve::trace::max_time_us
+       << " µs a trace may hold; ask for fewer steps or events, or shorter times";
+    throw std::invalid_argument(os.str());
+  }
+}
+
 synth_truth write_synthetic_trace(const synth_options& options, std::ostream& out) {
+  check(options);
   return generator(options, out).run();
 }
 

@@ -52,7 +52,27 @@ struct synth_truth {
   std::map<std::int64_t, std::size_t> actor_messages_out;
 };
 
+/// The ranges `synth_options` may take (inclusive). Each keeps the generator's
+/// memory and output sane; together they keep every time of the trace finite and
+/// within `max_time_us`, which `check` also verifies for the whole run.
+struct synth_limits {
+  static constexpr std::size_t max_events = 10000000;
+  static constexpr std::size_t max_handler_runs = 2000000;  ///< the whole run: bounds the size of the file
+  static constexpr std::int32_t max_steps = 100000;
+  static constexpr std::int32_t max_stages = 1024;
+  static constexpr std::int32_t max_microbatches = 4096;
+  static constexpr std::int32_t max_actors_per_stage = 64;
+  static constexpr double max_time_us = 1e7;  ///< any one handler run (forward, backward, load, optimizer)
+  static constexpr double max_jitter = 0.99;
+};
+
+/// Throws `std::invalid_argument` naming the first field of `options` outside
+/// `synth_limits` (and its range), or saying that the run as a whole would outlast
+/// the latest time a trace may hold.
+void check(const synth_options& options);
+
 /// Writes a synthetic nerve trace (object form) to `out` and returns its ground truth.
+/// Checks `options` first (see `check`).
 synth_truth write_synthetic_trace(const synth_options& options, std::ostream& out);
 
 }  // namespace nerve::trace
