@@ -434,7 +434,9 @@ class reader {
   // it would show a different number than the file holds.
   bool lift_args(event& out, const json& args, char ph, std::int64_t index, const std::string& label) {
     bool other = false, ok = true;
-    for (auto& [k, v] : args.items()) {
+    for (const auto& item : args.items()) {
+      const std::string& k = item.key();  // not a structured binding: the lambdas below capture them
+      const json& v = item.value();
       if (v.is_number()) {
         auto whole = [&](std::int64_t lo, std::int64_t hi) -> std::int64_t {
           if (auto x = whole_number(v, lo, hi)) return *x;
