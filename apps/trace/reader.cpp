@@ -178,6 +178,7 @@ class reader {
     out_ = timeline();
     out_.files = saved_files;
     pending_.clear();
+    async_ids_.clear();
     event_count_ = 0;
     events_depth_ = -1;
     expect_events_array_ = false;
@@ -426,6 +427,12 @@ class reader {
     const auto position = static_cast<std::uint32_t>(out_.events.size());
     if (ph == 'B' || ph == 'E') pending_.push_back({position, {}});
     if (has_id && std::string_view("stfbne").find(ph) != std::string_view::npos) pending_.push_back({position, key});
+    // Async and object events keep their id (as a number per view) so that writing
+    // the trace back pairs them as the file did.
+    if (has_id && std::string_view("bneSTpFNOD").find(ph) != std::string_view::npos) {
+      out.async = async_ids_.emplace(key, static_cast<std::uint32_t>(async_ids_.size() + 1)).first->second;
+      out_.async_ids = static_cast<std::uint32_t>(async_ids_.size());
+    }
     out_.events.push_back(out);
   }
 
@@ -759,6 +766,7 @@ class reader {
   timeline out_;
   std::vector<std::pair<std::uint32_t, id_key>> pending_;  // B/E and keyed events, by position
   std::unordered_map<std::string, std::uint64_t> string_ids_;
+  std::unordered_map<id_key, std::uint32_t, id_key_hash> async_ids_;  // (cat, id) -> event::async
   std::unordered_map<std::string, std::int64_t> string_tracks_;
   std::int64_t event_count_ = 0;
   int events_depth_ = -1;

@@ -80,9 +80,11 @@ void timeline::append(timeline&& other) {
     e.cat = string_map[e.cat];
     e.cause = string_map[e.cause];
     if (e.extra) e.extra += extra_base;
+    if (e.async) e.async += async_ids;  // ids of different files stay apart
     e.file += file_base;
     events.push_back(e);
   }
+  async_ids += other.async_ids;
   for (auto f : other.flows) flows.push_back({f.start + event_base, f.finish + event_base});
   for (auto& [key, a] : other.actors) {
     a.pid = pid_of(a.pid);

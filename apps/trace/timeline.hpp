@@ -50,6 +50,7 @@ struct event {
   std::int32_t stage = -1;   ///< action/idle: the stage (from `args.stage`)
   std::int32_t step = -1;    ///< action: planned step index; step marker: the training step
   std::int32_t chunk = -1;
+  std::uint32_t async = 0;   ///< async and object events (b n e S T p F N O D): their id, numbered per view; 0 = none
   char ph = 'X';
   bool bind_enclosing = false;  ///< flow end with `"bp": "e"`
 
@@ -121,6 +122,7 @@ class timeline {
   std::vector<schedule_info> schedules;
   std::map<std::int64_t, std::string> process_names;
   std::vector<source_file> files;
+  std::uint32_t async_ids = 0;      ///< the largest `event::async` in use (ids are 1..async_ids)
 
   /// Index of `s` in the string table, adding it when new.
   std::uint32_t intern(std::string_view s);

@@ -64,6 +64,7 @@ void write_trace(const timeline& t, std::ostream& out) {
     if ((e.ph == 's' || e.ph == 'f' || e.ph == 't') && flow_id[i] < 0) continue;  // unmatched: nothing to draw
     json j = event_json(t, e);
     if (flow_id[i] >= 0) j["id"] = flow_id[i];
+    if (e.async) j["id"] = e.async;  // async and object events need theirs, to pair as in the file
     events.push_back(std::move(j));
   }
   json nerve = {{"version", 1}, {"actors", json::array()}, {"stages", json::array()}};
