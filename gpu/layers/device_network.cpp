@@ -20,12 +20,6 @@ struct node_plan {
   shape_t sample;                       // output sample shape (no batch)
 };
 
-struct parameter_state {
-  device_parameter p;
-  device_tensor velocity, m, v;
-  std::int64_t t = 0;
-};
-
 /// Pinned staging of one step in flight: the batch going in, the figures coming out.
 struct slot {
   pinned_buffer in;   // max_batch·features floats, then max_batch int32 labels
@@ -50,17 +44,16 @@ std::size_t numel(const shape_t& s) {
 struct device_network::impl {
   device& dev;
   boost::asio::any_io_executor executor;
-  device_optimizer opt;
+  device_parameters params;
   device_network_options options;
   std::vector<node_plan> nodes;  // graph node order
   std::vector<std::size_t> order;
   std::size_t input = 0, output = 0, features = 0, classes = 0;
-  std::vector<parameter_state> params;
   std::vector<std::unique_ptr<slot>> slots;
   std::size_t max_micro_batches = 64;
 
   impl(device& d, boost::asio::any_io_executor ex, device_optimizer o, device_network_options opts)
-      : dev(d), executor(std::move(ex)), opt(std::move(o)), options(opts) {}
+      : dev(d), executor(std::move(ex)), params(std::move(o)), options(opts) {}
 };
 
 device_network::device_network(device& dev, layers::basic_graph<float>& g, device_optimizer opt,
@@ -68,8 +61,6 @@ device_network::device_network(device& dev, layers::basic_graph<float>& g, devic
     : stream_(dev.create_stream(options.stream)),
       impl_(std::make_unique<impl>(dev, std::move(executor), std::move(opt), options)) {
   auto& m = *impl_;
-  if (m.opt.kind != "sgd" && m.opt.kind != "adam" && m.opt.kind != "adamw")
-    throw error(errc::invalid_argument, "unknown optimizer '" + m.opt.kind + "' (sgd, adam, adamw)");
   if (g.inputs().size() != 1) throw error(errc::not_supported, "device_network: graphs with one input only");
   m.input = g.inputs()[0];
   m.output = g.output();
@@ -105,20 +96,7 @@ device_network::device_network(device& dev, layers::basic_graph<float>& g, devic
     }
     const bool wants_dx = std::any_of(n.inputs.begin(), n.inputs.end(), [&](std::size_t k) { return !g.nodes()[k].is_input(); });
     flops_per_sample_ += fwd + w + (wants_dx ? fwd : 0.0);
-    for (auto& dp : p.layer->parameters()) {
-      parameter_state st;
-      st.p = dp;
-      if (m.opt.kind == "sgd" && m.opt.momentum != 0) {
-        st.velocity = device_tensor(stream_, dp.value->shape());
-        fill_zero_async(stream_, st.velocity.data(), st.velocity.bytes());
-      } else if (m.opt.kind != "sgd") {
-        st.m = device_tensor(stream_, dp.value->shape());
-        st.v = device_tensor(stream_, dp.value->shape());
-        fill_zero_async(stream_, st.m.data(), st.m.bytes());
-        fill_zero_async(stream_, st.v.data(), st.v.bytes());
-      }
-      m.params.push_back(std::move(st));
-    }
+    for (auto& dp : p.layer->parameters()) m.params.add(stream_, n.name + "." + dp.name, dp);
   }
   m.features = numel(m.nodes[m.input].sample);
   m.classes = numel(m.nodes[m.output].sample);
@@ -220,7 +198,7 @@ void device_network::launch(std::span<const float> x, std::span<const std::int32
     auto* corrects = reinterpret_cast<std::int32_t*>(loss_sums + parts);
 
     if (train)
-      for (auto& p : m.params) fill_zero_async(s, p.p.grad->data(), p.p.grad->bytes());
+      m.params.zero_grad(s);
 
     const std::size_t base = rows / parts, extra = rows % parts;
     std::size_t first = 0;
@@ -272,24 +250,7 @@ void device_network::launch(std::span<const float> x, std::span<const std::int32
     }
 
     if (train) {
-      const float rate = float(lr >= 0 ? lr : m.opt.lr);
-      for (auto& p : m.params) {
-        const std::size_t count = p.p.value->size();
-        if (m.opt.kind == "sgd") {
-          sgd_update(s, p.p.value->data(), p.p.grad->data(), p.velocity.empty() ? nullptr : p.velocity.data(), count,
-                     sgd_params{rate, float(m.opt.momentum), float(m.opt.weight_decay), m.opt.nesterov});
-        } else {
-          adam_params a;
-          a.lr = rate;
-          a.beta1 = float(m.opt.beta1);
-          a.beta2 = float(m.opt.beta2);
-          a.eps = float(m.opt.eps);
-          a.weight_decay = float(m.opt.kind == "adamw" && m.opt.weight_decay == 0 ? 0.01 : m.opt.weight_decay);
-          a.decoupled = m.opt.kind == "adamw";
-          a.step = ++p.t;
-          adam_update(s, p.p.value->data(), p.p.grad->data(), p.m.data(), p.v.data(), count, a);
-        }
-      }
+      m.params.step(s, lr);
     }
     copy_async(s, sl->out.data(), figures.data(), parts * (sizeof(float) + sizeof(std::int32_t)));
     in_flight_.fetch_add(1, std::memory_order_acq_rel);
@@ -316,6 +277,12 @@ void device_network::launch(std::span<const float> x, std::span<const std::int32
     sl->busy.store(false, std::memory_order_release);
     throw;
   }
+}
+
+layers::basic_optimizer_state<float> device_network::optimizer_state() { return impl_->params.state(stream_); }
+
+void device_network::load_optimizer_state(const layers::basic_optimizer_state<float>& state) {
+  impl_->params.load(stream_, state);
 }
 
 void device_network::download(layers::basic_graph<float>& g) {

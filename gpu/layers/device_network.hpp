@@ -28,6 +28,7 @@
 
 #include "gpu/device.hpp"
 #include "gpu/layers/device_layer.hpp"
+#include "gpu/layers/device_parameters.hpp"
 #include "gpu/memory.hpp"
 
 #include <boost/asio/any_io_executor.hpp>
@@ -48,16 +49,6 @@ class basic_graph;
 }
 
 namespace nerve::gpu {
-
-/// The optimizer a device network runs (the trainer's `--optimizer` names).
-struct device_optimizer {
-  std::string kind = "sgd";  ///< sgd, adam, adamw
-  double lr = 0.01;          ///< default rate; each step may give its own
-  double momentum = 0.0;
-  double weight_decay = 0.0;
-  bool nesterov = false;
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-};
 
 /// What one step or evaluation reports (as `layers::step_result`).
 struct device_step_result {
@@ -105,6 +96,12 @@ class device_network {
   void download(layers::basic_graph<float>& g);
   /// Copies the graph's layers' parameters onto the device (waits for the stream).
   void upload(layers::basic_graph<float>& g);
+  /// The optimizer's state (checkpoints): buffers in PyTorch's names per parameter as the
+  /// graph names it (`fc1.weight`), Adam's step counts. Waits for the stream: not on a loop.
+  layers::basic_optimizer_state<float> optimizer_state();
+  /// Replaces the optimizer's state with `state` (as `optimizer_state` made it). Waits for
+  /// the stream. Throws `std::invalid_argument` for a buffer this optimizer does not have.
+  void load_optimizer_state(const layers::basic_optimizer_state<float>& state);
   /// Copies the accumulated gradients of the last step into the graph (tests).
   void download_gradients(layers::basic_graph<float>& g);
 

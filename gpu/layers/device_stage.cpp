@@ -84,19 +84,11 @@ struct device_piece {
   std::uint64_t next_w = 0;
 };
 
-struct parameter_state {
-  device_parameter p;
-  device_tensor velocity, m, v;
-  std::int64_t t = 0;
-};
-
 class device_stage final : public pipeline::stage_engine {
  public:
   device_stage(device& dev, const pipeline::stage_engine_context& ctx, const device_stage_options& o)
-      : dev_(dev), graph_(ctx.graph), stage_(ctx.stage), holds_last_(ctx.holds_last), opt_(o.optimizer),
-        s_(dev.create_stream(o.stream)), pool_(std::make_shared<pinned_pool>(dev)) {
-    if (opt_.kind != "sgd" && opt_.kind != "adam" && opt_.kind != "adamw")
-      throw error(errc::invalid_argument, "unknown optimizer '" + opt_.kind + "' (sgd, adam, adamw)");
+      : dev_(dev), graph_(ctx.graph), stage_(ctx.stage), holds_last_(ctx.holds_last),
+        s_(dev.create_stream(o.stream)), pool_(std::make_shared<pinned_pool>(dev)), params_(o.optimizer) {
     if (holds_last_ && !dynamic_cast<const layers::cross_entropy*>(ctx.criterion.get()))
       throw error(errc::not_supported, "pipeline stage " + std::to_string(stage_) +
                                            ": a device stage computes softmax cross-entropy only");
@@ -115,20 +107,7 @@ class device_stage final : public pipeline::stage_engine {
         } catch (const error& e) {
           throw error(e.code(), nodes[i].name + ": " + e.what());
         }
-        for (auto& dp : layers_[i]->parameters()) {
-          parameter_state st;
-          st.p = dp;
-          if (opt_.kind == "sgd" && opt_.momentum != 0) {
-            st.velocity = device_tensor(s_, dp.value->shape());
-            fill_zero_async(s_, st.velocity.data(), st.velocity.bytes());
-          } else if (opt_.kind != "sgd") {
-            st.m = device_tensor(s_, dp.value->shape());
-            st.v = device_tensor(s_, dp.value->shape());
-            fill_zero_async(s_, st.m.data(), st.m.bytes());
-            fill_zero_async(s_, st.v.data(), st.v.bytes());
-          }
-          params_.push_back(std::move(st));
-        }
+        for (auto& dp : layers_[i]->parameters()) params_.add(s_, nodes[i].name + "." + dp.name, dp);
       }
       if (holds_last_) classes_ = std::size_t(nodes[graph_.output()].output_shape.numel());
       pieces_.push_back(std::move(p));
@@ -150,7 +129,7 @@ class device_stage final : public pipeline::stage_engine {
   void begin_step(double lr, const boost::asio::any_io_executor& ex) override {
     executor_ = ex;
     if (lr >= 0) lr_ = lr;
-    for (auto& p : params_) fill_zero_async(s_, p.p.grad->data(), p.p.grad->bytes());
+    params_.zero_grad(s_);
     for (auto& p : pieces_) p.next_w = 0;
     figures_.clear();
     losses_->clear();
@@ -284,26 +263,10 @@ class device_stage final : public pipeline::stage_engine {
     }
   }
 
-  void optimizer_step() override {
-    const float rate = float(lr_ >= 0 ? lr_ : opt_.lr);
-    for (auto& p : params_) {
-      const std::size_t count = p.p.value->size();
-      if (opt_.kind == "sgd") {
-        sgd_update(s_, p.p.value->data(), p.p.grad->data(), p.velocity.empty() ? nullptr : p.velocity.data(), count,
-                   sgd_params{rate, float(opt_.momentum), float(opt_.weight_decay), opt_.nesterov});
-      } else {
-        adam_params a;
-        a.lr = rate;
-        a.beta1 = float(opt_.beta1);
-        a.beta2 = float(opt_.beta2);
-        a.eps = float(opt_.eps);
-        a.weight_decay = float(opt_.kind == "adamw" && opt_.weight_decay == 0 ? 0.01 : opt_.weight_decay);
-        a.decoupled = opt_.kind == "adamw";
-        a.step = ++p.t;
-        adam_update(s_, p.p.value->data(), p.p.grad->data(), p.m.data(), p.v.data(), count, a);
-      }
-    }
-  }
+  void optimizer_step() override { params_.step(s_, lr_); }
+
+  layers::optimizer_state optimizer_state() override { return params_.state(s_); }
+  void load_optimizer_state(const layers::optimizer_state& st) override { params_.load(s_, st); }
 
   void to_host(pipeline::stage_payload p, const boost::asio::any_io_executor& ex, host_handler done) override {
     auto m = std::static_pointer_cast<device_payload>(p.device);
@@ -473,13 +436,12 @@ class device_stage final : public pipeline::stage_engine {
   layers::graph& graph_;
   std::uint32_t stage_;
   bool holds_last_;
-  device_optimizer opt_;
   stream s_;
   std::shared_ptr<pinned_pool> pool_;
   boost::asio::any_io_executor executor_;
   std::vector<std::unique_ptr<device_layer>> layers_;  // by graph node; null outside the stage
   std::vector<device_piece> pieces_;
-  std::vector<parameter_state> params_;
+  device_parameters params_;
   std::size_t classes_ = 0;
   double lr_ = -1;
   std::map<std::uint64_t, figures> figures_;

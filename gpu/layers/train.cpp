@@ -78,6 +78,9 @@ class device_engine : public layers::train_engine {
     boost::asio::post(rt_.loop(0), [&passed] { passed.set_value(); });
     passed.get_future().wait();
   }
+  layers::optimizer_state optimizer_state_of() override { return net_.optimizer_state(); }
+  void load_optimizer_state(const layers::optimizer_state& state) override { net_.load_optimizer_state(state); }
+  void sync_weights() override { net_.download(g_); }
   void trace_metadata(nlohmann::json& extra) const override {
     extra["device"] = {{"name", dev_.name()}, {"ordinal", dev_.ordinal()}};
   }

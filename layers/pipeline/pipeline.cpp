@@ -141,16 +141,15 @@ class stage_actor : public actors::actor {
     P_ = c_.plan->pieces();
     on<step_msg>([this](step_msg& m) { guarded([&] { on_step(m); }); });
     // Checkpoints, between steps: the stage's optimizer over the parameters of its pieces.
+    // A device stage's state is the engine's, read off the loops (pipeline::optimizer_state_of).
     on<layers::get_optimizer_state>([this](layers::get_optimizer_state&) {
-      if (c_.engine) throw std::invalid_argument("stage " + std::to_string(c_.stage) + " runs on " +
-                                                 c_.engine->device_name() + ": device stages cannot checkpoint yet");
+      if (c_.engine) throw std::logic_error("stage " + std::to_string(c_.stage) + ": ask the device stage's engine");
       layers::optimizer_state st;
       c_.opt->save_state(st);
       return st;
     });
     on<layers::set_optimizer_state>([this](layers::set_optimizer_state& m) {
-      if (c_.engine) throw std::invalid_argument("stage " + std::to_string(c_.stage) + " runs on " +
-                                                 c_.engine->device_name() + ": device stages cannot resume yet");
+      if (c_.engine) throw std::logic_error("stage " + std::to_string(c_.stage) + ": load the device stage's engine");
       auto params = parameters();
       layers::optimizer_state mine;  // the buffers of this stage's parameters, and the counters
       for (auto& b : m.state.buffers)
@@ -555,6 +554,7 @@ pipeline::pipeline(actors::runtime& rt, std::vector<layers::graph*> replicas, pa
       plan_(std::move(plan)),
       options_(std::move(options)) {
   if (replicas.empty()) throw std::invalid_argument("pipeline: no graph");
+  graph_ = replicas[0];
   if (options_.emergent) {
     if (plan_.chunks != 1 || plan_.split_backward)
       throw std::invalid_argument("pipeline: emergent mode runs one chunk per stage and a whole backward");
@@ -639,8 +639,10 @@ pipeline::~pipeline() {
 layers::optimizer_state pipeline::optimizer_state_of() const {
   layers::optimizer_state all;  // replica 0's stages: every replica steps the same sums
   for (std::uint32_t s = 0; s < plan_.stages; ++s) {
-    auto st = rt_.ask<layers::optimizer_state>(stages_[s], layers::get_optimizer_state{}, std::chrono::nanoseconds::max())
-                  .get();
+    auto st = engine_of(s) ? engine_of(s)->optimizer_state()
+                          : rt_.ask<layers::optimizer_state>(stages_[s], layers::get_optimizer_state{},
+                                                             std::chrono::nanoseconds::max())
+                                .get();
     for (auto& b : st.buffers) all.buffers.push_back(std::move(b));
     for (auto& [k, v] : st.counters) all.counters.emplace(k, v);
   }
@@ -649,9 +651,25 @@ layers::optimizer_state pipeline::optimizer_state_of() const {
 
 void pipeline::load_optimizer_state(const layers::optimizer_state& state) {
   std::vector<std::future<bool>> done;
-  for (auto& a : stages_)
-    done.push_back(rt_.ask<bool>(a, layers::set_optimizer_state{state}, std::chrono::nanoseconds::max()));
+  for (std::size_t k = 0; k < stages_.size(); ++k) {
+    const auto s = k % plan_.stages;
+    if (auto* e = engine_of(s)) {  // device stages run one replica
+      layers::optimizer_state mine;  // the buffers of the stage's own parameters, and the counters
+      for (auto& b : state.buffers)
+        for (std::uint32_t c = 0; c < plan_.chunks; ++c)
+          for (auto i : pieces_[plan_.piece(std::uint32_t(s), c)])
+            if (b.parameter.rfind(graph_->nodes()[i].name + ".", 0) == 0) mine.buffers.push_back(b);
+      mine.counters = state.counters;
+      e->load_optimizer_state(mine);
+    } else {
+      done.push_back(rt_.ask<bool>(stages_[k], layers::set_optimizer_state{state}, std::chrono::nanoseconds::max()));
+    }
+  }
   for (auto& f : done) f.get();
+}
+
+stage_engine* pipeline::engine_of(std::uint32_t stage) const noexcept {
+  return stage < engines_.size() ? engines_[stage].get() : nullptr;
 }
 
 void pipeline::download() {

@@ -140,7 +140,10 @@ class pipeline {
   nlohmann::json trace_metadata() const;
 
  private:
+  stage_engine* engine_of(std::uint32_t stage) const noexcept;
+
   actors::runtime& rt_;
+  layers::graph* graph_ = nullptr;  // replica 0's
   std::uint32_t replicas_ = 1;
   partition pieces_;
   schedule plan_;

@@ -31,6 +31,7 @@
 
 #include "layers/graph.hpp"
 #include "layers/loss.hpp"
+#include "layers/optimizer.hpp"
 #include "layers/pipeline/partition.hpp"
 
 namespace nerve::pipeline {
@@ -92,6 +93,11 @@ class stage_engine {
   virtual std::size_t stash_bytes() const noexcept = 0;
   /// Copies the device parameters into the graph's layers (waits: not on a loop).
   virtual void download() = 0;
+  /// The stage's optimizer state, parameters named as in the graph (checkpoints; waits:
+  /// not on a loop, between steps).
+  virtual layers::optimizer_state optimizer_state() = 0;
+  /// Replaces it (resume; waits: not on a loop, before the first step).
+  virtual void load_optimizer_state(const layers::optimizer_state& state) = 0;
 };
 
 /// What an engine is made from: the stage's pieces of the graph.

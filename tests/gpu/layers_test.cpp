@@ -35,6 +35,7 @@
 #include "layers/presets.hpp"
 #include "tests/gpu/gpu_fixture.hpp"
 #include "tests/gpu/loops.hpp"
+#include "tests/layers/tiny_fashion_mnist.hpp"
 
 #include <doctest/doctest.h>
 
@@ -376,6 +377,68 @@ TEST_SUITE("gpu.layers") {
     REQUIRE(dev.epochs.size() == 1);
     CHECK(dev.steps == 4);
     CHECK(dev.epochs[0].train_loss == doctest::Approx(cpu.epochs[0].train_loss).epsilon(1e-4));
+  }
+
+  TEST_CASE("a device run stopped mid-epoch and resumed from its checkpoint ends with the uninterrupted run's bits") {
+#if NERVE_GPU_LAYERS_STANDIN
+    const std::string spec = "standin";
+#else
+    const std::string spec = std::getenv("NERVE_GPU_TEST_STANDIN") ? "standin" : "cuda";
+#endif
+    gpu::register_engines();
+    nerve::testing::tiny_fashion_mnist data(160, 20);
+    for (std::string opt : {"sgd", "adam"}) {
+      CAPTURE(opt);
+      layers::train_options o;
+      o.model = "mlp";
+      o.device = spec;
+      o.data = data.dir;
+      o.epochs = 2;
+      o.batch = 48;  // 4 steps an epoch, the last of 16 rows
+      o.optimizer = opt;
+      o.lr = opt == "sgd" ? 0.05 : 0.002;
+      o.momentum = opt == "sgd" ? 0.9 : 0;
+      auto whole = layers::make_preset("mlp", 0);
+      auto want = layers::train(whole, o);
+      REQUIRE(want.steps == 8);
+      // The engine fails step 6 as a killed process would stop there; checkpoints every 2.
+      struct crashing : layers::train_engine {
+        std::unique_ptr<layers::train_engine> inner;
+        std::future<layers::step_result> train_step(layers::tensor x, layers::targets y, std::size_t m,
+                                                    std::uint64_t step, double lr) override {
+          if (step == 6) throw std::runtime_error("killed");
+          return inner->train_step(std::move(x), std::move(y), m, step, lr);
+        }
+        std::future<layers::step_result> evaluate(layers::tensor x, layers::targets y) override {
+          return inner->evaluate(std::move(x), std::move(y));
+        }
+        void finish() override { inner->finish(); }
+        void sync_weights() override { inner->sync_weights(); }
+        layers::optimizer_state optimizer_state_of() override { return inner->optimizer_state_of(); }
+        void load_optimizer_state(const layers::optimizer_state& s) override { inner->load_optimizer_state(s); }
+      };
+      auto ck = o;
+      ck.checkpoint = data.dir / ("ck-" + opt);
+      ck.checkpoint_every = 2;
+      auto g = layers::make_preset("mlp", 0);
+      CHECK_THROWS_WITH(layers::train(g, ck, {}, {},
+                                      [](actors::runtime& rt, layers::graph& gg, const layers::train_options& oo) {
+                                        auto e = std::make_unique<crashing>();
+                                        e->inner = layers::engine_for(oo.device)(rt, gg, oo);
+                                        return e;
+                                      }),
+                        "killed");
+      auto ro = layers::resume_options(ck.checkpoint);
+      CHECK(ro.device == spec);
+      auto resumed = layers::make_preset("mlp", 1);  // other weights: the checkpoint's replace them
+      auto got = layers::train(resumed, ro);
+      CHECK(got.steps == 8);
+      auto pa = resumed.parameters(), pb = whole.parameters();
+      for (std::size_t i = 0; i < pa.size(); ++i) {
+        CAPTURE(pa[i].name);
+        CHECK(std::memcmp(pa[i].value->data(), pb[i].value->data(), sizeof(float) * std::size_t(pa[i].value->size())) == 0);
+      }
+    }
   }
 
   TEST_CASE("--device values") {

@@ -163,6 +163,7 @@ TEST_SUITE("train.resume") {
         {"interleaved", {"--schedule", "interleaved", "--chunks", "2"}},
         {"zb-h1 x2 replicas", {"--schedule", "zb-h1", "--replicas", "2"}},
         {"emergent", {"--schedule", "emergent"}},
+        {"1f1b, the second stage on the GPU stand-in", {"--schedule", "1f1b", "--devices", "cpu,standin"}},
     };
     std::mt19937 rng(7);
     int resumed = 0;
@@ -196,6 +197,6 @@ TEST_SUITE("train.resume") {
       REQUIRE(wait_for(start({"--resume", ck.string(), "--save", out.string(), "--quiet"}, NERVE_PIPELINE_BIN)) == 0);
       CHECK(bytes_of(out) == bytes_of(want));
     }
-    CHECK(resumed == 5);
+    CHECK(resumed == 6);
   }
 }
