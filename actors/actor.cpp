@@ -239,10 +239,9 @@ void actor::fire_space_waiters() {
 }
 
 // Two copies of the drain, picked once per drain. Recording, a run's bookkeeping is inlined
-// in the loop: as a call of its own it saved and restored six registers and cost about a
-// third of recording's extra instructions a message (60 -> 40, callgrind, chain/64 on one
-// loop). Not recording, the loop is the one it was before (a message sent while recording
-// was on still goes out of line, through invoke).
+// in the loop: as a call of its own it would save and restore six registers a message
+// (docs/performance.md has what that cost). Not recording, the loop carries no recording
+// code (a message sent while recording was on still goes out of line, through invoke).
 void actor::drain() {
   if (rt_->recorder_.enabled()) [[unlikely]]
     drain_runs<true>();
@@ -501,7 +500,7 @@ void actor::close_group(std::int64_t now) noexcept {
   // The allowance shrinks by 1/64 a group, so one measured when runs were slower (the
   // host, or the loop's work, changed) cannot hide a long run for good: within about a
   // hundred groups a group with a long run counts as long again and the short runs are
-  // measured afresh (chain/64 spread: one batch timed alone in some 80 groups, not 1 in 2).
+  // measured afresh.
   const auto others = static_cast<std::int64_t>(clock.shared - 1) * clock.short_run;
   clock.short_run -= clock.short_run >> 6;
   if (now - clock.mark - others >= rt_->recorder_.long_run()) {

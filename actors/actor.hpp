@@ -321,8 +321,7 @@ class actor {
   // Fields by who writes them, a cache line each: an actor starts on a 64-byte boundary
   // (arena slots, and the aligned operator new otherwise). A hop between loops then moves
   // the senders' line to the sender and back once per drain, and the drain's line stays
-  // with the drain. (Before, both sides wrote one line per message, and the drain wrote
-  // the line that schedule() writes.)
+  // with the drain, instead of both sides writing one line per message.
   //
   // -- line 0, written by senders (after the vtable pointer): the state word, the normal
   //    lane's head and stub, the ready-queue link. The drain writes it once per drain: the

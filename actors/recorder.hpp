@@ -22,9 +22,8 @@
 ///   are spread evenly over the group's measured span at export; a group that took 1 µs
 ///   or more, less what the loop's short runs take for each of its other runs (measured
 ///   by the last runs timed one by one), makes the loop time its next runs one by one, so
-///   long runs are caught and timed. One clock read is about as dear as a whole
-///   delivery's other work (~7.5 ns against ~25 ns on the benchmark VM); `timing::exact`
-///   reads it after every run.
+///   long runs are caught and timed. One clock read is a good part of a whole delivery's
+///   other work (docs/trace.md, "What it costs"); `timing::exact` reads it after every run.
 /// - A send from a handler of a short type is stamped with its run's start (for a run in
 ///   a group: the group's start and the run's place in it, which the export turns into
 ///   that run's start): early by at most the run's length, never after its handling. The

@@ -76,7 +76,7 @@ void eigen_product(Scalar alpha, const A& a, const B& b, Scalar beta, map<Scalar
 // each product and then sleep, so back-to-back products of a training step find
 // them awake, as OpenBLAS's own pool does; OpenMP's workers went to sleep
 // between products and each wake-up on a loaded machine waited a time slice
-// (an mlp step took 24 ms instead of 1). One caller at a time: a product that
+// (docs/performance.md). One caller at a time: a product that
 // finds the pool busy (another loop's actor) runs on its own thread.
 class block_pool {
  public:
@@ -161,7 +161,7 @@ void eigen_gemm_serial(trans ta, trans tb, std::int64_t m, std::int64_t n, std::
 // own parallel GEMM shares packed panels between threads and busy-waits for its
 // partners (GeneralMatrixMatrix.h: `while(info[i].sync!=k) {}`); on a machine
 // with more runnable threads than cores a descheduled partner stalls it for a
-// whole time slice — measured here as a 20x slower mlp epoch. Independent blocks
+// whole time slice (docs/performance.md). Independent blocks
 // only meet at the end (see block_pool); on a quiet machine they cost only the
 // duplicated packing of the shared operand.
 template <class Scalar>

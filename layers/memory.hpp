@@ -11,12 +11,11 @@ namespace nerve::layers {
 /// panels (up to 3 MiB per product). glibc's defaults give such blocks back to the
 /// kernel: blocks over the (moving) mmap threshold are unmapped when freed, and a heap
 /// whose free top exceeds the trim threshold is shrunk. The next step then touches
-/// fresh pages, and each page fault on the shared virtual machines costs microseconds:
-/// measured 918–1,593 faults and +45% CPU time per `deep-mlp` step at batch 256 on one
-/// thread, on whichever thread's heap happened to be trimmed, which made the
-/// actor-vs-direct comparison depend on the allocation history. With this policy a
-/// step reuses the pages of the previous one (0 faults per step on either path); the
-/// process keeps its high-water mark.
+/// fresh pages, and each page fault on the shared virtual machines costs microseconds,
+/// on whichever thread's heap happened to be trimmed, which made the actor-vs-direct
+/// comparison depend on the allocation history (docs/performance.md has the counts).
+/// With this policy a step reuses the pages of the previous one; the process keeps its
+/// high-water mark.
 ///
 /// Sets glibc's `M_MMAP_THRESHOLD` to 32 MiB (the most it accepts on 64-bit; larger
 /// blocks are still mapped and unmapped) and `M_TRIM_THRESHOLD` to 1 GiB, process-wide,

@@ -1,4 +1,4 @@
-// `nerve-bench train`: training speed of the layers (issue 3).
+// `nerve-bench train`: training speed of the layers.
 //
 // Sections (all by default, or those named with --only):
 //   peak      the machine's FMA peak (a register-only FMA loop) and a 1024^3 float GEMM

@@ -13,11 +13,9 @@ namespace {
 
 // The kernels are templates on their index type I: 32-bit where every index of the
 // launch fits (always, for the shapes nerve trains), 64-bit otherwise. On a GPU a
-// 64-bit division is a long software routine and im2col did seven per element; with
-// 32-bit ones (a few instructions each) the wide 3x3 convolution of `nerve-bench conv`
-// took 450 µs forward instead of 641 on an H200 (1,228 µs for its three passes instead
-// of 1,645), and LeNet's two 87 and 74 µs instead of 103 and 85. Same arithmetic on the
-// floats: the results are bitwise the same.
+// 64-bit division is a long software routine and im2col does seven per element; 32-bit
+// ones are a few instructions each (docs/gpu.md has the measured difference). Same
+// arithmetic on the floats: the results are bitwise the same.
 
 template <class I>
 __device__ I grid_start() {
