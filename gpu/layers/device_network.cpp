@@ -3,6 +3,7 @@
 #include "gpu/kernels.hpp"
 #include "gpu/status.hpp"
 #include "layers/graph.hpp"
+#include "layers/plan.hpp"
 #include "layers/linear.hpp"
 #include "layers/conv2d.hpp"
 
@@ -200,10 +201,9 @@ void device_network::launch(std::span<const float> x, std::span<const std::int32
     if (train)
       m.params.zero_grad(s);
 
-    const std::size_t base = rows / parts, extra = rows % parts;
-    std::size_t first = 0;
+    const auto split = layers::split_micro_batches(std::int64_t(rows), parts);  // the one split rule
     for (std::size_t mb = 0; mb < parts; ++mb) {
-      const std::size_t n = base + (mb < extra ? 1 : 0);
+      const auto first = std::size_t(split[mb].first), n = std::size_t(split[mb].count);
       std::vector<device_tensor> outputs(m.nodes.size());
       std::vector<device_stash> stashes(m.nodes.size());
       outputs[m.input] = device_tensor(s, with_batch(n, m.nodes[m.input].sample));
@@ -246,7 +246,6 @@ void device_network::launch(std::span<const float> x, std::span<const std::int32
           grads[i] = device_tensor();  // freed in stream order, after the work that reads it
         }
       }
-      first += n;
     }
 
     if (train) {

@@ -703,18 +703,19 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
   // gradient of the mean over the whole batch.
   std::vector<step_msg> msgs(std::size_t(S) * R);
   std::vector<std::int64_t> counts;  // per (replica, micro-batch)
-  std::int64_t first = 0;
+  // The one split rule (layers/plan.hpp), twice: the batch over the replicas, each part
+  // over the micro-batches.
+  const auto parts = layers::split_micro_batches(n, R);
   for (std::uint32_t r = 0; r < R; ++r) {
-    const std::int64_t nr = n / std::int64_t(R) + (std::int64_t(r) < n % std::int64_t(R));
+    const auto micro = layers::split_micro_batches(parts[r].count, M);
     for (std::uint32_t m = 0; m < M; ++m) {
-      const std::int64_t count = nr / std::int64_t(M) + (std::int64_t(m) < nr % std::int64_t(M));
+      const std::int64_t first = parts[r].first + micro[m].first, count = micro[m].count;
       auto& in = msgs[r * S].inputs;
       auto& out = msgs[r * S + S - 1];
       in.push_back(M == 1 && R == 1 ? std::move(input) : input.slice(first, count));
       out.targets.push_back(M == 1 && R == 1 ? t.clone() : t.slice(first, count));
       out.shares.push_back(double(count) / double(n));
       counts.push_back(count);
-      first += count;
     }
   }
   const auto t0 = rt_.trace().now();
