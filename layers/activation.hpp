@@ -8,8 +8,8 @@
 
 namespace nerve::layers {
 
-/// Pointwise maths of the activations: `f(x)` and `f'(x)`. Each op has a
-/// `kind` (PyTorch's class name).
+/// Pointwise maths of the activations: `f(x)` and its derivative `df(x)`. Each op
+/// has a `kind` (PyTorch's class name).
 namespace activation_ops {
 struct relu {
   static constexpr std::string_view kind = "ReLU";

@@ -136,7 +136,7 @@ double bubble_theory(std::uint32_t stages, std::uint32_t micro_batches) noexcept
 double bubble_theory(const schedule& s);
 
 /// The schedule as a stage × time table on unit costs (B and W one unit each; a
-/// non-split B two), `.` where the stage idles: what `--print-schedule` prints.
+/// non-split B two), `'.'` where the stage idles: what `--print-schedule` prints.
 std::string to_table(const schedule& s);
 /// The schedule as a stage × step table: the i-th action of each stage in column i.
 std::string to_step_table(const schedule& s);
