@@ -86,6 +86,15 @@ if(NOT _nerve_probe_rc EQUAL 0 OR NOT _nerve_probe_out MATCHES "nerve_eigen_alig
 endif()
 set(NERVE_EIGEN_MAX_ALIGN_BYTES ${CMAKE_MATCH_1})
 set(NERVE_EIGEN_MAX_STATIC_ALIGN_BYTES ${CMAKE_MATCH_2})
+# For find_package's message: what `native` was on the build machine (GCC can say).
+set(NERVE_ARCH_NAME "${NERVE_ARCH}")
+if(NERVE_ARCH STREQUAL "native" AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  execute_process(COMMAND ${CMAKE_CXX_COMPILER} -march=native -Q --help=target
+                  OUTPUT_VARIABLE _nerve_target_help ERROR_QUIET)
+  if(_nerve_target_help MATCHES "-march=[ \t]+([^ \t\n]+)")
+    set(NERVE_ARCH_NAME "native (${CMAKE_MATCH_1} on the machine that built it)")
+  endif()
+endif()
 target_compile_definitions(nerve_layers INTERFACE
   $<INSTALL_INTERFACE:EIGEN_MAX_ALIGN_BYTES=${NERVE_EIGEN_MAX_ALIGN_BYTES}>
   $<INSTALL_INTERFACE:EIGEN_MAX_STATIC_ALIGN_BYTES=${NERVE_EIGEN_MAX_STATIC_ALIGN_BYTES}>)
