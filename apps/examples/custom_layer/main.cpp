@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <string_view>
 
 #include "layers/activation.hpp"
@@ -71,6 +72,7 @@ int main() {
     std::printf("step %llu  loss %.4f\n", static_cast<unsigned long long>(step), r.loss);
     (step == 0 ? first : last) = r.loss;
   }
-  std::printf("%s layer '%s': hook ran %d times\n", std::string(g.node("silu1").layer->kind()).c_str(), "silu1", calls);
+  const std::string kind(g.node("silu1").layer->kind());
+  std::printf("silu1 (%s): hook ran %d times\n", kind.c_str(), calls);
   return calls == 8 * 2 && last < first ? 0 : 1;  // once per micro-batch; and it learned
 }
