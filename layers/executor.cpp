@@ -24,7 +24,8 @@ auto basic_direct_executor<Scalar>::run_forward(std::vector<tensor_type> inputs,
     outputs[graph_inputs[k]] = std::move(inputs[k]);
   }
   if (keep) keep->resize(nodes.size());
-  const hook_context base{{}, context.micro_batch};
+  // A forward that keeps stashes is training (its backward follows); predict keeps none.
+  const bool training = keep != nullptr;
   for (std::size_t i : graph_.order()) {
     auto& n = nodes[i];
     if (!n.layer) continue;
@@ -32,7 +33,7 @@ auto basic_direct_executor<Scalar>::run_forward(std::vector<tensor_type> inputs,
     in.reserve(n.inputs.size());
     for (std::size_t p : n.inputs) in.push_back(--uses[p] == 0 ? std::move(outputs[p]) : outputs[p].clone());
     auto r = n.layer->forward(std::move(in), context);
-    for (auto& hook : n.forward_hooks) hook(hook_context{n.name, base.micro_batch}, r.output);
+    for (auto& hook : n.forward_hooks) hook(hook_context{n.name, context.micro_batch, context.step, training}, r.output);
     outputs[i] = std::move(r.output);
     if (keep) (*keep)[i] = std::move(r.stash);
   }
@@ -46,7 +47,7 @@ auto basic_direct_executor<Scalar>::forward(std::vector<tensor_type> inputs, con
     throw std::invalid_argument("executor: micro-batch " + std::to_string(context.micro_batch) + " is already in flight");
   std::vector<basic_stash<Scalar>> keep;
   auto out = run_forward(std::move(inputs), context, &keep);
-  stashes_.emplace(context.micro_batch, std::move(keep));
+  stashes_.emplace(context.micro_batch, kept_forward{std::move(keep), context.step});
   return out;
 }
 
@@ -70,7 +71,8 @@ void basic_direct_executor<Scalar>::backward(std::uint64_t micro_batch, const te
   if (it == stashes_.end())
     throw std::invalid_argument("executor: backward of micro-batch " + std::to_string(micro_batch) +
                                 ", which has no forward in flight");
-  std::vector<basic_stash<Scalar>> stashes = std::move(it->second);
+  std::vector<basic_stash<Scalar>> stashes = std::move(it->second.stashes);
+  const std::uint64_t step = it->second.step;
   stashes_.erase(it);
   auto& nodes = graph_.nodes();
   const auto& order = graph_.order();
@@ -91,7 +93,7 @@ void basic_direct_executor<Scalar>::backward(std::uint64_t micro_batch, const te
       if (!nodes[n.inputs[k]].is_input()) wanted |= input_mask{1} << k;
     auto g = n.layer->backward_input(stashes[i], dy, wanted);
     n.layer->backward_weight(stashes[i], dy);
-    for (auto& hook : n.backward_hooks) hook(hook_context{n.name, micro_batch}, g, dy);
+    for (auto& hook : n.backward_hooks) hook(hook_context{n.name, micro_batch, step, true}, g, dy);
     stashes[i] = {};
     if (i != out) grads[i] = tensor_type();
     for (std::size_t k = 0; k < n.inputs.size(); ++k) {
@@ -145,8 +147,8 @@ step_result basic_direct_executor<Scalar>::evaluate(tensor_type input, const bas
 template <class Scalar>
 std::size_t basic_direct_executor<Scalar>::stash_bytes() const noexcept {
   std::size_t b = 0;
-  for (const auto& [id, v] : stashes_)
-    for (const auto& s : v) b += s.payload_bytes();
+  for (const auto& [id, f] : stashes_)
+    for (const auto& s : f.stashes) b += s.payload_bytes();
   return b;
 }
 

@@ -56,7 +56,8 @@ class basic_direct_executor {
   /// releases the micro-batch's stashes.
   void backward(std::uint64_t micro_batch, const tensor_type& grad_output);
 
-  /// Forward without keeping stashes (for evaluation; the layers' mode is unchanged).
+  /// Forward without keeping stashes (for evaluation; the layers' mode is unchanged). Its
+  /// forward hooks see `hook_context::training` false and step 0.
   tensor_type predict(tensor_type input);
 
   /// One optimizer step over a mini-batch split into `micro_batches` nearly equal
@@ -81,8 +82,14 @@ class basic_direct_executor {
   tensor_type run_forward(std::vector<tensor_type> inputs, const forward_context& context,
                           std::vector<basic_stash<Scalar>>* keep);
 
+  /// What forward keeps for one micro-batch until its backward.
+  struct kept_forward {
+    std::vector<basic_stash<Scalar>> stashes;  // by node index
+    std::uint64_t step = 0;                     // the forward's, for the backward hooks
+  };
+
   graph_type& graph_;
-  std::map<std::uint64_t, std::vector<basic_stash<Scalar>>> stashes_;
+  std::map<std::uint64_t, kept_forward> stashes_;
 };
 
 using direct_executor = basic_direct_executor<float>;

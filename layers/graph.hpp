@@ -37,16 +37,32 @@ class wiring_error : public std::invalid_argument {
 struct hook_context {
   /// The node's name (`"fc1"`).
   std::string_view node;
+  /// The micro-batch the call belongs to (0…M−1 within a step).
   std::uint64_t micro_batch = 0;
+  /// The optimizer step the micro-batch belongs to (`train_step`'s `step`; 0 in
+  /// evaluation, which belongs to no step).
+  std::uint64_t step = 0;
+  /// True when the call is part of training (a forward whose backward follows, and
+  /// every backward); false in evaluation (`predict`, `evaluate`), where only forward
+  /// hooks run.
+  bool training = true;
 };
 
-/// Runs after a node's forward; may change (or replace) the output in place.
+/// Runs after a node's forward, in training and in evaluation (`ctx.training` says
+/// which); may change (or replace) the output in place.
+///
+/// Thread: the one that runs the node's layer. Under `network`, the loop thread of
+/// the node's `layer_actor` (nodes on different loops run their hooks at the same
+/// time, so a hook shared by several nodes must synchronise what it shares); under
+/// `direct_executor`, the caller's thread. A hook that throws fails the call (under
+/// `network`: the run, see docs/layers.md "Failures").
 template <class Scalar>
 using basic_forward_hook = std::function<void(const hook_context&, basic_tensor<Scalar>& output)>;
 /// Runs after a node's backward (B) with the gradients for its inputs (empty
 /// where not computed, e.g. for a graph input) and the gradient that arrived at
 /// its output; may change the input gradients in place, as PyTorch's
-/// `register_full_backward_hook`.
+/// `register_full_backward_hook`. Runs in training only; on the same thread as
+/// the node's forward hooks (see `basic_forward_hook`).
 template <class Scalar>
 using basic_backward_hook = std::function<void(const hook_context&, std::vector<basic_tensor<Scalar>>& grad_inputs,
                                                const basic_tensor<Scalar>& grad_output)>;

@@ -78,7 +78,8 @@ void layer_actor::on_forward(forward_msg& m) {
 
   lay.set_training(m.train);
   auto r = lay.forward(std::move(st.inputs), forward_context{static_cast<std::uint64_t>(m.micro_batch), m.step});
-  for (auto& hook : node_.forward_hooks) hook(hook_context{node_.name, static_cast<std::uint64_t>(m.micro_batch)}, r.output);
+  for (auto& hook : node_.forward_hooks)
+    hook(hook_context{node_.name, static_cast<std::uint64_t>(m.micro_batch), m.step, m.train}, r.output);
   st.inputs.clear();
   st.forwarded = true;
   if (m.train) {
@@ -121,7 +122,8 @@ void layer_actor::on_backward(backward_msg& m) {
 
   auto& lay = *node_.layer;
   auto g = lay.backward_input(st.st, dy, wanted_);  // B
-  for (auto& hook : node_.backward_hooks) hook(hook_context{node_.name, static_cast<std::uint64_t>(m.micro_batch)}, g, dy);
+  for (auto& hook : node_.backward_hooks)  // a backward only ever comes in training
+    hook(hook_context{node_.name, static_cast<std::uint64_t>(m.micro_batch), m.step, true}, g, dy);
   for (std::size_t k = 0; k < grad_.size(); ++k) {
     if (!(wanted_ & (input_mask{1} << k)) || g[k].empty()) continue;
     grad_[k]->emit(backward_msg{m.micro_batch, m.step, 0, std::move(g[k])});
