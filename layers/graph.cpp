@@ -217,6 +217,19 @@ basic_graph<Scalar> basic_graph_builder<Scalar>::build(std::uint64_t seed) {
     try {
       n.output_shape = n.layer->output_shape(in);
     } catch (const shape_error& e) {
+      if (n.inputs.size() > 1) {
+        // A join cannot tell which input changed: the one it compares against may be the
+        // culprit (a conv that lost its padding) and the one it blames the unchanged skip
+        // connection. Name every producer with its shape and let the reader judge.
+        std::string got;
+        for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+          const auto& producer = nodes[n.inputs[k]];
+          got += std::string(k == 0 ? "" : k + 1 == n.inputs.size() ? " and " : ", ") + "'" + producer.name + "' " +
+                 producer.output_shape.to_string() + " (input " + std::to_string(k) + ")";
+        }
+        throw wiring_error("graph: shape mismatch at '" + n.layer->label() + "', whose inputs do not fit together: got " +
+                           got + " (" + e.what() + ")");
+      }
       const std::size_t k = std::min(e.input(), n.inputs.size() - 1);
       const auto& producer = nodes[n.inputs[k]];
       throw wiring_error("graph: shape mismatch between '" + producer.name + "' and '" + n.name + "': '" +

@@ -170,12 +170,22 @@ class basic_graph_builder {
   basic_graph_builder& input(std::string name, shape sample_shape);
   /// Adds node `name` running `layer` on the outputs of `inputs` (in order).
   basic_graph_builder& add(std::string name, std::unique_ptr<layer_type> layer_object, std::vector<std::string> inputs);
-  /// Adds a layer given by value: `b.add("fc1", linear(784, 256), {"input"})`.
+  /// Adds a layer given by value: `b.add("fc1", linear(784, 256), {"input"})`, or a
+  /// named one moved in: `b.add("fc1", std::move(fc1), {"input"})`. Layers cannot be
+  /// copied (the graph owns its layer), so a named layer passed as it is (an lvalue)
+  /// stops the build at a `static_assert` that says so, instead of at the deleted copy
+  /// constructor deep inside this function.
   template <class L>
     requires std::is_base_of_v<layer_type, std::remove_cvref_t<L>>
   basic_graph_builder& add(std::string name, L&& layer_object, std::vector<std::string> inputs) {
-    return add(std::move(name), std::unique_ptr<layer_type>(new std::remove_cvref_t<L>(std::forward<L>(layer_object))),
-               std::move(inputs));
+    if constexpr (std::is_reference_v<L> || std::is_const_v<L>) {
+      static_assert(std::is_reference_v<L> && !std::is_reference_v<L>,
+                    "graph_builder::add takes a layer by value: write b.add(\"fc1\", linear(784, 256), {...}) "
+                    "or move a named layer in with b.add(\"fc1\", std::move(layer), {...})");
+      return *this;
+    } else {
+      return add(std::move(name), std::unique_ptr<layer_type>(new L(std::move(layer_object))), std::move(inputs));
+    }
   }
   /// Names the output node. Optional when exactly one node has no consumer.
   basic_graph_builder& output(std::string name);

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "layers/activation.hpp"
+#include "layers/conv2d.hpp"
 #include "layers/executor.hpp"
 #include "layers/join.hpp"
 #include "layers/linear.hpp"
@@ -97,7 +98,7 @@ TEST_SUITE("layers.graph") {
     CHECK(contains(m, "[256]"));
   }
 
-  TEST_CASE("a fan-in mismatch names the join and the offending producer") {
+  TEST_CASE("a fan-in mismatch names the join and both producers") {
     graph_builder b;
     b.input("x", {8});
     b.add("a", linear(8, 4), {"x"});
@@ -105,10 +106,59 @@ TEST_SUITE("layers.graph") {
     b.add("sum", add(), {"a", "b"});
     const auto m = wiring_message(b);
     CAPTURE(m);
+    CHECK(contains(m, "'a'"));
     CHECK(contains(m, "'b'"));
     CHECK(contains(m, "'sum"));
     CHECK(contains(m, "[5]"));
     CHECK(contains(m, "[4]"));
+  }
+
+  TEST_CASE("a join whose inputs disagree names every producer and its shape") {
+    // A residual block where conv3 lost its padding: Add compares against input 0, so the
+    // message must not blame the unchanged skip connection (act1) alone.
+    //   input ─► conv1 ─► act1 ─┬─► conv2 ─► act2 ─► conv3 ─► add1
+    //                           └──────────────────────────────┘
+    graph_builder b;
+    b.input("input", {1, 28, 28});
+    b.add("conv1", conv2d(1, 8, 3, 1, 1), {"input"});
+    b.add("act1", relu(), {"conv1"});
+    b.add("conv2", conv2d(8, 8, 3, 1, 1), {"act1"});
+    b.add("act2", relu(), {"conv2"});
+    b.add("conv3", conv2d(8, 8, 3, 1, 0), {"act2"});  // padding 0: [8, 26, 26]
+    b.add("add1", add(), {"conv3", "act1"});
+    CHECK(wiring_message(b) ==
+          "graph: shape mismatch at 'add1 (Add)', whose inputs do not fit together: got 'conv3' [8, 26, 26] (input 0) "
+          "and 'act1' [8, 28, 28] (input 1) (add1 (Add): input 1 has shape [8, 28, 28], expected [8, 26, 26] (the "
+          "shape of input 0))");
+
+    SUBCASE("three inputs are all listed") {
+      graph_builder c;
+      c.input("x", {8});
+      c.add("a", linear(8, 4), {"x"});
+      c.add("b", linear(8, 4), {"x"});
+      c.add("c", linear(8, 3), {"x"});
+      c.add("sum", add(), {"a", "b", "c"});
+      const auto m = wiring_message(c);
+      CAPTURE(m);
+      CHECK(contains(m, "'sum (Add)'"));
+      CHECK(contains(m, "got 'a' [4] (input 0), 'b' [4] (input 1) and 'c' [3] (input 2)"));
+    }
+  }
+
+  TEST_CASE("add takes a layer by value or moved in") {
+    // A named layer passed as it is (b.add("fc1", fc1, ...)) does not compile: the
+    // static_assert in graph_builder::add says to write a temporary or std::move(fc1).
+    // (CTest has no compile-failure test for it; the message was checked by hand.)
+    graph_builder b;
+    b.input("x", {8});
+    linear fc1(8, 4);
+    b.add("fc1", std::move(fc1), {"x"});
+    b.add("act", relu(), {"fc1"});
+    b.add("fc2", std::make_unique<linear>(4, 2), {"act"});
+    auto g = b.build(1);
+    CHECK(g.layer<linear>("fc1").weight().batch() == 4);
+    CHECK(g.node("act").layer->kind() == "ReLU");
+    CHECK(g.nodes()[g.output()].name == "fc2");
   }
 
   TEST_CASE("cycles, unknown names, duplicates and loose ends are wiring errors") {
