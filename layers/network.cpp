@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <deque>
+#include <exception>
+#include <future>
 #include <stdexcept>
 
 #include "layers/memory.hpp"
@@ -197,7 +199,7 @@ class coordinator_actor : public actors::actor {
 
 network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> criterion, optimizer_factory make_optimizer,
                  network_options opt)
-    : rt_(rt), graph_(g) {
+    : rt_(rt), graph_(g), failure_at_start_(rt.error()) {
   if (!criterion) throw std::invalid_argument("network: no loss given");
   if (!make_optimizer) throw std::invalid_argument("network: no optimizer factory given");
   keep_freed_memory();  // steps reuse the pages of the previous step (layers/memory.hpp)
@@ -277,8 +279,52 @@ network::~network() {
   rt_.stop(loss_);
 }
 
+namespace {
+
+/// A future that already holds `error`.
+template <class T>
+std::future<T> failed_future(std::exception_ptr error) {
+  std::promise<T> p;
+  p.set_exception(std::move(error));
+  return p.get_future();
+}
+
+}  // namespace
+
+std::exception_ptr network::stopped_error() const {
+  // A failure stops every actor of the runtime (runtime::report_failure), so a failure
+  // that came after this network was built killed it, even if the stop has not reached
+  // the coordinator yet. Without one, a stopped coordinator means the runtime shut down.
+  auto failure = rt_.error();
+  if (failure == failure_at_start_) failure = nullptr;
+  if (!failure && !coordinator_.stopped()) return nullptr;
+  std::string why = "the runtime was shut down";
+  if (failure) {
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      why = std::string("of the first failure: ") + e.what();
+    } catch (...) {
+      why = "of the first failure (a non-standard exception)";
+    }
+  }
+  const std::string message = "network: the network stopped because " + why +
+                              "; it cannot run again and must be rebuilt (a new runtime and a new network)";
+  if (!failure) return std::make_exception_ptr(std::runtime_error(message));
+  try {
+    std::rethrow_exception(failure);
+  } catch (...) {
+    try {
+      std::throw_with_nested(std::runtime_error(message));
+    } catch (...) {
+      return std::current_exception();
+    }
+  }
+}
+
 std::future<step_result> network::train_step(tensor input, targets t, std::size_t micro_batches, std::uint64_t step,
                                              double lr) {
+  if (auto dead = stopped_error()) return failed_future<step_result>(std::move(dead));
   auto f = rt_.ask<step_outcome>(coordinator_,
                                  step_request{std::move(input), std::move(t), micro_batches, step, true, false, lr},
                                  std::chrono::nanoseconds::max());
@@ -286,12 +332,14 @@ std::future<step_result> network::train_step(tensor input, targets t, std::size_
 }
 
 std::future<step_result> network::evaluate(tensor input, targets t) {
+  if (auto dead = stopped_error()) return failed_future<step_result>(std::move(dead));
   auto f = rt_.ask<step_outcome>(coordinator_, step_request{std::move(input), std::move(t), 1, 0, false, false},
                                  std::chrono::nanoseconds::max());
   return std::async(std::launch::deferred, [f = std::move(f)]() mutable { return f.get().result; });
 }
 
 std::future<tensor> network::predict(tensor input) {
+  if (auto dead = stopped_error()) return failed_future<tensor>(std::move(dead));
   auto f = rt_.ask<step_outcome>(coordinator_, step_request{std::move(input), {}, 1, 0, false, true},
                                  std::chrono::nanoseconds::max());
   return std::async(std::launch::deferred, [f = std::move(f)]() mutable { return std::move(f.get().output); });

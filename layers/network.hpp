@@ -18,6 +18,7 @@
 /// Thread-safety: `network`'s members may be called from any thread outside the runtime's
 /// loops; steps run one after the other (a second request waits for the first).
 
+#include <exception>
 #include <functional>
 #include <future>
 #include <memory>
@@ -69,6 +70,12 @@ class network {
 
   /// One optimizer step over `input` split into `micro_batches` micro-batches.
   /// `lr` (when not negative) becomes every layer's learning rate from this step on.
+  ///
+  /// A failure in the runtime (a layer or hook that threw, here or in another network on
+  /// the same runtime) stops every actor, this network's included, for good. From then on
+  /// `train_step`, `evaluate` and `predict` return at once a future holding a
+  /// `std::runtime_error` that quotes the first failure (nested in it) and says the
+  /// network must be rebuilt.
   std::future<step_result> train_step(tensor input, targets t, std::size_t micro_batches = 1, std::uint64_t step = 0,
                                       double lr = -1);
   /// Loss and correct count of a batch, in evaluation mode (no stash, no update).
@@ -102,6 +109,10 @@ class network {
   graph_plan plan_;
   std::vector<actors::address> node_actors_;  // by node index; empty for graph inputs
   actors::address coordinator_, loss_;
+  std::exception_ptr failure_at_start_;  // the runtime's error when the network was built (if any)
+
+  /// Null while the network can run; else why it cannot (see `train_step`).
+  std::exception_ptr stopped_error() const;
 };
 
 }  // namespace nerve::layers

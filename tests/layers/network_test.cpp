@@ -149,6 +149,51 @@ TEST_SUITE("layers.network") {
     CHECK_THROWS(f.get());  // the step's answer is an error, not a hang
   }
 
+  TEST_CASE("after a failure the network refuses every call at once, quoting the failure") {
+    auto g = make_preset("mlp", 1);
+    g.register_forward_hook("fc2", [](const hook_context& c, tensor&) {
+      if (c.micro_batch == 1) throw std::runtime_error("bad activation in micro-batch 1");
+    });
+    actors::runtime rt({.loops = 2});
+    network net(rt, g, std::make_shared<cross_entropy>(), sgd_factory({0.1}), network_options{.spread = true});
+    auto first = net.train_step(random_batch(8, shape{784}, 1), random_labels(8, 10, 1), 4);
+    CHECK_THROWS_AS(first.get(), actors::actor_failure);
+    g.clear_hooks();  // the hook is not why the next calls fail: the network is dead
+
+    const std::string want =
+        "network: the network stopped because of the first failure: actor 'fc2' failed: bad activation in "
+        "micro-batch 1; it cannot run again and must be rebuilt (a new runtime and a new network)";
+    auto check_refused = [&](auto future) {
+      REQUIRE(future.wait_for(std::chrono::seconds(0)) == std::future_status::ready);  // at once, not after a send
+      try {
+        future.get();
+        FAIL("a call on a dead network succeeded");
+      } catch (const std::runtime_error& e) {
+        CHECK(std::string(e.what()) == want);
+        try {  // the first failure itself is nested in the error
+          std::rethrow_if_nested(e);
+          FAIL("no nested failure");
+        } catch (const actors::actor_failure& inner) {
+          CHECK(std::string(inner.what()) == "actor 'fc2' failed: bad activation in micro-batch 1");
+        }
+      }
+    };
+    SUBCASE("train_step") { check_refused(net.train_step(random_batch(4, shape{784}, 2), random_labels(4, 10, 2), 1)); }
+    SUBCASE("evaluate") { check_refused(net.evaluate(random_batch(4, shape{784}, 2), random_labels(4, 10, 2))); }
+    SUBCASE("predict") { check_refused(net.predict(random_batch(4, shape{784}, 2))); }
+  }
+
+  TEST_CASE("a network on a shut-down runtime says so") {
+    auto g = make_preset("mlp", 1);
+    actors::runtime rt({.loops = 1});
+    network net(rt, g, std::make_shared<cross_entropy>(), sgd_factory({0.1}));
+    rt.shutdown();
+    CHECK_THROWS_WITH_AS(net.predict(random_batch(2, shape{784}, 1)).get(),
+                         "network: the network stopped because the runtime was shut down; it cannot run again and "
+                         "must be rebuilt (a new runtime and a new network)",
+                         std::runtime_error);
+  }
+
   TEST_CASE("independent branches of a DAG run at the same time on different loops") {
     // input ─► a ─┐
     //       └─► b ─┴─► add ─► out
