@@ -1,12 +1,19 @@
 #include "layers/trainer.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <tuple>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
+#include <system_error>
 
 #include "actors/runtime.hpp"
 #include "layers/checkpoint/atomic_file.hpp"
@@ -324,6 +331,50 @@ std::pair<optimizer_state, run_position> read_train_state(const std::filesystem:
   }
 }
 
+/// `train_options::metrics`: one JSON object a line. Each line goes out in one write(2)
+/// on an O_APPEND descriptor, unbuffered: `tail -f` sees it at once, and a process killed
+/// between two steps leaves only whole lines (no stdio buffer to lose or cut).
+class metrics_log {
+ public:
+  /// Opens `path` (its symlinks followed, a non-regular file refused), emptied unless `append`.
+  metrics_log(const std::filesystem::path& path, bool append) : path_(path) {
+    const auto target = checkpoint::replace_target(path);
+    fd_ = ::open(target.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC), 0666);
+    if (fd_ < 0) throw std::system_error(errno, std::generic_category(), "--metrics " + path.string() + ": cannot open it");
+  }
+  metrics_log(const metrics_log&) = delete;
+  metrics_log& operator=(const metrics_log&) = delete;
+  ~metrics_log() { ::close(fd_); }
+  /// Writes `record` (ordered: `kind` first, for a reader of the raw file) as one line.
+  void write(const nlohmann::ordered_json& record) {
+    const auto line = record.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+    for (std::size_t done = 0; done < line.size();) {
+      const auto n = ::write(fd_, line.data() + done, line.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw std::system_error(errno, std::generic_category(), "--metrics " + path_.string() + ": cannot write");
+      done += std::size_t(n);
+    }
+  }
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+};
+
+/// JSON has no NaN or Inf: a non-finite figure (`--allow-nonfinite`) is written as null.
+nlohmann::ordered_json finite_or_null(double v) {
+  return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char b[32];
+  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return b;
+}
+
 }  // namespace
 
 train_options resume_options(const std::filesystem::path& path) {
@@ -392,6 +443,22 @@ void check_options(const train_options& o) {
   // Before a long run, not after it: a FIFO or a device is refused (atomic_file).
   if (!o.save.empty()) checkpoint::replace_target(o.save);
   if (!o.trace.empty()) checkpoint::replace_target(o.trace);
+  if (!o.metrics.empty()) {
+    const auto target = checkpoint::replace_target(o.metrics);
+    // Appending lines to a checkpoint or a trace would corrupt it (and renaming it over the
+    // metrics would lose them).
+    auto same = [&](const std::filesystem::path& other) {
+      if (other.empty()) return false;
+      std::error_code e1, e2;
+      const auto a = std::filesystem::weakly_canonical(target, e1);
+      const auto b = std::filesystem::weakly_canonical(checkpoint::replace_target(other), e2);
+      return !e1 && !e2 && a == b;
+    };
+    for (const auto& [flag, other] : {std::pair{"--save", &o.save}, {"--trace", &o.trace},
+                                      {"--checkpoint", &o.checkpoint}, {"--resume", &o.resume}})
+      if (same(*other))
+        refuse("--metrics '" + o.metrics.string() + "' is the file " + flag + " names: give each its own file");
+  }
 }
 
 train_report train(graph& g, const train_options& o, const std::function<void(const train_progress&)>& on_progress,
@@ -452,6 +519,22 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
   report.parameters = g.parameter_count();
   report.epochs = pos.done;
   std::int64_t step = pos.step;
+  // Opened only now, with the run about to start: a run refused above leaves the old file.
+  std::optional<metrics_log> metrics;
+  if (!o.metrics.empty()) {
+    metrics.emplace(o.metrics, !o.resume.empty());
+    nlohmann::ordered_json run = {{"kind", "run"},
+                                  {"format", "nerve-metrics-1"},
+                                  {"time", utc_now()},
+                                  {"parameters", report.parameters},
+                                  {"total_steps", total_steps},
+                                  {"steps_per_epoch", per_epoch},
+                                  {"batches_per_epoch", batches},
+                                  {"settings", nlohmann::ordered_json(settings_of(o))}};
+    // What the resumed run replays: the steps from here on, the epoch under way.
+    if (!o.resume.empty()) run["resume"] = {{"step", pos.step}, {"epoch", pos.epoch + 1}};
+    metrics->write(run);
+  }
   auto stop_requested = [&] { return o.stop && o.stop->load(std::memory_order_relaxed); };
   for (int epoch = pos.epoch; epoch < o.epochs && step < total_steps && !report.interrupted; ++epoch) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -464,6 +547,7 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
     std::int64_t correct = resumed ? pos.correct : 0, seen = resumed ? pos.seen : 0;
     const std::int64_t seen_before = seen;  // samples/s counts this process's samples only
     std::size_t stopped_at = batches;      // the next batch, when a stop request ends the epoch
+    auto step_began = t0;                  // a step's time includes waiting for its batch
     std::future<prepared_batch> next;
     if (first_batch < batches)
       next = rt.ask<prepared_batch>(loader, load_batch{std::uint64_t(epoch), first_batch}, std::chrono::nanoseconds::max());
@@ -478,9 +562,20 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
         next = rt.ask<prepared_batch>(loader, load_batch{std::uint64_t(epoch), b + 1}, std::chrono::nanoseconds::max());
       const auto rows = static_cast<std::size_t>(cur.x.batch());
       if (rows < engine->min_rows()) continue;  // a last batch too small to split as the engine must
+      const double lr = lr_at(step);
       auto r = engine->train_step(std::move(cur.x), std::move(cur.y), std::min(o.micro_batches, rows),
-                                  std::uint64_t(step), lr_at(step))
+                                  std::uint64_t(step), lr)
                    .get();
+      if (metrics) {  // before the loss check: the curve of a diverged run shows its last step
+        const auto now = std::chrono::steady_clock::now();
+        const double s = std::chrono::duration<double>(now - step_began).count();
+        step_began = now;
+        metrics->write({{"kind", "step"}, {"step", step}, {"epoch", epoch + 1}, {"batch", b + 1},
+                        {"loss", finite_or_null(r.loss)},
+                        {"accuracy", r.samples ? double(r.correct) / double(r.samples) : 0.0}, {"lr", lr},
+                        {"samples", r.samples}, {"seconds", s},
+                        {"samples_per_s", s > 0 ? double(r.samples) / s : 0.0}});
+      }
       if (!std::isfinite(r.loss) && !o.allow_nonfinite)
         throw std::runtime_error("step " + std::to_string(step) + " (epoch " + std::to_string(epoch + 1) + ", batch " +
                                  std::to_string(b + 1) + "): the loss is " + (std::isnan(r.loss) ? "nan" : "inf") +
@@ -532,6 +627,14 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
                     }()});
     }
     report.epochs.push_back(st);
+    if (metrics) {  // after the checkpoint, so a resume starts at or after this line's step
+      const bool tested = test_set && !st.interrupted;
+      metrics->write({{"kind", "epoch"}, {"epoch", st.epoch}, {"step", step}, {"steps", st.steps},
+                      {"train_loss", finite_or_null(st.train_loss)}, {"train_accuracy", st.train_accuracy},
+                      {"test_loss", tested ? finite_or_null(st.test_loss) : nullptr},
+                      {"test_accuracy", tested ? nlohmann::ordered_json(st.test_accuracy) : nullptr},
+                      {"seconds", st.seconds}, {"samples_per_s", st.samples_per_s}, {"interrupted", st.interrupted}});
+    }
     if (on_epoch) on_epoch(st);
   }
   report.steps = step;

@@ -74,6 +74,13 @@ struct train_options {
   std::int64_t checkpoint_every = 0;  ///< steps between checkpoints (0: after every epoch only)
   /// Continue the run saved in this checkpoint (`resume_options` reads its settings).
   std::filesystem::path resume;
+  /// Write the training curves here as JSON lines (docs/trace.md, "Training curves"): a
+  /// `run` line with the settings, then a `step` line per optimizer step and an `epoch`
+  /// line per epoch, each written whole and at once, so `tail -f` follows the run and a
+  /// stopped or killed run keeps complete lines. A fresh run replaces the file; a resumed
+  /// run (`resume`) appends to it (`nerve-trace curves` keeps the later run's records of
+  /// the steps it replays). Like `save`, it must be a regular file or none yet.
+  std::filesystem::path metrics;
   /// An app's own settings (JSON text), kept in checkpoints and given back on resume.
   std::string app_settings;
   /// Go on through a non-finite loss or gradient, and load non-finite `init` weights
@@ -89,8 +96,8 @@ struct train_options {
 /// Throws `std::invalid_argument` naming the option (as its command-line flag) and the
 /// allowed range for the first value out of range: epochs and steps, batch and
 /// micro-batches, a finite lr above 0, momentum in [0, 1), a finite weight decay of 0 or
-/// more, a known optimizer and schedule, 1 to `max_threads` threads, and `save` and
-/// `trace` naming regular files (or none yet). Any thread.
+/// more, a known optimizer and schedule, 1 to `max_threads` threads, and `save`, `trace`
+/// and `metrics` naming regular files (or none yet), `metrics` none of the others. Any thread.
 void check_options(const train_options& options);
 
 /// Rows per evaluation call (the test set goes through in chunks of this size).

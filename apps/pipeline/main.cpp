@@ -294,6 +294,10 @@ int main(int argc, char** argv) {
   app.add_flag("--allow-nonfinite", allow_nonfinite,
                "Go on through a NaN or Inf loss, and load NaN or Inf --init weights (default: stop with an error "
                "naming the step, or the tensor)");
+  std::string metrics_file;
+  app.add_option("--metrics", metrics_file,
+                 "Write the training curves here as JSON lines (a line per step and per epoch, as the run goes; "
+                 "draw them with nerve-trace curves); --resume appends");
   app.add_flag("--json", json, "Print one JSON object with the results on stdout");
   app.add_flag("--quiet", quiet, "No progress bar");
   std::string checkpoint, resume;
@@ -303,8 +307,8 @@ int main(int argc, char** argv) {
                  "every epoch and every --checkpoint-every steps");
   app.add_option("--checkpoint-every", checkpoint_every, "Steps between checkpoints (0: after every epoch only)");
   app.add_option("--resume", resume,
-                 "Continue the run saved in this checkpoint with its settings (--save, --trace, --checkpoint and "
-                 "--json may be given again)");
+                 "Continue the run saved in this checkpoint with its settings (--save, --trace, --metrics, --checkpoint "
+                 "and --json may be given again; --metrics appends to the file)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -418,6 +422,7 @@ int main(int argc, char** argv) {
     o.init.clear();  // loaded below into every replica, not by the trainer
     o.save = save;
     o.trace = trace;
+    o.metrics = metrics_file;
     o.trace_exact = trace_exact;
     o.threads = threads;
     o.micro_batches = 1;  // the schedule's M splits each replica's part, not the trainer
@@ -541,6 +546,7 @@ int main(int argc, char** argv) {
       j["per_stage"] = j["stages_detail"];
       j.erase("stages_detail");
       if (!trace.empty()) j["trace"] = trace;
+      if (!metrics_file.empty()) j["metrics"] = metrics_file;
       std::cout << j.dump(2) << "\n";
     } else {
       std::printf("\n%-6s %10s %10s %10s %10s %10s %8s %8s %8s %8s %10s\n", "stage", "busy s", "idle s", "input s",
@@ -557,6 +563,7 @@ int main(int argc, char** argv) {
                   static_cast<long long>(step));
       if (!save.empty() && !report.interrupted) std::printf("weights written to %s\n", save.c_str());
       if (!trace.empty()) std::printf("trace written to %s\n", trace.c_str());
+      if (!metrics_file.empty()) std::printf("metrics written to %s\n", metrics_file.c_str());
     }
     if (report.interrupted) {
       std::fprintf(stderr, "nerve-pipeline: interrupted by %s after %lld steps%s\n",

@@ -126,13 +126,17 @@ int main(int argc, char** argv) {
                  "every epoch and every --checkpoint-every steps");
   app.add_option("--checkpoint-every", checkpoint_every, "Steps between checkpoints (0: after every epoch only)");
   app.add_option("--resume", resume,
-                 "Continue the run saved in this checkpoint with its settings (--save, --trace, --checkpoint and "
-                 "--json may be given again)");
+                 "Continue the run saved in this checkpoint with its settings (--save, --trace, --metrics, --checkpoint "
+                 "and --json may be given again; --metrics appends to the file)");
   app.add_option("--device", device, "Where the network runs: cpu, cuda, cuda:N or standin (the CPU stand-in of a GPU)");
   bool allow_nonfinite = false;
   app.add_flag("--allow-nonfinite", allow_nonfinite,
                "Go on through a NaN or Inf loss or gradient, and load NaN or Inf --init weights (default: stop with "
                "an error naming the step and the layer, or the tensor)");
+  std::string metrics;
+  app.add_option("--metrics", metrics,
+                 "Write the training curves here as JSON lines (a line per step and per epoch, as the run goes; "
+                 "draw them with nerve-trace curves); --resume appends");
   app.add_flag("--json", json, "Print one JSON object with the results on stdout");
   app.add_flag("--quiet", quiet, "No progress bar");
   CLI11_PARSE(app, argc, argv);
@@ -154,6 +158,7 @@ int main(int argc, char** argv) {
       if (app.count("--checkpoint-every") > 0) o.checkpoint_every = checkpoint_every;
       o.save = save;
       o.trace = trace;
+      o.metrics = metrics;
       o.trace_exact = trace_exact;
       o.stop = &stop_requested;
     } else {
@@ -184,6 +189,7 @@ int main(int argc, char** argv) {
       o.init = init;
       o.save = save;
       o.trace = trace;
+      o.metrics = metrics;
       o.trace_exact = trace_exact;
       o.evaluate = !no_eval;
       o.device = device;
@@ -243,6 +249,7 @@ int main(int argc, char** argv) {
     } else {
       if (!o.save.empty() && !report.interrupted) std::printf("weights written to %s\n", o.save.c_str());
       if (!o.trace.empty()) std::printf("trace written to %s\n", o.trace.c_str());
+      if (!o.metrics.empty()) std::printf("metrics written to %s\n", o.metrics.c_str());
     }
     if (report.interrupted) {
       std::fprintf(stderr, "nerve-train: interrupted by %s after %lld steps%s\n",
