@@ -6,7 +6,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "layers/activation.hpp"
 #include "layers/checkpoint/checkpoint.hpp"
@@ -89,6 +92,30 @@ engine_factory reporting_loss_at(std::uint64_t bad_step, double loss) {
     e->loss = loss;
     return e;
   };
+}
+
+/// The records of a `--metrics` file. Every line must be whole (the file ends in a newline)
+/// and one JSON object with a `kind`.
+std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE_FALSE(text.empty());
+  CHECK(text.back() == '\n');
+  std::vector<nlohmann::json> records;
+  for (std::size_t from = 0, end = text.find('\n'); end != std::string::npos; from = end + 1, end = text.find('\n', from)) {
+    auto j = nlohmann::json::parse(text.substr(from, end - from));
+    REQUIRE(j.is_object());
+    REQUIRE(j.contains("kind"));
+    records.push_back(std::move(j));
+  }
+  return records;
+}
+
+std::vector<nlohmann::json> of_kind(const std::vector<nlohmann::json>& records, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  for (auto& r : records)
+    if (r["kind"] == kind) out.push_back(r);
+  return out;
 }
 
 /// A small residual network a user might wire: flatten, a skip connection, a custom width.
@@ -378,6 +405,150 @@ TEST_SUITE("layers.trainer") {
   }
 }
 
+TEST_SUITE("layers.trainer.metrics") {
+  TEST_CASE("the metrics file has a run line, a line per step at the schedule's rate, and a line per epoch") {
+    tiny_fashion_mnist data(300, 1500);
+    train_options o;
+    o.model = "users";
+    o.data = data.dir;
+    o.epochs = 2;
+    o.batch = 64;  // 4 full batches and one of 44, twice
+    o.lr = 0.1;
+    o.schedule = "cosine";
+    o.metrics = data.dir / "m.jsonl";
+    std::ofstream(o.metrics) << "an older run's lines, replaced\n";
+    auto g = users_graph();
+    engine_log log;
+    auto report = train(g, o, {}, {}, recording(log));
+    const auto records = read_metrics(o.metrics);
+    REQUIRE(records.size() == 1 + 10 + 2);
+    const auto& run = records[0];
+    CHECK(run["kind"] == "run");
+    CHECK(run["format"] == "nerve-metrics-1");
+    CHECK(run["total_steps"] == 10);
+    CHECK(run["settings"]["schedule"] == "cosine");
+    CHECK(run["settings"]["lr"] == 0.1);
+    CHECK_FALSE(run.contains("resume"));
+    // Steps and epochs in the order they happened: five steps, the first epoch, five more.
+    CHECK(records[6]["kind"] == "epoch");
+    CHECK(records[12]["kind"] == "epoch");
+    const auto steps = of_kind(records, "step");
+    REQUIRE(steps.size() == 10);
+    for (std::size_t t = 0; t < steps.size(); ++t) {
+      CAPTURE(t);
+      CHECK(steps[t]["step"] == t);
+      CHECK(steps[t]["epoch"] == (t < 5 ? 1 : 2));
+      CHECK(steps[t]["batch"] == t % 5 + 1);
+      // The exact doubles: the engine's rate and loss, the schedule's rate.
+      CHECK(steps[t]["lr"].get<double>() == log.rates[t]);
+      CHECK(steps[t]["lr"].get<double>() == cosine_lr{0.1, 10}(std::int64_t(t)));
+      CHECK(steps[t]["loss"].get<double>() == log.losses[t]);
+      CHECK(steps[t]["samples"] == log.rows[t]);
+      const double acc = steps[t]["accuracy"];
+      CHECK((acc >= 0 && acc <= 1));
+      CHECK(steps[t]["samples_per_s"].get<double>() > 0);
+    }
+    const auto epochs = of_kind(records, "epoch");
+    REQUIRE(epochs.size() == 2);
+    for (std::size_t e = 0; e < 2; ++e) {
+      CAPTURE(e);
+      CHECK(epochs[e]["epoch"] == e + 1);
+      CHECK(epochs[e]["step"] == 5 * (e + 1));
+      CHECK(epochs[e]["steps"] == 5);
+      CHECK(epochs[e]["train_loss"].get<double>() == report.epochs[e].train_loss);
+      CHECK(epochs[e]["train_accuracy"].get<double>() == report.epochs[e].train_accuracy);
+      CHECK(epochs[e]["test_loss"].get<double>() == report.epochs[e].test_loss);
+      CHECK(epochs[e]["test_accuracy"].get<double>() == report.epochs[e].test_accuracy);
+      CHECK(epochs[e]["interrupted"] == false);
+    }
+  }
+
+  TEST_CASE("a stopped run's file ends with whole lines: the steps taken and the interrupted epoch") {
+    tiny_fashion_mnist data(320, 10);
+    train_options o;
+    o.model = "users";
+    o.data = data.dir;
+    o.batch = 32;  // 10 steps an epoch
+    o.epochs = 3;
+    o.metrics = data.dir / "m.jsonl";
+    std::atomic<bool> stop{false};
+    o.stop = &stop;
+    auto g = users_graph();
+    auto report = train(g, o, [&](const train_progress& p) {
+      if (p.epoch == 2 && p.batch == 4) stop = true;
+    });
+    REQUIRE(report.steps == 14);
+    const auto records = read_metrics(o.metrics);
+    CHECK(of_kind(records, "step").size() == 14);
+    const auto epochs = of_kind(records, "epoch");
+    REQUIRE(epochs.size() == 2);
+    CHECK(records.back() == epochs[1]);
+    CHECK(epochs[1]["interrupted"] == true);
+    CHECK(epochs[1]["steps"] == 4);
+    CHECK(epochs[1]["test_loss"].is_null());  // a stopped epoch is not evaluated
+    CHECK(epochs[1]["test_accuracy"].is_null());
+    CHECK(epochs[0]["test_accuracy"].is_number());
+  }
+
+  TEST_CASE("a diverged step is on the curve, its loss null, and the file stays JSON") {
+    tiny_fashion_mnist data(128, 10);
+    train_options o;
+    o.model = "users";
+    o.data = data.dir;
+    o.evaluate = false;
+    o.batch = 32;
+    o.metrics = data.dir / "m.jsonl";
+    auto g = users_graph();
+    SUBCASE("stopped at the step") {
+      CHECK_THROWS_WITH(train(g, o, {}, {}, reporting_loss_at(2, std::nan(""))), doctest::Contains("step 2"));
+      const auto steps = of_kind(read_metrics(o.metrics), "step");
+      REQUIRE(steps.size() == 3);
+      CHECK(steps[2]["loss"].is_null());
+    }
+    SUBCASE("allowed") {
+      o.allow_nonfinite = true;
+      train(g, o, {}, {}, reporting_loss_at(1, INFINITY));
+      const auto records = read_metrics(o.metrics);
+      const auto steps = of_kind(records, "step");
+      REQUIRE(steps.size() == 4);
+      CHECK(steps[1]["loss"].is_null());
+      CHECK(steps[2]["loss"].is_number());
+      CHECK(of_kind(records, "epoch")[0]["train_loss"].is_null());  // the epoch's mean holds the inf
+    }
+  }
+
+  TEST_CASE("--metrics is refused, before the run, where --save would be and beside the other outputs") {
+    tiny_fashion_mnist data(64, 10);
+    train_options o;
+    o.model = "users";
+    o.data = data.dir;
+    SUBCASE("a directory") {
+      o.metrics = data.dir;
+      CHECK_THROWS_WITH_AS(check_options(o), doctest::Contains("is a directory, not a regular file"),
+                           std::invalid_argument);
+    }
+    SUBCASE("a character device") {
+      o.metrics = "/dev/null";
+      CHECK_THROWS_WITH_AS(check_options(o), "'/dev/null' is a character device, not a regular file: refusing to replace it",
+                           std::invalid_argument);
+    }
+    SUBCASE("the checkpoint's file") {
+      o.checkpoint = data.dir / "ck.safetensors";
+      o.metrics = data.dir / "." / "ck.safetensors";
+      CHECK_THROWS_WITH_AS(check_options(o), doctest::Contains("is the file --checkpoint names: give each its own file"),
+                           std::invalid_argument);
+    }
+    SUBCASE("the trace, through a symlink") {
+      o.trace = data.dir / "t.json";
+      std::filesystem::create_symlink("t.json", data.dir / "link.jsonl");
+      o.metrics = data.dir / "link.jsonl";
+      CHECK_THROWS_WITH_AS(check_options(o), doctest::Contains("is the file --trace names"), std::invalid_argument);
+    }
+    auto g = users_graph();
+    CHECK_THROWS_AS(train(g, o), std::invalid_argument);
+  }
+}
+
 TEST_SUITE("layers.trainer.resume") {
   /// The cpu engine, failing the step `fail_at` as a killed process would stop there.
   struct crashing_engine : train_engine {
@@ -453,6 +624,63 @@ TEST_SUITE("layers.trainer.resume") {
         CHECK(same_weights(resumed, whole));
       }
     }
+  }
+
+  TEST_CASE("a resumed run appends to its metrics file: a run line saying where it resumes, then the steps it takes") {
+    tiny_fashion_mnist data(200, 10);
+    train_options o;
+    o.model = "users";
+    o.data = data.dir;
+    o.epochs = 3;
+    o.batch = 48;  // 5 steps an epoch
+    o.schedule = "cosine";
+    o.evaluate = false;
+    o.checkpoint = data.dir / "ck.safetensors";
+    o.checkpoint_every = 3;
+    o.metrics = data.dir / "m.jsonl";
+    auto g = users_graph();
+    CHECK_THROWS_WITH(train(g, o, {}, {},
+                            [&](actors::runtime& rt, graph& gg, const train_options& oo) {
+                              auto e = std::make_unique<crashing_engine>(7);
+                              e->inner = make_network_engine(rt, gg, oo);
+                              return e;
+                            }),
+                      "killed");
+    const auto before = read_metrics(o.metrics);  // whole lines up to the failure
+    CHECK(of_kind(before, "step").size() == 7);
+    CHECK(of_kind(before, "epoch").size() == 1);
+
+    auto ro = resume_options(o.checkpoint);  // the checkpoint of step 6
+    CHECK(ro.metrics.empty());               // an output: given again, as --save and --trace are
+    ro.metrics = o.metrics;
+    auto resumed = users_graph();
+    CHECK(train(resumed, ro).steps == 15);
+    const auto records = read_metrics(o.metrics);
+    REQUIRE(records.size() > before.size());
+    for (std::size_t i = 0; i < before.size(); ++i) CHECK(records[i] == before[i]);  // appended, not replaced
+    const auto& run = records[before.size()];
+    CHECK(run["kind"] == "run");
+    CHECK(run["resume"]["step"] == 6);
+    CHECK(run["resume"]["epoch"] == 2);
+    // The resumed run replays step 6 and goes on to 14: its own lines, at the schedule's rates.
+    std::vector<std::int64_t> replayed;
+    for (std::size_t i = before.size(); i < records.size(); ++i)
+      if (records[i]["kind"] == "step") {
+        replayed.push_back(records[i]["step"]);
+        CHECK(records[i]["lr"].get<double>() == cosine_lr{0.1, 15}(records[i]["step"].get<std::int64_t>()));
+      }
+    CHECK(replayed == std::vector<std::int64_t>{6, 7, 8, 9, 10, 11, 12, 13, 14});
+    const auto epochs = of_kind(records, "epoch");
+    REQUIRE(epochs.size() == 3);
+    CHECK(epochs[2]["epoch"] == 3);
+    CHECK(epochs[2]["step"] == 15);
+
+    // A fresh run given the same file starts it again.
+    o.checkpoint.clear();
+    o.steps = 2;
+    auto fresh = users_graph();
+    train(fresh, o);
+    CHECK(read_metrics(o.metrics).size() == 1 + 2 + 1);
   }
 
   TEST_CASE("resuming from a weights-only file says what is missing") {
