@@ -8,6 +8,7 @@ std::string diagnostic::to_string() const {
   std::string out = file.empty() ? std::string("<input>") : file;
   out += ": ";
   if (event >= 0) out += "event " + std::to_string(event) + ": ";
+  if (line >= 0) out += "line " + std::to_string(line) + ": ";
   out += level == severity::error ? "error: " : "warning: ";
   out += message;
   return out;

@@ -19,8 +19,9 @@ struct diagnostic {
   std::string file;
   std::int64_t event = -1;  ///< index in `traceEvents` (or the bare array); -1 when not about one event
   std::string message;
+  std::int64_t line = -1;   ///< 1-based line of a line-oriented file (metrics JSON lines); -1 when not about one
 
-  /// `file: event 12: message`, the form every command prints.
+  /// `file: event 12: message` (or `file: line 3: message`), the form every command prints.
   [[nodiscard]] std::string to_string() const;
 };
 

@@ -5,10 +5,12 @@
 //   nerve-trace html TRACE... -o PAGE        one self-contained page with the timeline
 //   nerve-trace merge TRACE... -o OUT       several traces as one file (for Perfetto)
 //   nerve-trace synth -o OUT [...]          a synthetic 1F1B pipeline trace
+//   nerve-trace curves METRICS -o PAGE       the training curves of a --metrics file
 //
 // Exit status: 0 fine, 1 the trace has errors (or a file could not be read or written,
 // or anything else failed: one line on stderr, never an abort), 2 usage.
 
+#include "apps/trace/curves.hpp"
 #include "apps/trace/html_page.hpp"
 #include "apps/trace/reader.hpp"
 #include "apps/trace/summary.hpp"
@@ -126,7 +128,7 @@ int main(int argc, char** argv) {
 namespace {
 
 int run(int argc, char** argv) {
-  CLI::App app{"nerve-trace: validate, summarise and draw nerve traces (Chrome trace event format)"};
+  CLI::App app{"nerve-trace: validate, summarise and draw nerve traces (Chrome trace event format), and training curves"};
   app.require_subcommand(1);
 
   std::vector<std::string> files;
@@ -162,6 +164,15 @@ int run(int argc, char** argv) {
   auto* merge = app.add_subcommand("merge", "write several traces as one file (pids renumbered on conflict)");
   merge->add_option("TRACE", files, "trace files")->required();
   merge->add_option("-o,--output", output, "the merged trace to write")->required();
+
+  // A run's curves, not its messages: a file of their own (nerve-train --metrics) and a
+  // page of their own, with steps across rather than microseconds.
+  std::string metrics_file;
+  auto* curves = app.add_subcommand("curves", "draw the training curves of a --metrics file (nerve-train, "
+                                              "nerve-pipeline) as one self-contained HTML page");
+  curves->add_option("METRICS", metrics_file, "the JSON lines file --metrics wrote")->required();
+  curves->add_option("-o,--output", output, "the page to write")->required();
+  curves->add_option("--title", title, "page title (default: the file name)");
 
   synth_options so;
   auto* synth = app.add_subcommand("synth", "write a synthetic 1F1B pipeline trace with known bubbles");
@@ -231,6 +242,35 @@ int run(int argc, char** argv) {
       for (const auto& [cause, us] : truth.stage_idle_us[s]) std::cout << ", " << cause << " " << us << " µs";
       std::cout << "\n";
     }
+    return 0;
+  }
+
+  if (*curves) {
+    diagnostics cd;
+    const auto c = read_metrics_file(metrics_file, cd);
+    if (!report(cd, false, false)) {
+      std::cerr << "nerve-trace: " << metrics_file << " has errors (see above); no page written\n";
+      return 1;
+    }
+    if (c.steps.empty() && c.epochs.empty()) {
+      std::cerr << "nerve-trace: " << metrics_file << ": no step or epoch lines, nothing to draw yet\n";
+      return 1;
+    }
+    std::ofstream out(output, std::ios::binary);
+    if (!out) {
+      std::cerr << "nerve-trace: cannot write " << output << "\n";
+      return 1;
+    }
+    auto stats = write_curves_page(c, title.empty() ? "training curves: " + metrics_file : title, out);
+    out.close();
+    if (!out) {
+      std::cerr << "nerve-trace: cannot write " << output << "\n";
+      return 1;
+    }
+    std::cout << "wrote " << output << ": " << stats.steps << " steps, " << stats.epochs << " epochs, " << stats.runs
+              << " run(s)";
+    if (c.superseded) std::cout << ", " << c.superseded << " replayed records replaced";
+    std::cout << ", " << stats.bytes << " bytes\n";
     return 0;
   }
 
