@@ -70,6 +70,21 @@ expect 1 'negative.json: event 0: error: ph "X" name "a": "ts" -5 is out of rang
 printf '{"traceEvents":[{"name":"a","ph":"X","pid":0,"tid":1,"ts":5,"dur":1e308}]}' >long.json
 expect 1 'long.json: event 0: error: ph "X" name "a": "dur" 1e+308 ends the event after 4e+15' -- "$tool" summary long.json
 
+# --- metrics files (nerve-trace curves): every bad line named by its number, no page written
+printf '{"kind":"run"}\n{"kind":"step","step":0,"epoch":1,"loss":1,"accuracy":0.5,"lr":0.1}\n{"kind":"step","step":1,\n' >cut.jsonl
+expect 1 'cut.jsonl: line 3: error: not a JSON object: syntax error' -- "$tool" curves cut.jsonl -o cut.html
+expect 1 'cut.jsonl has errors (see above); no page written' -- "$tool" curves cut.jsonl -o cut.html
+[ -e cut.html ] && { echo "FAIL: curves wrote a page for a file with errors"; failures=$((failures + 1)); }
+printf '{"kind":"step","step":0,"epoch":1,"loss":1e400,"accuracy":0.5,"lr":0.1}\n' >big.jsonl
+expect 1 'big.jsonl: line 1: error: a number too large for a double' -- "$tool" curves big.jsonl -o big.html
+printf '{"kind":"step","step":0,"epoch":1,"loss":1,"accuracy":2,"lr":0.1}\n' >acc.jsonl
+expect 1 'acc.jsonl: line 1: error: "accuracy": 2 is not a number from 0 to 1 (or null)' -- "$tool" curves acc.jsonl -o acc.html
+printf '{"kind":"run"}\n' >started.jsonl
+expect 1 'started.jsonl: no step or epoch lines, nothing to draw yet' -- "$tool" curves started.jsonl -o started.html
+expect 1 'adir: error: cannot read it: it is a directory, not a metrics file' -- "$tool" curves adir -o adir.html
+expect 1 'missing.jsonl: error: cannot open the file: no such file' -- "$tool" curves missing.jsonl -o missing.html
+expect 2 '--output is required' -- "$tool" curves cut.jsonl
+
 # --- options: each numeric option refuses what is not finite or out of its range
 "$tool" synth -o ok.json --stages 2 --microbatches 2 >/dev/null || { echo "FAIL: synth of a small trace"; failures=$((failures + 1)); }
 expect 2 "--window wants A:B in µs, two finite numbers with 0 <= A < B <= 4e+15, got '5:1'" -- "$tool" summary --window 5:1 ok.json
