@@ -190,7 +190,7 @@ class basic_layer {
     for (auto& p : parameters()) p.grad->set_zero();
   }
   /// Draws fresh parameters (PyTorch's default scheme for the layer) from `rng`.
-  virtual void reset_parameters(std::mt19937_64& rng) {}
+  virtual void reset_parameters(std::mt19937_64& /*rng*/) {}
 
   /// Training (default) or evaluation mode: Dropout and BatchNorm differ.
   void set_training(bool training) noexcept { training_ = training; }
@@ -206,7 +206,7 @@ class basic_layer {
   virtual forward_result do_forward(std::vector<tensor_type>& inputs, const forward_context& context) = 0;
   virtual std::vector<tensor_type> do_backward_input(const stash_type& saved, const tensor_type& grad_output,
                                                      input_mask wanted) = 0;
-  virtual void do_backward_weight(const stash_type& saved, const tensor_type& grad_output) {}
+  virtual void do_backward_weight(const stash_type& /*saved*/, const tensor_type& /*grad_output*/) {}
 
   /// A `shape_error` for input `i`: "<label>: input i has <got>, expected <want>".
   shape_error mismatch(std::size_t i, const shape& got, const std::string& want) const {

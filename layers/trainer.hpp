@@ -161,7 +161,7 @@ class train_engine {
   virtual void sync_weights() {}
   /// Adds what the trace's `nerve` metadata should say besides the runtime's (device,
   /// stages, schedule) to the object `extra`.
-  virtual void trace_metadata(nlohmann::json& extra) const {}
+  virtual void trace_metadata(nlohmann::json& /*extra*/) const {}
 };
 
 /// Makes the engine that trains `g` on `rt`'s loops as `options` say.
