@@ -36,38 +36,19 @@
 #include "layers/pipeline/pipeline.hpp"
 #include "layers/presets.hpp"
 #include "layers/trainer.hpp"
+#include "apps/common/run_control.hpp"
 
 using namespace nerve;
 namespace np = nerve::pipeline;
 namespace nl = nerve::layers;
 
+using nerve::apps::install_stop_handlers;
+using nerve::apps::progress_bar;
+using nerve::apps::stop_requested;
+using nerve::apps::stop_signal;
+
 namespace {
 
-/// A progress bar on stderr: redrawn in place on a terminal, a line per quarter otherwise.
-class progress_bar {
- public:
-  explicit progress_bar(bool quiet) : quiet_(quiet), tty_(isatty(STDERR_FILENO) != 0) {}
-  void operator()(int epoch, std::size_t batch, std::size_t batches, double loss, double samples_per_s) {
-    if (quiet_) return;
-    const int pct = static_cast<int>(100.0 * double(batch) / double(batches));
-    if (tty_) {
-      if (pct == last_ && batch != batches) return;
-      const int width = 30, fill = pct * width / 100;
-      std::fprintf(stderr, "\repoch %d [%.*s%*s] %3d%%  loss %.4f  %.0f samples/s ", epoch, fill,
-                   "==============================", width - fill, "", pct, loss, samples_per_s);
-      if (batch == batches) std::fprintf(stderr, "\r%*s\r", 90, "");
-    } else if (pct / 25 != last_ / 25 || batch == 1) {
-      std::fprintf(stderr, "epoch %d: %3d%% (%zu/%zu batches), loss %.4f, %.0f samples/s\n", epoch, pct, batch,
-                   batches, loss, samples_per_s);
-    }
-    last_ = pct;
-    if (batch == batches) last_ = -1;
-  }
-
- private:
-  bool quiet_, tty_;
-  int last_ = -1;
-};
 
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> v;
@@ -203,26 +184,6 @@ class pipeline_engine : public nl::train_engine {
   bool downloaded_ = true;
 };
 
-// Ctrl-C or SIGTERM: the trainer stops before its next step, finishes the pipeline, writes
-// the trace and the figures so far (marked interrupted), and the app exits 128 + signal.
-// A second signal ends the process at once (SA_RESETHAND).
-std::atomic<bool> stop_requested{false};
-volatile std::sig_atomic_t stop_signal = 0;
-static_assert(std::atomic<bool>::is_always_lock_free, "the signal handler needs a lock-free flag");
-
-extern "C" void on_stop_signal(int sig) {
-  stop_signal = sig;
-  stop_requested.store(true);
-}
-
-void install_stop_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sa.sa_flags = SA_RESTART | SA_RESETHAND;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-}
 
 /// `value` of option `name` as an unsigned 32-bit count in [lo, hi]; throws naming both.
 /// (`hi` < 0: no bound of its own but what 32 bits hold.)
@@ -484,7 +445,7 @@ int main(int argc, char** argv) {
     install_stop_handlers();
     nlohmann::json epochs_json = nlohmann::json::array();
     auto report = nl::train(
-        g, o, [&](const nl::train_progress& p) { bar(p.epoch, p.batch, p.batches, p.loss, p.samples_per_s); },
+        g, o, [&](const nl::train_progress& p) { bar(p); },
         [&](const nl::epoch_stats& e) {
           epochs_json.push_back({{"epoch", e.epoch},
                                  {"interrupted", e.interrupted},
