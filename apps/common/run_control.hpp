@@ -1,7 +1,8 @@
 #pragma once
 /// \file
-/// What nerve-train and nerve-pipeline share around the one trainer: the progress bar and
-/// the Ctrl-C / SIGTERM handling. Header-only; each app includes it once.
+/// What nerve-train and nerve-pipeline share around the one trainer: the options that
+/// save and resume a run, the progress bar and the Ctrl-C / SIGTERM handling.
+/// Header-only; each app includes it once.
 
 #include <signal.h>
 #include <unistd.h>
@@ -10,9 +11,40 @@
 #include <csignal>
 #include <cstdio>
 
+#include <string>
+
+#include <CLI/CLI.hpp>
+
 #include "layers/trainer.hpp"
 
 namespace nerve::apps {
+
+/// The options of a run's state: checkpoints, resume, the training curves.
+struct run_state_options {
+  std::string checkpoint, resume, metrics;
+  long long checkpoint_every = 0;
+
+  /// Declares `--checkpoint`, `--checkpoint-every`, `--resume` and `--metrics` on `app`.
+  void add_to(CLI::App& app) {
+    app.add_option("--checkpoint", checkpoint,
+                   "Write the full training state (weights, optimizer, position, settings) here, atomically, after "
+                   "every epoch and every --checkpoint-every steps");
+    app.add_option("--checkpoint-every", checkpoint_every, "Steps between checkpoints (0: after every epoch only)");
+    app.add_option("--resume", resume,
+                   "Continue the run saved in this checkpoint with its settings (--save, --trace, --metrics, "
+                   "--checkpoint and --json may be given again; --metrics appends to the file)");
+    app.add_option("--metrics", metrics,
+                   "Write the training curves here as JSON lines (a line per step and per epoch, as the run goes; "
+                   "draw them with nerve-trace curves); --resume appends");
+  }
+  /// Puts them into `o`: a resumed run keeps its checkpoint's path and period unless given.
+  void apply(const CLI::App& app, layers::train_options& o) const {
+    if (checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be 0 or more steps");
+    if (resume.empty() || !checkpoint.empty()) o.checkpoint = checkpoint;
+    if (resume.empty() || app.count("--checkpoint-every") > 0) o.checkpoint_every = checkpoint_every;
+    o.metrics = metrics;
+  }
+};
 
 /// A progress bar on stderr: redrawn in place on a terminal, a line per quarter otherwise.
 class progress_bar {

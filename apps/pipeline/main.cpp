@@ -255,25 +255,15 @@ int main(int argc, char** argv) {
   app.add_flag("--allow-nonfinite", allow_nonfinite,
                "Go on through a NaN or Inf loss, and load NaN or Inf --init weights (default: stop with an error "
                "naming the step, or the tensor)");
-  std::string metrics_file;
-  app.add_option("--metrics", metrics_file,
-                 "Write the training curves here as JSON lines (a line per step and per epoch, as the run goes; "
-                 "draw them with nerve-trace curves); --resume appends");
+  nerve::apps::run_state_options state;
+  state.add_to(app);
+  const auto& resume = state.resume;
+  const auto& metrics_file = state.metrics;
   app.add_flag("--json", json, "Print one JSON object with the results on stdout");
   app.add_flag("--quiet", quiet, "No progress bar");
-  std::string checkpoint, resume;
-  long long checkpoint_every = 0;
-  app.add_option("--checkpoint", checkpoint,
-                 "Write the full training state (weights, optimizer, position, settings) here, atomically, after "
-                 "every epoch and every --checkpoint-every steps");
-  app.add_option("--checkpoint-every", checkpoint_every, "Steps between checkpoints (0: after every epoch only)");
-  app.add_option("--resume", resume,
-                 "Continue the run saved in this checkpoint with its settings (--save, --trace, --metrics, --checkpoint "
-                 "and --json may be given again; --metrics appends to the file)");
   CLI11_PARSE(app, argc, argv);
 
   try {
-    if (checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be 0 or more steps");
     const auto loops = static_cast<long long>(nl::max_threads);
     const char* per_loop = ": each stage of each replica is an actor, by default on its own event loop";
     stages = count_in_range("--stages", stages_in, 1, loops, per_loop);
@@ -369,12 +359,8 @@ int main(int argc, char** argv) {
       o.data = data;
       o.evaluate = !no_eval;
       o.allow_nonfinite = allow_nonfinite;
-      o.checkpoint = checkpoint;
-      o.checkpoint_every = checkpoint_every;
-    } else {
-      if (!checkpoint.empty()) o.checkpoint = checkpoint;
-      if (app.count("--checkpoint-every") > 0) o.checkpoint_every = checkpoint_every;
     }
+    state.apply(app, o);
     if (o.batch < std::size_t(micro) * replicas)
       throw std::invalid_argument("--batch " + std::to_string(o.batch) + " cannot split into " +
                                   std::to_string(replicas) + " x " + std::to_string(micro) + " micro-batches");
@@ -383,7 +369,6 @@ int main(int argc, char** argv) {
     o.init.clear();  // loaded below into every replica, not by the trainer
     o.save = save;
     o.trace = trace;
-    o.metrics = metrics_file;
     o.trace_exact = trace_exact;
     o.threads = threads;
     o.micro_batches = 1;  // the schedule's M splits each replica's part, not the trainer

@@ -1,4 +1,5 @@
 #include "apps/trace/curves.hpp"
+#include "apps/trace/html_page.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -7,17 +8,6 @@
 namespace nerve::trace {
 namespace {
 
-void replace(std::string& s, const std::string& what, const std::string& with) {
-  std::string out;
-  std::size_t from = 0;
-  for (auto p = s.find(what); p != std::string::npos; p = s.find(what, from)) {
-    out.append(s, from, p - from);
-    out += with;
-    from = p + what.size();
-  }
-  out.append(s, from, std::string::npos);
-  s = std::move(out);
-}
 
 // JSON safe inside <script>: "</" would end the element. NaN and Inf become null.
 std::string script_json(const nlohmann::json& j) {
@@ -31,16 +21,6 @@ std::string script_json(const nlohmann::json& j) {
   return out;
 }
 
-std::string html_text(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '&') out += "&amp;";
-    else out += c;
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -77,8 +57,8 @@ curves_stats write_curves_page(const training_curves& c, const std::string& titl
       {"title", title}, {"runs", runs}, {"steps", steps}, {"epochs", epochs}, {"superseded", c.superseded}};
 
   std::string page(detail::curves_page());
-  replace(page, "NERVE_CURVES_TITLE", html_text(title));
-  replace(page, "/*NERVE_CURVES_DATA*/", script_json(data));
+  detail::replace_all(page, "NERVE_CURVES_TITLE", detail::html_text(title));
+  detail::replace_all(page, "/*NERVE_CURVES_DATA*/", script_json(data));
   out << page;
   return {c.steps.size(), c.epochs.size(), c.runs.size(), page.size()};
 }

@@ -73,34 +73,14 @@ class page_builder {
     order_lanes();
     std::string data = data_json();
     std::string page(detail::viewer_page());
-    std::string title = options_.title;
-    std::string escaped;
-    for (char c : title) {
-      if (c == '<') escaped += "&lt;";
-      else if (c == '>') escaped += "&gt;";
-      else if (c == '&') escaped += "&amp;";
-      else escaped += c;
-    }
-    replace(page, "NERVE_TRACE_TITLE", escaped);
-    replace(page, "/*NERVE_TRACE_DATA*/", data);
+    detail::replace_all(page, "NERVE_TRACE_TITLE", detail::html_text(options_.title));
+    detail::replace_all(page, "/*NERVE_TRACE_DATA*/", data);
     out << page;
     stats_.bytes = page.size();
     return stats_;
   }
 
  private:
-  static void replace(std::string& s, const std::string& what, const std::string& with) {
-    std::string out;
-    std::size_t from = 0;
-    for (auto p = s.find(what); p != std::string::npos; p = s.find(what, from)) {
-      out.append(s, from, p - from);
-      out += with;
-      from = p + what.size();
-    }
-    out.append(s, from, std::string::npos);
-    s = std::move(out);
-  }
-
   std::string process_label(std::int64_t pid) const {
     auto it = t_.process_names.find(pid);
     return it != t_.process_names.end() ? it->second : "pid " + std::to_string(pid);
@@ -506,5 +486,32 @@ class page_builder {
 html_stats write_html_page(const trace_index& index, const html_options& options, std::ostream& out) {
   return page_builder(index, options).build(out);
 }
+
+namespace detail {
+
+void replace_all(std::string& s, const std::string& what, const std::string& with) {
+  std::string out;
+  std::size_t from = 0;
+  for (auto p = s.find(what); p != std::string::npos; p = s.find(what, from)) {
+    out.append(s, from, p - from);
+    out += with;
+    from = p + what.size();
+  }
+  out.append(s, from, std::string::npos);
+  s = std::move(out);
+}
+
+std::string html_text(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else if (c == '&') out += "&amp;";
+    else out += c;
+  }
+  return out;
+}
+
+}  // namespace detail
 
 }  // namespace nerve::trace

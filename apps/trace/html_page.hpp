@@ -32,6 +32,10 @@ html_stats write_html_page(const trace_index& index, const html_options& options
 namespace detail {
 /// The page template (apps/trace/viewer.html), compiled in.
 std::string_view viewer_page();
+/// Replaces every `what` in `s` with `with` (filling a page template's placeholders).
+void replace_all(std::string& s, const std::string& what, const std::string& with);
+/// `s` as HTML text: `<`, `>` and `&` escaped.
+std::string html_text(const std::string& s);
 }  // namespace detail
 
 }  // namespace nerve::trace

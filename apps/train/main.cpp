@@ -80,31 +80,19 @@ int main(int argc, char** argv) {
   app.add_flag("--trace-exact", trace_exact,
                "Time every handler run with a clock read of its own (default: short runs in a row share one; docs/trace.md)");
   app.add_flag("--no-eval", no_eval, "Skip the test-set evaluation after each epoch");
-  std::string checkpoint, resume;
-  long long checkpoint_every = 0;
-  app.add_option("--checkpoint", checkpoint,
-                 "Write the full training state (weights, optimizer, position, settings) here, atomically, after "
-                 "every epoch and every --checkpoint-every steps");
-  app.add_option("--checkpoint-every", checkpoint_every, "Steps between checkpoints (0: after every epoch only)");
-  app.add_option("--resume", resume,
-                 "Continue the run saved in this checkpoint with its settings (--save, --trace, --metrics, --checkpoint "
-                 "and --json may be given again; --metrics appends to the file)");
   app.add_option("--device", device, "Where the network runs: cpu, cuda, cuda:N or standin (the CPU stand-in of a GPU)");
   bool allow_nonfinite = false;
   app.add_flag("--allow-nonfinite", allow_nonfinite,
                "Go on through a NaN or Inf loss or gradient, and load NaN or Inf --init weights (default: stop with "
                "an error naming the step and the layer, or the tensor)");
-  std::string metrics;
-  app.add_option("--metrics", metrics,
-                 "Write the training curves here as JSON lines (a line per step and per epoch, as the run goes; "
-                 "draw them with nerve-trace curves); --resume appends");
+  nerve::apps::run_state_options state;
+  state.add_to(app);
   app.add_flag("--json", json, "Print one JSON object with the results on stdout");
   app.add_flag("--quiet", quiet, "No progress bar");
   CLI11_PARSE(app, argc, argv);
 
   try {
-    if (checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be 0 or more steps");
-    if (!resume.empty()) {
+    if (!state.resume.empty()) {
       // The checkpoint's settings hold: a training option given beside --resume would be ignored.
       for (const char* opt : {"--model", "--epochs", "--steps", "--batch", "--microbatches", "--lr", "--optimizer",
                               "--momentum", "--nesterov", "--weight-decay", "--schedule", "--threads", "--spread",
@@ -112,14 +100,11 @@ int main(int argc, char** argv) {
         if (app.count(opt) > 0)
           throw std::invalid_argument(std::string(opt) + " cannot be given with --resume: the run goes on with the "
                                       "settings its checkpoint holds");
-      o = resume_options(resume);
+      o = resume_options(state.resume);
       model = o.model;
       device = o.device;
-      if (!checkpoint.empty()) o.checkpoint = checkpoint;
-      if (app.count("--checkpoint-every") > 0) o.checkpoint_every = checkpoint_every;
       o.save = save;
       o.trace = trace;
-      o.metrics = metrics;
       o.trace_exact = trace_exact;
       o.stop = &stop_requested;
     } else {
@@ -150,15 +135,13 @@ int main(int argc, char** argv) {
       o.init = init;
       o.save = save;
       o.trace = trace;
-      o.metrics = metrics;
       o.trace_exact = trace_exact;
       o.evaluate = !no_eval;
       o.device = device;
       o.allow_nonfinite = allow_nonfinite;
       o.stop = &stop_requested;
-      o.checkpoint = checkpoint;
-      o.checkpoint_every = checkpoint_every;
     }
+    state.apply(app, o);
     check_options(o);  // before the banner and the data: a bad value costs nothing
 
     if (!json)
