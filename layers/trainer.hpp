@@ -37,7 +37,7 @@ namespace nerve::layers {
 
 /// The most event loops (`train_options::threads`) a run may ask for: each loop is a
 /// thread with its own arena, and past a few per core they cost start-up time and memory
-/// without adding speed (10000 loops took 33 s and 2.1 GB before the first step).
+/// without adding speed (docs/errors.md has what 10,000 cost).
 inline constexpr unsigned max_threads = 256;
 
 /// Everything a training run is told. `train` checks it first (`check_options`).
