@@ -3,26 +3,23 @@
 #include "actors/runtime.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <stdexcept>
 
 namespace nerve::layers {
 
-layer_actor::layer_actor(graph::node_type& n, std::uint32_t index, const node_plan& plan, std::unique_ptr<optimizer> opt)
-    : actor(n.name), node_(n), index_(index), plan_(plan), opt_(std::move(opt)) {
+layer_actor::layer_actor(graph::node_type& n, std::uint32_t index, const node_plan& plan,
+                         std::unique_ptr<layer_kernels> kernels)
+    : actor(n.name), node_(n), index_(index), plan_(plan), kernels_(std::move(kernels)) {
   if (!node_.layer) throw std::invalid_argument("layer_actor: node '" + node_.name + "' is a graph input, not a layer");
   on<forward_msg>([this](forward_msg& m) { on_forward(m); });
   on<backward_msg>([this](backward_msg& m) { on_backward(m); });
   // Checkpoints: names as the optimizer steps them (the layer's own: "weight").
-  on<get_optimizer_state>([this](get_optimizer_state&) {
-    optimizer_state st;
-    if (opt_) opt_->save_state(st);
-    return st;
-  });
+  on<get_optimizer_state>([this](get_optimizer_state&) { return kernels_->save_state(); });
   on<set_optimizer_state>([this](set_optimizer_state& m) {
-    if (opt_) opt_->load_state(m.state, node_.layer->parameters());
+    kernels_->load_state(m.state);
     return true;
   });
+  on<backend_done>([](backend_done& d) { handle_backend_done(d); });
   on<allow_nonfinite_gradients>([this](allow_nonfinite_gradients& m) { allow_nonfinite_ = m.allow; });
   for (std::size_t k = 0; k < node_.inputs.size(); ++k)
     grad_.push_back(std::make_unique<bus::signal<backward_msg>>(*this, "grad" + std::to_string(k)));
@@ -49,7 +46,6 @@ void layer_actor::record_credits(std::size_t edge) {
 }
 
 void layer_actor::on_forward(forward_msg& m) {
-  auto& lay = *node_.layer;
   const auto n_in = node_.inputs.size();
   if (m.port >= n_in)
     throw std::invalid_argument("layer '" + node_.name + "': forward into port " + std::to_string(m.port) + " of " +
@@ -62,7 +58,7 @@ void layer_actor::on_forward(forward_msg& m) {
   }
   if (m.train) {
     step_micro_batches_ = m.micro_batches;
-    if (m.lr >= 0 && opt_) opt_->set_lr(m.lr);
+    kernels_->set_lr(m.lr);
   }
 
   auto& st = mbs_[m.micro_batch];
@@ -76,15 +72,21 @@ void layer_actor::on_forward(forward_msg& m) {
   st.inputs[m.port] = std::move(m.x);
   if (++st.inputs_got < n_in) return;  // fan-in: wait for the other inputs of this micro-batch
 
-  lay.set_training(m.train);
-  auto r = lay.forward(std::move(st.inputs), forward_context{static_cast<std::uint64_t>(m.micro_batch), m.step});
-  for (auto& hook : node_.forward_hooks)
-    hook(hook_context{node_.name, static_cast<std::uint64_t>(m.micro_batch), m.step, m.train}, r.output);
+  value out = kernels_->forward(st.inputs, forward_context{static_cast<std::uint64_t>(m.micro_batch), m.step},
+                                m.train, st.st);
+  if (!node_.forward_hooks.empty()) {
+    const hook_context ctx{node_.name, static_cast<std::uint64_t>(m.micro_batch), m.step, m.train};
+    if (!out.device)
+      for (auto& hook : node_.forward_hooks) hook(ctx, out.host);
+    else
+      kernels_->with_host(*this, {&out}, [this, ctx](std::vector<tensor>& h) {
+        for (auto& hook : node_.forward_hooks) hook(ctx, h[0]);
+      });
+  }
   st.inputs.clear();
   st.forwarded = true;
   if (m.train) {
-    bytes_ += r.stash.payload_bytes();
-    st.st = std::move(r.stash);
+    bytes_ += st.st.payload_bytes();
     st.grads.resize(plan_.edge_count());
     peak_stashed_ = std::max(peak_stashed_, mbs_.size());
     peak_bytes_ = std::max(peak_bytes_, bytes_);
@@ -96,7 +98,7 @@ void layer_actor::on_forward(forward_msg& m) {
       ++outstanding_[e];
       record_credits(e);
     }
-  out_.emit(forward_msg{m.micro_batch, m.step, 0, m.micro_batches, m.train, m.lr, std::move(r.output)});
+  out_.emit(forward_msg{m.micro_batch, m.step, 0, m.micro_batches, m.train, m.lr, std::move(out)});
 }
 
 void layer_actor::on_backward(backward_msg& m) {
@@ -116,14 +118,27 @@ void layer_actor::on_backward(backward_msg& m) {
   // Sum in the direct executor's order (consumers in reverse topological order), so the
   // result is the same bits.
   const auto& order = plan_.grad_order;
-  tensor dy = std::move(st.grads[order[0]]);
-  for (std::size_t k = 1; k < order.size(); ++k) dy += st.grads[order[k]];
+  value dy = std::move(st.grads[order[0]]);
+  for (std::size_t k = 1; k < order.size(); ++k) kernels_->add(dy, st.grads[order[k]]);
   st.grads.clear();
 
-  auto& lay = *node_.layer;
-  auto g = lay.backward_input(st.st, dy, wanted_);  // B
-  for (auto& hook : node_.backward_hooks)  // a backward only ever comes in training
-    hook(hook_context{node_.name, static_cast<std::uint64_t>(m.micro_batch), m.step, true}, g, dy);
+  auto g = kernels_->backward_input(st.st, dy, wanted_);  // B
+  if (!node_.backward_hooks.empty()) {  // a backward only ever comes in training
+    const hook_context ctx{node_.name, static_cast<std::uint64_t>(m.micro_batch), m.step, true};
+    if (!dy.device) {
+      std::vector<tensor> gh;  // the hooks' view of the host gradients (moved back after)
+      for (auto& v : g) gh.push_back(std::move(v.host));
+      for (auto& hook : node_.backward_hooks) hook(ctx, gh, dy.host);
+      for (std::size_t k = 0; k < g.size(); ++k) g[k].host = std::move(gh[k]);
+    } else {
+      std::vector<const value*> vs{&dy};
+      for (auto& v : g) vs.push_back(&v);
+      kernels_->with_host(*this, std::move(vs), [this, ctx](std::vector<tensor>& h) {
+        std::vector<tensor> gh(std::make_move_iterator(h.begin() + 1), std::make_move_iterator(h.end()));
+        for (auto& hook : node_.backward_hooks) hook(ctx, gh, h[0]);
+      });
+    }
+  }
   for (std::size_t k = 0; k < grad_.size(); ++k) {
     if (!(wanted_ & (input_mask{1} << k)) || g[k].empty()) continue;
     grad_[k]->emit(backward_msg{m.micro_batch, m.step, 0, std::move(g[k])});
@@ -137,28 +152,18 @@ void layer_actor::on_backward(backward_msg& m) {
 }
 
 void layer_actor::finish_weight_grads() {
-  auto& lay = *node_.layer;
-  const bool params = lay.has_parameters();
   for (auto it = pending_w_.find(next_w_); it != pending_w_.end(); it = pending_w_.find(next_w_)) {
-    if (params) lay.backward_weight(it->second.st, it->second.grad);
+    kernels_->backward_weight(it->second.st, it->second.grad);
     pending_w_.erase(it);
     ++next_w_;
     ++backwards_done_;
   }
   if (backwards_done_ < step_micro_batches_) return;
-  if (params) {
-    auto ps = lay.parameters();
-    for (auto& p : ps)  // a NaN would reach the weights and every later step
-      if (!allow_nonfinite_ && !std::all_of(p.grad->data(), p.grad->data() + p.grad->size(),
-                                            [](float v) { return std::isfinite(v); }))
-        throw std::runtime_error("layer '" + node_.name + "': step " + std::to_string(step_) + ": the gradient of " +
-                                 node_.name + "." + p.name + " is not finite (nan or inf): training diverged");
-    opt_->step(ps);
-    lay.zero_grad();
-  }
+  kernels_->update(step_, allow_nonfinite_);
   backwards_done_ = 0;
   next_w_ = 0;
-  send(coordinator_, node_done{step_, index_});
+  // On a device the update is enqueued: the coordinator hears of the step once it is done.
+  kernels_->when_done(*this, [this, done = node_done{step_, index_}] { send(coordinator_, done); });
 }
 
 }  // namespace nerve::layers

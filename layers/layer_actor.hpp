@@ -18,6 +18,11 @@
 /// bits as sequential training. After the step's last backward it applies its optimizer,
 /// zeroes its gradients and reports `node_done` to the coordinator.
 ///
+/// The math goes to the node's `layer_kernels` (layers/backend.hpp): Eigen on the CPU, or
+/// enqueued on a device's stream, where the step's end comes back as a `backend_done`
+/// message and only then is `node_done` sent. Hooks see host tensors (on a device, a
+/// download made only when a hook is registered, run once it is done).
+///
 /// With the recorder on, each edge's credits are recorded as a counter on this actor's
 /// track (`credits`, `available`, id = the edge's global index): the step's micro-batches
 /// less those forwarded on the edge whose gradient has not come back.
@@ -30,9 +35,9 @@
 
 #include "actors/actor.hpp"
 #include "bus/signal.hpp"
+#include "layers/backend.hpp"
 #include "layers/graph.hpp"
 #include "layers/messages.hpp"
-#include "layers/optimizer.hpp"
 #include "layers/plan.hpp"
 
 namespace nerve::layers {
@@ -51,8 +56,9 @@ struct allow_nonfinite_gradients {
 class layer_actor : public actors::actor {
  public:
   /// `node` (of a graph that outlives the actor) is used by this actor only; `plan` is
-  /// the node's wiring (copied).
-  layer_actor(graph::node_type& node, std::uint32_t index, const node_plan& plan, std::unique_ptr<optimizer> opt);
+  /// the node's wiring (copied); `kernels` run its math (and own its optimizer).
+  layer_actor(graph::node_type& node, std::uint32_t index, const node_plan& plan,
+              std::unique_ptr<layer_kernels> kernels);
 
   /// The node's output: forward messages to every consumer edge.
   bus::signal<forward_msg>& output() noexcept { return out_; }
@@ -69,11 +75,11 @@ class layer_actor : public actors::actor {
 
  private:
   struct micro_batch_state {
-    std::vector<tensor> inputs;
+    std::vector<value> inputs;
     std::uint32_t inputs_got = 0;
-    stash st;
+    kept st;
     bool forwarded = false;
-    std::vector<tensor> grads;
+    std::vector<value> grads;
     std::uint32_t grads_got = 0;
   };
   void on_forward(forward_msg& m);
@@ -84,7 +90,7 @@ class layer_actor : public actors::actor {
   graph::node_type& node_;
   std::uint32_t index_;
   node_plan plan_;
-  std::unique_ptr<optimizer> opt_;
+  std::unique_ptr<layer_kernels> kernels_;
   bus::signal<forward_msg> out_{*this, "out"};
   std::vector<std::unique_ptr<bus::signal<backward_msg>>> grad_;  // by input port
   actors::address coordinator_;
@@ -96,8 +102,8 @@ class layer_actor : public actors::actor {
   std::map<std::int64_t, micro_batch_state> mbs_;
   // W in micro-batch order: backwards that arrived early wait here with their stash.
   struct pending_weight {
-    stash st;
-    tensor grad;
+    kept st;
+    value grad;
   };
   std::map<std::int64_t, pending_weight> pending_w_;
   std::int64_t next_w_ = 0;

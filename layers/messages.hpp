@@ -7,6 +7,7 @@
 #include <memory>
 #include <string_view>
 
+#include "layers/backend.hpp"
 #include "layers/loss.hpp"
 #include "layers/optimizer.hpp"
 #include "layers/tensor.hpp"
@@ -15,6 +16,7 @@ namespace nerve::layers {
 
 /// Activations of one micro-batch into input `port` of a layer actor: what a node's
 /// output signal carries (the bus stamps `port` with the subscribing edge's input port).
+/// `x` is a host tensor, or a device value that stays on the device (layers/backend.hpp).
 struct forward_msg {
   static constexpr std::string_view kind = "forward";
   std::int64_t micro_batch = 0;
@@ -23,7 +25,7 @@ struct forward_msg {
   std::uint32_t micro_batches = 1;  ///< in this step: a node steps its optimizer after that many backwards
   bool train = true;                ///< false: evaluation, no stash, no backward
   double lr = -1;                   ///< the step's learning rate (negative: unchanged)
-  tensor x;
+  value x;
   std::size_t payload_bytes() const noexcept { return x.payload_bytes(); }
   /// A copy for one more consumer of the same output (fan-out).
   forward_msg clone() const { return {micro_batch, step, port, micro_batches, train, lr, x.clone()}; }
@@ -36,7 +38,7 @@ struct backward_msg {
   std::int64_t micro_batch = 0;
   std::uint64_t step = 0;
   std::uint32_t port = 0;  ///< which consumer edge of the receiving node it came back along (bus-stamped)
-  tensor grad;
+  value grad;
   std::size_t payload_bytes() const noexcept { return grad.payload_bytes(); }
   backward_msg clone() const { return {micro_batch, step, port, grad.clone()}; }
 };
@@ -51,6 +53,7 @@ struct targets_msg {
   bool train = true;
   bool want_output = false;  ///< send the network output back in the report (predict)
   double share = 1.0;
+  std::int64_t first = 0;  ///< the micro-batch's first row in the mini-batch
   targets t;
 };
 

@@ -30,11 +30,13 @@ struct step_outcome {
   tensor output;
 };
 
-/// Computes the loss of each micro-batch when both its output and its targets are in, and
-/// sends the gradient back into the network's output node.
+/// Computes the loss of each micro-batch when both its output and its targets are in (on
+/// the backend), and sends the gradient back into the network's output node.
 class loss_actor : public actors::actor {
  public:
-  explicit loss_actor(std::shared_ptr<const loss> criterion) : actor("loss"), criterion_(std::move(criterion)) {
+  loss_actor(std::shared_ptr<const loss> criterion, std::shared_ptr<backend> be)
+      : actor("loss"), criterion_(std::move(criterion)), backend_(std::move(be)) {
+    on<backend_done>([](backend_done& d) { handle_backend_done(d); });
     on<forward_msg>([this](forward_msg& m) {
       auto& s = pending_[m.micro_batch];
       s.output = std::move(m.x);
@@ -54,7 +56,7 @@ class loss_actor : public actors::actor {
 
  private:
   struct slot {
-    tensor output;
+    value output;
     targets_msg target;
     bool have_output = false, have_target = false;
   };
@@ -63,19 +65,17 @@ class loss_actor : public actors::actor {
     if (!it->second.have_output || !it->second.have_target) return;
     auto s = std::move(it->second);
     pending_.erase(it);
-    loss_report rep{mb, s.target.step, 0, s.target.share, 0, s.output.batch(), {}};
-    if (!s.target.t.labels.empty() || !s.target.t.values.empty()) {
-      auto r = criterion_->forward(s.output, s.target.t);
-      rep.loss = r.loss;
-      rep.correct = r.correct;
-      if (s.target.train)
-        grad_.emit(backward_msg{mb, s.target.step, 0, criterion_->backward(r.stash, float(s.target.share))});
-    }
-    if (s.target.want_output) rep.output = std::move(s.output);
-    send(coordinator_, std::move(rep));
+    const auto& tm = s.target;
+    backend_->loss(
+        *this, *criterion_, std::move(s.output), tm.t, tm.first, tm.share, tm.train, tm.want_output,
+        [&](value g) { grad_.emit(backward_msg{mb, tm.step, 0, std::move(g)}); },
+        [this, mb, step = tm.step, share = tm.share, rows = tm.t.size()](loss_figures& f) {
+          send(coordinator_, loss_report{mb, step, f.loss, share, f.correct, rows, std::move(f.output)});
+        });
   }
 
   std::shared_ptr<const loss> criterion_;
+  std::shared_ptr<backend> backend_;
   bus::signal<backward_msg> grad_{*this, "grad"};
   actors::address coordinator_;
   std::map<std::int64_t, slot> pending_;
@@ -84,7 +84,8 @@ class loss_actor : public actors::actor {
 /// Splits batches into micro-batches, feeds the network, and answers when a step is done.
 class coordinator_actor : public actors::actor {
  public:
-  coordinator_actor(std::size_t layer_nodes) : actor("coordinator"), layer_nodes_(layer_nodes) {
+  coordinator_actor(std::size_t layer_nodes, std::shared_ptr<backend> be)
+      : actor("coordinator"), layer_nodes_(layer_nodes), backend_(std::move(be)) {
     on<step_request>([this](step_request& r) {
       queue_.push_back({std::move(r), defer_reply<step_outcome>()});
       if (queue_.size() == 1) start_front();
@@ -143,10 +144,10 @@ class coordinator_actor : public actors::actor {
     outputs_.clear();
     for (std::int64_t k = 0; k < m; ++k) {
       const auto [first, count] = split[static_cast<std::size_t>(k)];
-      targets_msg tm{k, r.step, r.train, r.want_output, double(count) / double(n),
+      targets_msg tm{k, r.step, r.train, r.want_output, double(count) / double(n), first,
                      m == 1 ? std::move(r.t) : r.t.slice(first, count)};
       send(loss_, std::move(tm));
-      tensor x = m == 1 ? std::move(r.input) : r.input.slice(first, count);
+      value x = backend_->feed(r.input, first, count);
       for (std::size_t e = 0; e < inputs_.size(); ++e) {
         forward_msg f{k, r.step, 0, static_cast<std::uint32_t>(m), r.train, r.lr,
                       e + 1 == inputs_.size() ? std::move(x) : x.clone()};
@@ -186,6 +187,7 @@ class coordinator_actor : public actors::actor {
   }
 
   std::size_t layer_nodes_;
+  std::shared_ptr<backend> backend_;
   std::vector<std::unique_ptr<bus::signal<forward_msg>>> inputs_;
   actors::address loss_;
   std::deque<job> queue_;
@@ -201,7 +203,11 @@ network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> crit
                  network_options opt)
     : rt_(rt), graph_(g), failure_at_start_(rt.error()) {
   if (!criterion) throw std::invalid_argument("network: no loss given");
-  if (!make_optimizer) throw std::invalid_argument("network: no optimizer factory given");
+  backend_ = opt.backend ? std::move(opt.backend) : make_cpu_backend(std::move(make_optimizer));
+  backend_->check_loss(*criterion);
+  if (backend_->on_device() && (opt.spread || !opt.loops.empty() || (opt.control_loop >= 0 && unsigned(opt.control_loop) != opt.first_loop)))
+    throw std::invalid_argument(std::string("network: the ") + std::string(backend_->name()) +
+                                " backend's actors share its stream, hence one loop (no spread, loops or control loop)");
   keep_freed_memory();  // steps reuse the pages of the previous step (layers/memory.hpp)
   auto& nodes = g.nodes();
   const auto loops = rt.loop_count();
@@ -217,7 +223,7 @@ network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> crit
 
   std::size_t layer_nodes = 0;
   for (auto& n : nodes) layer_nodes += n.layer ? 1 : 0;
-  coordinator_ = rt.spawn_on<coordinator_actor>(control, layer_nodes);
+  coordinator_ = rt.spawn_on<coordinator_actor>(control, layer_nodes, backend_);
   auto& coord = *static_cast<coordinator_actor*>(coordinator_.get());
 
   // One actor per layer node.
@@ -231,9 +237,9 @@ network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> crit
     if (!opt.loops.empty()) loop = opt.loops[i];
     else if (opt.spread) loop = next++ % loops;
     node_actors_[i] = rt.spawn_on<layer_actor>(check_loop(loop), n, static_cast<std::uint32_t>(i), plan_.nodes[i],
-                                                make_optimizer());
+                                                backend_->kernels_for(n));
   }
-  loss_ = rt.spawn_on<loss_actor>(control, std::move(criterion));
+  loss_ = rt.spawn_on<loss_actor>(control, std::move(criterion), backend_);
   auto& loss_a = *static_cast<loss_actor*>(loss_.get());
   auto actor_at = [&](std::size_t i) -> layer_actor& { return *static_cast<layer_actor*>(node_actors_[i].get()); };
 

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "actors/runtime.hpp"
+#include "layers/backend.hpp"
 #include "layers/executor.hpp"
 #include "layers/graph.hpp"
 #include "layers/layer_actor.hpp"
@@ -55,12 +56,16 @@ struct network_options {
   unsigned first_loop = 0;
   /// The coordinator and loss actors' loop (default: `first_loop`).
   int control_loop = -1;
+  /// Where the layers' kernels go (layers/backend.hpp). Null: the CPU, with an optimizer
+  /// per layer from the network's factory. A device backend's actors share one loop.
+  std::shared_ptr<layers::backend> backend;
 };
 
 class network {
  public:
   /// Spawns the actors for `g` (which must outlive the network) on `rt`. Sets the training
   /// heap policy (`keep_freed_memory`, layers/memory.hpp) so steps reuse their pages.
+  /// `make_optimizer` may be empty when `options.backend` brings its own optimizers.
   network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> criterion, optimizer_factory make_optimizer,
           network_options options = {});
   /// Stops the network's actors.
@@ -107,6 +112,7 @@ class network {
   actors::runtime& rt_;
   graph& graph_;
   graph_plan plan_;
+  std::shared_ptr<backend> backend_;
   std::vector<actors::address> node_actors_;  // by node index; empty for graph inputs
   actors::address coordinator_, loss_;
   std::exception_ptr failure_at_start_;  // the runtime's error when the network was built (if any)

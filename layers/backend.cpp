@@ -1,0 +1,106 @@
+#include "layers/backend.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace nerve::layers {
+
+namespace {
+
+/// Today's Eigen calls, on the layer actor's loop.
+class cpu_kernels final : public layer_kernels {
+ public:
+  cpu_kernels(graph::node_type& node, std::unique_ptr<optimizer> opt) : node_(node), opt_(std::move(opt)) {}
+
+  value forward(std::vector<value>& inputs, const forward_context& context, bool train, kept& keep) override {
+    std::vector<tensor> in;
+    in.reserve(inputs.size());
+    for (auto& v : inputs) in.push_back(std::move(v.host));
+    auto& lay = *node_.layer;
+    lay.set_training(train);
+    auto r = lay.forward(std::move(in), context);
+    if (train) keep.host = std::move(r.stash);
+    return value(std::move(r.output));
+  }
+  void add(value& into, const value& g) override { into.host += g.host; }
+  std::vector<value> backward_input(const kept& k, const value& dy, input_mask wanted) override {
+    auto g = node_.layer->backward_input(k.host, dy.host, wanted);
+    std::vector<value> out;
+    out.reserve(g.size());
+    for (auto& t : g) out.emplace_back(std::move(t));
+    return out;
+  }
+  void backward_weight(const kept& k, const value& dy) override {
+    if (node_.layer->has_parameters()) node_.layer->backward_weight(k.host, dy.host);
+  }
+  void set_lr(double lr) override {
+    if (lr >= 0 && opt_) opt_->set_lr(lr);
+  }
+  void update(std::uint64_t step, bool allow_nonfinite) override {
+    auto& lay = *node_.layer;
+    if (!lay.has_parameters()) return;
+    auto ps = lay.parameters();
+    for (auto& p : ps)  // a NaN would reach the weights and every later step
+      if (!allow_nonfinite && !std::all_of(p.grad->data(), p.grad->data() + p.grad->size(),
+                                           [](float v) { return std::isfinite(v); }))
+        throw std::runtime_error("layer '" + node_.name + "': step " + std::to_string(step) + ": the gradient of " +
+                                 node_.name + "." + p.name + " is not finite (nan or inf): training diverged");
+    opt_->step(ps);
+    lay.zero_grad();
+  }
+  void when_done(actors::actor&, std::function<void()> then) override { then(); }
+  void with_host(actors::actor&, std::vector<const value*>, std::function<void(std::vector<tensor>&)>) override {
+    throw std::logic_error("cpu backend: values are on the host already");
+  }
+  optimizer_state save_state() override {
+    optimizer_state st;
+    if (opt_) opt_->save_state(st);
+    return st;
+  }
+  void load_state(const optimizer_state& st) override {
+    if (opt_) opt_->load_state(st, node_.layer->parameters());
+  }
+
+ private:
+  graph::node_type& node_;
+  std::unique_ptr<optimizer> opt_;
+};
+
+class cpu_backend final : public backend {
+ public:
+  explicit cpu_backend(std::function<std::unique_ptr<optimizer>()> make) : make_(std::move(make)) {}
+  std::string_view name() const noexcept override { return "cpu"; }
+  std::unique_ptr<layer_kernels> kernels_for(graph::node_type& node) override {
+    return std::make_unique<cpu_kernels>(node, make_());
+  }
+  value feed(tensor& batch, std::int64_t first, std::int64_t count) override {
+    if (first == 0 && count == batch.batch()) return value(std::move(batch));
+    return value(batch.slice(first, count));
+  }
+  void loss(actors::actor&, const layers::loss& criterion, value output, const targets& t, std::int64_t, double share,
+            bool train, bool want_output, const std::function<void(value)>& gradient,
+            std::function<void(loss_figures&)> report) override {
+    loss_figures f;
+    if (!t.labels.empty() || !t.values.empty()) {
+      auto r = criterion.forward(output.host, t);
+      f.loss = r.loss;
+      f.correct = r.correct;
+      if (train) gradient(value(criterion.backward(r.stash, float(share))));
+    }
+    if (want_output) f.output = std::move(output.host);
+    report(f);
+  }
+
+ private:
+  std::function<std::unique_ptr<optimizer>()> make_;
+};
+
+}  // namespace
+
+std::shared_ptr<backend> make_cpu_backend(std::function<std::unique_ptr<optimizer>()> make) {
+  if (!make) throw std::invalid_argument("network: no optimizer factory given");
+  return std::make_shared<cpu_backend>(std::move(make));
+}
+
+}  // namespace nerve::layers

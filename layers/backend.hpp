@@ -1,0 +1,143 @@
+#pragma once
+/// \file
+/// Where a layer actor's kernels go: the `backend` seam, ggml's shape (a backend chosen by
+/// name from a small registry: `cpu` built in, `standin` and `cuda` from gpu/).
+///
+/// ```
+///   network ──backend_for("standin")──► backend ──kernels_for(node)──► layer_kernels (one per actor)
+///   layer_actor: forward / B / W / update ──► kernels ──► Eigen (cpu) | enqueue on a stream (device)
+///   edges carry a `value`: a host tensor (cpu) or a device value (stays on the device)
+///   completions: kernels.when_done(actor, then) ──► `backend_done` in the actor's mailbox ──► then()
+/// ```
+/// On the CPU every call computes at once and `when_done` runs `then` in the calling
+/// handler. On a device the calls only enqueue; stream order makes a payload ready for
+/// the next actor on the same stream, and `when_done` brings the end of the work back
+/// to the actor's loop as a message. layers/ knows no device: a device's tensors are
+/// `backend_data` here, opaque.
+///
+/// Thread-safety: a backend is set up off the loops; a `layer_kernels` is used by its
+/// actor's loop only; `when_done` from the owner's handlers.
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "layers/graph.hpp"
+#include "layers/loss.hpp"
+#include "layers/optimizer.hpp"
+#include "layers/tensor.hpp"
+
+namespace nerve::actors {
+class actor;
+}
+
+namespace nerve::layers {
+
+/// What a device backend holds for a layer actor (a device tensor, a device stash).
+class backend_data {
+ public:
+  virtual ~backend_data() = default;
+  /// A copy for one more consumer (fan-out), on the emitting actor's loop.
+  virtual std::unique_ptr<backend_data> clone() const = 0;
+  virtual std::size_t payload_bytes() const noexcept = 0;
+};
+
+/// What an edge carries: a host tensor (cpu) or a device backend's value. Move-only.
+struct value {
+  tensor host;
+  std::unique_ptr<backend_data> device;
+
+  value() = default;
+  value(tensor t) noexcept : host(std::move(t)) {}  // NOLINT: a host tensor is a value
+  explicit value(std::unique_ptr<backend_data> d) noexcept : device(std::move(d)) {}
+  bool empty() const noexcept { return !device && host.empty(); }
+  std::size_t payload_bytes() const noexcept { return device ? device->payload_bytes() : host.payload_bytes(); }
+  value clone() const { return device ? value(device->clone()) : value(host.clone()); }
+};
+
+/// What forward keeps for backward of one micro-batch.
+struct kept {
+  basic_stash<float> host;
+  std::unique_ptr<backend_data> device;
+  std::size_t payload_bytes() const noexcept { return device ? device->payload_bytes() : host.payload_bytes(); }
+};
+
+/// A backend's work finished (or failed) for the actor it is delivered to: run `then`.
+struct backend_done {
+  static constexpr std::string_view kind = "backend_done";
+  std::exception_ptr error;
+  std::function<void()> then;
+};
+
+/// One layer node's kernels, used by its layer actor (its loop only).
+class layer_kernels {
+ public:
+  virtual ~layer_kernels() = default;
+  /// Forward of one micro-batch; `inputs` are moved from. In training `keep` gets what
+  /// backward needs.
+  virtual value forward(std::vector<value>& inputs, const forward_context& context, bool train, kept& keep) = 0;
+  /// `into += g` (gradients of a fan-out, summed in the plan's order).
+  virtual void add(value& into, const value& g) = 0;
+  /// B: the gradients of the inputs in `wanted`.
+  virtual std::vector<value> backward_input(const kept& k, const value& dy, input_mask wanted) = 0;
+  /// W: accumulates this micro-batch's parameter gradients.
+  virtual void backward_weight(const kept& k, const value& dy) = 0;
+  /// The step's rate from now on (negative: unchanged).
+  virtual void set_lr(double lr) = 0;
+  /// The step's update (optimizer step, gradients zeroed). `allow_nonfinite` false: a NaN
+  /// or Inf gradient throws (on the CPU; a device does not look).
+  virtual void update(std::uint64_t step, bool allow_nonfinite) = 0;
+  /// `then` on `owner`'s loop once the work enqueued so far is done (at once on the CPU;
+  /// else a `backend_done` message, which `owner` must handle: `layers::handle_backend_done`).
+  virtual void when_done(actors::actor& owner, std::function<void()> then) = 0;
+  /// Host copies of `vs` for `fn` (hooks), on `owner`'s loop once they are there.
+  virtual void with_host(actors::actor& owner, std::vector<const value*> vs,
+                         std::function<void(std::vector<tensor>&)> fn) = 0;
+  /// The optimizer's state (checkpoints), parameters as the layer names them.
+  virtual optimizer_state save_state() { return {}; }
+  virtual void load_state(const optimizer_state&) {}
+};
+
+/// Figures of one micro-batch's loss.
+struct loss_figures {
+  double loss = 0;  ///< mean over the micro-batch
+  std::int64_t correct = 0;
+  tensor output;  ///< the network's output, when asked for
+};
+
+/// Where a network's kernels go. One per network; set up off the loops.
+class backend {
+ public:
+  virtual ~backend() = default;
+  /// `cpu`, `standin`, `cuda`.
+  virtual std::string_view name() const noexcept = 0;
+  /// True where the kernels enqueue on one stream: the network's actors share one loop.
+  virtual bool on_device() const noexcept { return false; }
+  /// Throws `std::invalid_argument` for a loss it cannot run.
+  virtual void check_loss(const loss&) const {}
+  /// The kernels of layer node `node` (setup).
+  virtual std::unique_ptr<layer_kernels> kernels_for(graph::node_type& node) = 0;
+  /// Rows `[first, first + count)` of `batch` as fed into the graph; `batch` may be moved
+  /// from when it is the whole batch. The coordinator's loop.
+  virtual value feed(tensor& batch, std::int64_t first, std::int64_t count) = 0;
+  /// The loss of one micro-batch (the loss actor's loop): `gradient` (training, scaled by
+  /// `share`) is emitted at once; `report` gets the figures on `owner`'s loop.
+  virtual void loss(actors::actor& owner, const layers::loss& criterion, value output, const targets& t,
+                    std::int64_t first, double share, bool train, bool want_output,
+                    const std::function<void(value)>& gradient, std::function<void(loss_figures&)> report) = 0;
+};
+
+/// Runs a `backend_done`: rethrows its error (failing the actor) or runs `then`.
+inline void handle_backend_done(backend_done& d) {
+  if (d.error) std::rethrow_exception(d.error);
+  d.then();
+}
+
+/// The CPU backend: Eigen calls on the layer's loop, one optimizer per layer from `make`.
+std::shared_ptr<backend> make_cpu_backend(std::function<std::unique_ptr<optimizer>()> make);
+
+}  // namespace nerve::layers
