@@ -15,8 +15,8 @@
 //   gpu_us           the same step enqueued behind a closed gate, the gate opened at t0, t1 in
 //                    the completion handler: the device's own time for the step (from the events)
 //   busy_fraction    gpu_us / step_median_us: how much of a step the GPU is working
-//   queued_step_us   the mean step when the next is enqueued as soon as a staging slot frees
-//                    (two slots, as a training loop feeds the GPU); busy_fraction_queued =
+//   queued_step_us   the mean step when every step is asked for at once (the network runs
+//                    them one after the other, as the trainer does); busy_fraction_queued =
 //                    gpu_us / queued_step_us, vs_torch_queued against torch's queued steps
 //   gemm_us          the step's matrix products alone (cuBLAS, same shapes, same stream), gated
 //                    the same way; gflops (step) and cublas_gflops (products alone)
@@ -31,12 +31,13 @@
 #include "gpu/blas.hpp"
 #include "gpu/device.hpp"
 #include "gpu/kernels.hpp"
-#include "gpu/layers/device_network.hpp"
+#include "gpu/layers/device_backend.hpp"
 #include "gpu/layers/device_stage.hpp"
 #include "gpu/memory.hpp"
 #include "gpu/testing.hpp"
 #include "layers/graph.hpp"
 #include "layers/linear.hpp"
+#include "layers/network.hpp"
 #include "layers/pipeline/pipeline.hpp"
 #include "layers/presets.hpp"
 
@@ -51,7 +52,6 @@
 #include <latch>
 #include <memory>
 #include <random>
-#include <semaphore>
 #include <string>
 #include <thread>
 #include <vector>
@@ -209,55 +209,53 @@ json run_torch(const std::string& script, const std::string& model, std::size_t 
 
 json step_bench(gpu::backend_kind kind, const std::string& model, std::size_t batch, int steps,
                 const std::string& torch_script, bool torch) {
+  // The layer actors of a network on one loop, their kernels on one stream of the device.
+  actors::runtime rt(actors::runtime_options{.loops = 1});
+  loop_thread loop;  // the gated waits' loop
   gpu::device_options o;
   o.backend = kind;
-  loop_thread loop;
-  gpu::device dev(o);
+  gpu::device dev(o);  // after the loops: shut down before they go
   auto g = layers::make_preset(model, 0);
-  constexpr std::size_t slots = 2;  // staging slots: steps in flight at once
-  gpu::device_network net(dev, g, gpu::device_optimizer{"sgd", 0.01, 0.9}, loop.executor(),
-                          gpu::device_network_options{.max_batch = batch, .slots = slots});
+  auto be = std::make_shared<gpu::device_backend>(
+      dev, g, gpu::device_backend_options{.optimizer = {"sgd", 0.01, 0.9}, .max_batch = batch});
+  layers::network net(rt, g, std::make_shared<layers::cross_entropy>(), {}, layers::network_options{.backend = be});
   std::mt19937_64 rng(1);
   std::normal_distribution<float> d;
-  std::vector<float> x(batch * 784);
-  for (auto& v : x) v = d(rng);
-  std::vector<std::int32_t> y(batch);
-  for (std::size_t i = 0; i < batch; ++i) y[i] = std::int32_t(i % 10);
+  layers::tensor x(std::int64_t(batch), layers::shape{784});
+  for (std::int64_t i = 0; i < x.size(); ++i) x.data()[i] = d(rng);
+  layers::targets y;
+  for (std::size_t i = 0; i < batch; ++i) y.labels.push_back(std::int32_t(i % 10));
+  std::uint64_t step = 0;
+  auto start = [&] { return net.train_step(x.clone(), y.clone(), 1, step++); };
 
   const int warmup = kind == gpu::backend_kind::standin ? 1 : 20;
-  for (int i = 0; i < warmup; ++i) net.train_step(x, y).get();
+  for (int i = 0; i < warmup; ++i) start().get();
   std::vector<double> step_us;
   for (int i = 0; i < steps; ++i) {
+    auto xs = x.clone();
+    auto ys = y.clone();
     const auto t0 = clock_type::now();
-    net.train_step(x, y).get();
+    net.train_step(std::move(xs), std::move(ys), 1, step++).get();
     step_us.push_back(us_between(t0, clock_type::now()));
   }
-  // Queued: the next step goes in as soon as a staging slot frees, as a
-  // training loop keeps a GPU fed: the host's copy into the pinned slot and its launches
-  // overlap the step before. The mean over the run, as torch_step.py's queued_step_us.
+  // Queued: every step asked for at once; the network runs them one after the other (a
+  // layer's next step begins after its update), the host's copies made before each starts.
   double queued_us = 0;
   {
-    std::counting_semaphore<slots> free_slots(slots);
-    std::latch finished(steps);
+    std::vector<std::future<layers::step_result>> all;
     const auto q0 = clock_type::now();
-    for (int i = 0; i < steps; ++i) {
-      free_slots.acquire();
-      net.async_train_step(x, y, 1, -1, [&](std::error_code, gpu::device_step_result) {
-        free_slots.release();
-        finished.count_down();
-      });
-    }
-    finished.wait();
+    for (int i = 0; i < steps; ++i) all.push_back(start());
+    for (auto& f : all) f.get();
     queued_us = us_between(q0, clock_type::now()) / steps;
   }
   std::vector<double> gpu_us;
   for (int i = 0; i < std::max(3, steps / 4); ++i) {
-    std::promise<void> done;
-    const double t = gated_us(dev, net.stream(), loop, [&] {
-      net.async_train_step(x, y, 1, -1, [&](std::error_code, gpu::device_step_result) { done.set_value(); });
-    });
-    done.get_future().wait();
-    gpu_us.push_back(t);
+    std::future<layers::step_result> f;
+    gpu_us.push_back(gated_us(dev, be->stream(), loop, [&] {
+      f = start();
+      rt.synchronize();  // every actor has enqueued its part of the step
+    }));
+    f.get();
   }
   // The step's matrix products alone, on the same stream, gated the same way.
   struct product {
@@ -281,7 +279,7 @@ json step_bench(gpu::backend_kind kind, const std::string& model, std::size_t ba
     flops += 2.0 * p.m * p.n * p.k;
     biggest = std::max({biggest, std::size_t(p.m) * p.k, std::size_t(p.k) * p.n, std::size_t(p.m) * p.n});
   }
-  auto& s = net.stream();
+  auto& s = be->stream();
   gpu::device_buffer a(s, biggest * 4), b(s, biggest * 4), c(s, biggest * 4);
   gpu::fill(s, biggest, 0.5f, static_cast<float*>(a.data()));
   gpu::fill(s, biggest, 0.25f, static_cast<float*>(b.data()));
@@ -292,7 +290,7 @@ json step_bench(gpu::backend_kind kind, const std::string& model, std::size_t ba
         gpu::gemm(s, p.ta, p.tb, p.m, p.n, p.k, 1.0f, static_cast<float*>(a.data()), static_cast<float*>(b.data()),
                   0.0f, static_cast<float*>(c.data()));
     }));
-  net.synchronize();
+  be->synchronize();
   const auto step_s = summarize(step_us), gpu_s = summarize(gpu_us), gemm_s = summarize(gemm_us);
   const double step_med = step_s["median_us"], gpu_med = gpu_s["median_us"], gemm_med = gemm_s["median_us"];
   json out{{"model", model},

@@ -3,9 +3,10 @@
 /// The device engines of the one trainer (`layers::train`): `--device cuda[:N]` and
 /// `--device standin` (the CPU stand-in of a GPU, for tests and machines without one).
 ///
-/// The preset (or a user's graph) runs as a `device_network` on one stream; its step
-/// completions come back as events on the trainer's runtime loop 0, and the trainer's
-/// loader actor gathers batch b+1 while the device runs step b. The weights are
+/// The preset (or a user's graph) runs as the layer actors of a `layers::network` on loop
+/// 0, their kernels on one stream of the device (`device_backend`); the device's
+/// completions come back to the actors as events, and the trainer's loader actor gathers
+/// batch b+1 while the device runs step b. The weights are
 /// downloaded into the graph when the run finishes, so checkpoints are the same
 /// safetensors files whatever the device.
 

@@ -17,7 +17,7 @@
 // (Adam: see the step test, where a gradient at the noise floor moves a weight by ±lr).
 #include "gpu/device.hpp"
 #include "gpu/layers/device_layer.hpp"
-#include "gpu/layers/device_network.hpp"
+#include "gpu/layers/device_backend.hpp"
 #include "gpu/layers/train.hpp"
 #include "layers/trainer.hpp"
 #include "gpu/status.hpp"
@@ -30,6 +30,8 @@
 #include "layers/join.hpp"
 #include "layers/linear.hpp"
 #include "layers/loss.hpp"
+#include "layers/network.hpp"
+#include "layers/plan.hpp"
 #include "layers/optimizer.hpp"
 #include "layers/pool.hpp"
 #include "layers/presets.hpp"
@@ -38,9 +40,12 @@
 #include "tests/layers/tiny_fashion_mnist.hpp"
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <functional>
 #include <memory>
 
@@ -69,6 +74,39 @@ struct layer_fixture {
     return t;
   }
 };
+
+/// A graph's layer actors (`layers::network`) on one loop, their kernels on a stream of
+/// the suite's device. Waits for every completion before it goes.
+struct device_net {
+  actors::runtime rt{{.loops = 1}};
+  gpu::device dev;
+  std::shared_ptr<gpu::device_backend> be;
+  layers::network net;
+  device_net(layers::graph& g, gpu::device_optimizer opt, std::size_t max_batch = 64, bool count_completions = true)
+      : dev(options(rt, count_completions)),
+        be(std::make_shared<gpu::device_backend>(dev, g, gpu::device_backend_options{opt, max_batch})),
+        net(rt, g, std::make_shared<layers::cross_entropy>(), {}, layers::network_options{.backend = be}) {}
+  ~device_net() {
+    try {
+      rt.synchronize();
+    } catch (...) {  // a test's planted failure
+    }
+  }
+  static gpu::device_options options(actors::runtime& rt, bool count) {
+    auto o = gpu::test::layers_suite_options();
+    if (count) o.counter = {[&rt] { rt.begin_work(); }, [&rt] { rt.end_work(); }};
+    return o;
+  }
+};
+
+/// The `--device` of this suite.
+std::string suite_device() {
+#if NERVE_GPU_LAYERS_STANDIN
+  return "standin";
+#else
+  return std::getenv("NERVE_GPU_TEST_STANDIN") ? "standin" : "cuda";
+#endif
+}
 
 gpu::shape_t full_shape(const layers::tensor& t) {
   gpu::shape_t s;
@@ -249,14 +287,12 @@ TEST_SUITE("gpu.layers") {
       const std::string model = c.model, optimizer = c.optimizer;
       CAPTURE(model);
       CAPTURE(optimizer);
-      gpu::test::loop_thread loop;  // before the device: it shuts down (stops posting) first
       layer_fixture fx;
       auto cpu_graph = layers::make_preset(c.model, 7);
       auto dev_graph = layers::make_preset(c.model, 7);  // same seed: the same initial weights
       const double lr = std::string(c.optimizer) == "sgd" ? 0.05 : 1e-3;
       auto opt = layers::make_optimizer<float>(c.optimizer, lr, std::string(c.optimizer) == "sgd" ? 0.9 : 0.0);
-      gpu::device_optimizer dopt{c.optimizer, lr, std::string(c.optimizer) == "sgd" ? 0.9 : 0.0};
-      gpu::device_network net(fx.dev, dev_graph, dopt, loop.executor(), {.max_batch = 64});
+      device_net net(dev_graph, {c.optimizer, lr, std::string(c.optimizer) == "sgd" ? 0.9 : 0.0});
       layers::direct_executor exec(cpu_graph);
       layers::cross_entropy loss;
       const auto sample = cpu_graph.nodes()[cpu_graph.inputs()[0]].output_shape;
@@ -265,13 +301,13 @@ TEST_SUITE("gpu.layers") {
         layers::targets y;
         std::uniform_int_distribution<int> label(0, 9);
         for (std::int64_t i = 0; i < c.batch; ++i) y.labels.push_back(label(fx.rng));
-        auto got = net.train_step(std::span<const float>(x.data(), std::size_t(x.size())), y.labels, c.micro).get();
+        auto got = net.net.train_step(x.clone(), y.clone(), c.micro, std::uint64_t(step)).get();
         auto want = exec.train_step(std::move(x), y, loss, *opt, c.micro, std::uint64_t(step));
         CHECK(got.samples == want.samples);
         CHECK(got.loss == doctest::Approx(want.loss).epsilon(1e-4));
         CHECK(std::abs(got.correct - want.correct) <= 1);  // a near-tie may flip
       }
-      net.download(dev_graph);
+      net.be->download();
       auto want = cpu_graph.parameters();
       auto got = dev_graph.parameters();
       for (std::size_t i = 0; i < want.size(); ++i) {
@@ -297,59 +333,142 @@ TEST_SUITE("gpu.layers") {
         CHECK(double(loose) <= 1e-3 * double(want[i].value->size()) + 1);
         CHECK(worst <= 2.0 * lr * 3 + tight);
       }
-      CHECK(net.in_flight() == 0);
     }
   }
 
-  TEST_CASE("a step's completion runs on the owner's loop; held steps fill the slots") {
-    gpu::test::loop_thread loop;  // before the device: it shuts down (stops posting) first
-    layer_fixture fx;
-    auto g = layers::make_preset("mlp", 1);
-    gpu::device_network net(fx.dev, g, {"sgd", 0.1}, loop.executor(), {.max_batch = 8, .slots = 2});
-    auto x = fx.random(8, {784});
-    std::vector<std::int32_t> y{0, 1, 2, 3, 4, 5, 6, 7};
-    std::span<const float> xs(x.data(), std::size_t(x.size()));
+  TEST_CASE("one step of M micro-batches on the device delivers exactly E·M forwards and E·M gradients through bus signals") {
+    for (std::string_view model : {"mlp", "resmlp", "lenet"}) {
+      for (std::size_t m : {1u, 4u}) {
+        CAPTURE(model);
+        CAPTURE(m);
+        auto g = layers::make_preset(model, 1);
+        // Edges from the graph itself: every layer input fed by a layer, plus the loss.
+        std::uint64_t e = 1, inputs = 0;
+        for (auto& n : g.nodes())
+          for (std::size_t p : n.inputs) (g.nodes()[p].is_input() ? inputs : e) += 1;
+        device_net net(g, {"sgd", 0.1});
+        layer_fixture fx;
+        const auto in = g.nodes()[g.inputs()[0]].output_shape;
+        auto step = [&](std::uint64_t k) {
+          layers::targets y;
+          for (int i = 0; i < 8; ++i) y.labels.push_back(i % 10);
+          return net.net.train_step(fx.random(8, in), std::move(y), m, k).get();
+        };
+        CHECK(step(0).samples == 8);
+        auto t = net.net.traffic();
+        CHECK(t.forward == e * m);
+        CHECK(t.backward == e * m);
+        CHECK(t.feed == inputs * m);
+        step(1);
+        t = net.net.traffic();
+        CHECK(t.forward == 2 * e * m);
+        CHECK(t.backward == 2 * e * m);
+        layers::targets y;
+        for (int i = 0; i < 8; ++i) y.labels.push_back(i % 10);
+        CHECK(net.net.evaluate(fx.random(8, in), std::move(y)).get().samples == 8);  // forward only
+        CHECK(net.net.traffic().forward == 2 * e * m + e);
+        CHECK(net.net.traffic().backward == 2 * e * m);
+      }
+    }
+  }
 
-    gpu::testing::gate gate(fx.dev);
-    gate.enqueue(net.stream());  // the device holds everything behind it
-    std::promise<bool> first_on_loop;
-    net.async_train_step(xs, y, 1, -1, [&](std::error_code ec, gpu::device_step_result r) {
-      CHECK(!ec);
-      CHECK(r.samples == 8);
-      first_on_loop.set_value(loop.running_here());
+  TEST_CASE("the layer actors enqueue a whole step at once; its end and the hooks wait for the device") {
+    auto g = layers::make_preset("mlp", 1);
+    const std::size_t m = 2;
+    int forwards = 0, backwards = 0;  // loop 0 writes them; read after the step
+    g.register_forward_hook("fc1", [&](const layers::hook_context& c, layers::tensor& y) {
+      CHECK(c.training);
+      CHECK(y.batch() == 4);
+      CHECK(y.features() == 256);
+      ++forwards;
     });
-    auto second = net.train_step(xs, y);
-    CHECK(net.in_flight() == 2);
-    CHECK_THROWS_AS(net.train_step(xs, y), gpu::error);  // both slots in flight
+    g.register_backward_hook("fc2", [&](const layers::hook_context&, std::vector<layers::tensor>& dx, const layers::tensor& dy) {
+      REQUIRE(dx.size() == 1);
+      CHECK(dx[0].features() == 256);
+      CHECK(dy.features() == 10);
+      ++backwards;
+    });
+    device_net net(g, {"sgd", 0.1}, 64, /*count_completions=*/false);
+    // The first step runs ungated: the kernels are loaded and cuBLAS has run (testing.hpp).
+    layer_fixture fx;
+    auto labels = [] {
+      layers::targets y;
+      for (int i = 0; i < 8; ++i) y.labels.push_back(i);
+      return y;
+    };
+    net.net.train_step(fx.random(8, {784}), labels(), m, 0).get();
+    CHECK(forwards == int(m));
+    CHECK(backwards == int(m));
+    gpu::testing::gate gate(net.dev);
+    gate.enqueue(net.be->stream());
+    auto f = net.net.train_step(fx.random(8, {784}), labels(), m, 1);
+    net.rt.synchronize();  // every actor handled every message: the whole step is enqueued
+    const auto e = net.net.plan().gradient_edges;
+    CHECK(net.net.traffic().forward == 2 * e * m);  // device-resident payloads, ready by stream order
+    CHECK(net.net.traffic().backward == 2 * e * m);
+    CHECK(forwards == int(m));  // the hooks' downloads are behind the gate
+    CHECK(backwards == int(m));
     gate.open();
-    CHECK(first_on_loop.get_future().get());
-    CHECK(second.get().samples == 8);
-    CHECK(net.in_flight() == 0);
-    CHECK(net.train_step(xs, y).get().samples == 8);  // the slots are free again
+    CHECK(f.get().samples == 8);
+    CHECK(forwards == int(2 * m));
+    CHECK(backwards == int(2 * m));
   }
 
 #if NERVE_GPU_LAYERS_STANDIN
   // On CUDA a planted fault ends the process's context: gpu_fault_test does that in its own process.
   TEST_CASE("a failed step reaches its caller as an error, and later steps fail the same way") {
-    gpu::test::loop_thread loop;
-    layer_fixture fx;
     auto g = layers::make_preset("mlp", 1);
-    gpu::device_network net(fx.dev, g, {"sgd", 0.1}, loop.executor(), {.max_batch = 4});
-    auto x = fx.random(4, {784});
-    std::vector<std::int32_t> y{0, 1, 2, 3};
-    std::span<const float> xs(x.data(), std::size_t(x.size()));
-    CHECK(net.train_step(xs, y).get().samples == 4);
-    gpu::testing::enqueue_fault(net.stream());
-    // The handler form (an exception_ptr handed across threads trips TSan inside the
-    // uninstrumented libstdc++; the future form rethrows this same code as gpu::error).
-    for (int i = 0; i < 2; ++i) {
-      std::promise<std::error_code> got;
-      net.async_train_step(xs, y, 1, -1, [&](std::error_code ec, gpu::device_step_result) { got.set_value(ec); });
-      CHECK(got.get_future().get() == gpu::errc::stream_failed);
-    }
-    CHECK(net.in_flight() == 0);
+    device_net net(g, {"sgd", 0.1});
+    layer_fixture fx;
+    auto labels = [] { return layers::targets{{0, 1, 2, 3}, {}}; };
+    CHECK(net.net.train_step(fx.random(4, {784}), labels()).get().samples == 4);
+    gpu::testing::enqueue_fault(net.be->stream());
+    // The actor whose completion saw the fault fails the run, quoting the device's error.
+    CHECK_THROWS_WITH(net.net.train_step(fx.random(4, {784}), labels()).get(), doctest::Contains("stream failed"));
+    CHECK_THROWS_WITH(net.net.train_step(fx.random(4, {784}), labels()).get(),
+                      doctest::Contains("the network stopped because of the first failure"));
   }
 #endif
+
+  TEST_CASE("--trace of a device run: a track per layer with a forward and a backward run per micro-batch") {
+    gpu::register_engines();
+    nerve::testing::tiny_fashion_mnist data(32, 8);
+    layers::train_options o;
+    o.model = "mlp";
+    o.device = suite_device();
+    o.data = data.dir;
+    o.batch = 16;
+    o.micro_batches = 2;
+    o.steps = 2;
+    o.evaluate = false;
+    o.trace = data.dir / "trace.json";
+    auto g = layers::make_preset("mlp", 0);
+    CHECK(layers::train(g, o).steps == 2);
+    std::ifstream in(o.trace);
+    auto j = nlohmann::json::parse(in);
+    std::map<std::string, std::int64_t> tid_of;
+    std::map<std::int64_t, std::pair<int, int>> runs;  // tid -> (forward, backward)
+    for (auto& e : j["traceEvents"]) {
+      if (e["ph"] == "M" && e["name"] == "thread_name") tid_of[e["args"]["name"]] = e["tid"].get<std::int64_t>();
+      if (e["ph"] == "X" && e.value("cat", "") == "handler") {
+        if (e["name"] == "forward") ++runs[e["tid"].get<std::int64_t>()].first;
+        if (e["name"] == "backward") ++runs[e["tid"].get<std::int64_t>()].second;
+      }
+    }
+    const auto plan = layers::make_plan(g);
+    int layers_seen = 0;
+    for (std::size_t i = 0; i < g.nodes().size(); ++i) {
+      const auto& n = g.nodes()[i];
+      if (n.is_input()) continue;
+      CAPTURE(n.name);
+      REQUIRE(tid_of.count(n.name) == 1);
+      const auto r = runs[tid_of[n.name]];
+      CHECK(r.first == int(o.steps * o.micro_batches * n.inputs.size()));
+      CHECK(r.second == int(o.steps * o.micro_batches * plan.nodes[i].edge_count()));
+      ++layers_seen;
+    }
+    CHECK(layers_seen == 3);  // fc1, relu1, fc2
+  }
 
   TEST_CASE("the trainer runs a preset on the device engine as on the CPU one") {
     // NERVE_FASHION_MNIST: the files elsewhere (the GPU machine has no Debian package).
@@ -364,11 +483,7 @@ TEST_SUITE("gpu.layers") {
     o.batch = 64;
     o.evaluate = false;
     o.data = data;
-#if NERVE_GPU_LAYERS_STANDIN
-    const std::string spec = "standin";
-#else
-    const std::string spec = std::getenv("NERVE_GPU_TEST_STANDIN") ? "standin" : "cuda";
-#endif
+    const std::string spec = suite_device();
     gpu::register_engines();
     auto cpu = layers::train(o);
     o.device = spec;
@@ -380,11 +495,7 @@ TEST_SUITE("gpu.layers") {
   }
 
   TEST_CASE("a device run stopped mid-epoch and resumed from its checkpoint ends with the uninterrupted run's bits") {
-#if NERVE_GPU_LAYERS_STANDIN
-    const std::string spec = "standin";
-#else
-    const std::string spec = std::getenv("NERVE_GPU_TEST_STANDIN") ? "standin" : "cuda";
-#endif
+    const std::string spec = suite_device();
     gpu::register_engines();
     nerve::testing::tiny_fashion_mnist data(160, 20);
     for (std::string opt : {"sgd", "adam"}) {

@@ -1,6 +1,7 @@
-// GPU work in the recorder (issue 7), on the CPU stand-in: a span per step on its
-// stream's track, an arrow from the enqueuing handler to the span and one from the span
-// to the completion handler's run, the tracks named; and nerve-trace reads the file.
+// GPU work in the recorder (issue 7), on the CPU stand-in: the layer actors of a network
+// on the device, a span per completion wait on its stream's track, an arrow from the
+// enqueuing handler to the span and one from the span to the completion handler's run,
+// the tracks named; and nerve-trace reads the file.
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -14,9 +15,6 @@
 #include <string>
 #include <vector>
 
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
 #include <nlohmann/json.hpp>
 
 #include "actors/runtime.hpp"
@@ -24,7 +22,8 @@
 #include "apps/trace/reader.hpp"
 #include "apps/trace/summary.hpp"
 #include "gpu/device.hpp"
-#include "gpu/layers/device_network.hpp"
+#include "gpu/layers/device_backend.hpp"
+#include "layers/network.hpp"
 #include "layers/presets.hpp"
 
 using namespace nerve;
@@ -63,7 +62,7 @@ trace_counts count(const nlohmann::json& j) {
     if (ph == "X" && e["cat"] == "gpu") {
       ++c.gpu_spans;
       c.span_tids.insert(tid);
-      CHECK(e["name"] == "train_step");
+      CHECK(e["name"] == "gpu");
       CHECK(e["args"]["stream"] == 1);
       CHECK(e["args"]["device"] == 0);
       CHECK(e["dur"].get<double>() > 0);
@@ -100,61 +99,14 @@ void check_viewer_accepts(const nlohmann::json& j, const std::string& name) {
   CHECK(!s.actors.empty());
 }
 
-constexpr std::uint32_t stream_tid = 1000001;      // stream 1 of device 0
-constexpr std::uint32_t completions_tid = 1000000;  // device 0's completions from outside any actor
+constexpr std::int64_t stream_tid = 1000001;  // stream 1 of device 0
 
 }  // namespace
 
 TEST_SUITE("trace.gpu") {
-  TEST_CASE("device steps from outside any actor: a span per step, arrows in and out, named tracks") {
+  TEST_CASE("a network on the device: a span per completion wait, arrows from the enqueuing actor and back to it") {
     constexpr int steps = 3;
-    actors::recorder rec;
-    rec.enable();
-    boost::asio::io_context ctx;
-    auto guard = boost::asio::make_work_guard(ctx);
-    std::thread loop([&] { ctx.run(); });
-    {
-      gpu::device_options o;
-      o.backend = gpu::backend_kind::standin;
-      o.recorder = &rec;
-      gpu::device dev(o);
-      auto g = layers::make_preset("mlp", 1);
-      gpu::device_network net(dev, g, {"sgd", 0.1}, ctx.get_executor(), {.max_batch = 8});
-      auto b = random_batch(8, 3);
-      for (int i = 0; i < steps; ++i) CHECK(net.train_step(b.x, b.y).get().samples == 8);
-      // The completion handler records its run after it set the future: let the loop pass it.
-      std::promise<void> passed;
-      boost::asio::post(ctx, [&] { passed.set_value(); });
-      passed.get_future().wait();
-    }
-    guard.reset();
-    loop.join();
-
-    auto j = rec.to_chrome_trace(nlohmann::json::array(), nlohmann::json::object());
-    auto c = count(j);
-    CHECK(c.gpu_spans == steps);
-    CHECK(c.completions == steps);
-    CHECK(c.span_tids == std::set<std::int64_t>{stream_tid});
-    CHECK(c.completion_tids == std::set<std::int64_t>{completions_tid});
-    CHECK(c.thread_names[std::to_string(stream_tid)] == "gpu stream 1 (cpu stand-in)");
-    CHECK(c.thread_names[std::to_string(completions_tid)] == "gpu completions (cpu stand-in)");
-    // 2 arrows per step: outside (tid 0) -> stream, stream -> completion track.
-    REQUIRE(c.flows.size() == 2 * steps);
-    int in = 0, out = 0;
-    for (const auto& [id, ends] : c.flows) {
-      REQUIRE(ends.size() == 2);
-      CHECK(ends[0].first == "s");
-      CHECK(ends[1].first == "f");
-      if (ends[0].second == 0 && ends[1].second == stream_tid) ++in;
-      if (ends[0].second == stream_tid && ends[1].second == completions_tid) ++out;
-    }
-    CHECK(in == steps);
-    CHECK(out == steps);
-    check_viewer_accepts(j, "nerve-gpu-trace-outside.json");
-  }
-
-  TEST_CASE("device steps enqueued by an actor: the arrow starts in its handler, the completion runs on its track") {
-    constexpr int steps = 4;
+    constexpr std::size_t m = 2;
     actors::runtime rt({.loops = 1, .record = true});
     gpu::device_options o;
     o.backend = gpu::backend_kind::standin;
@@ -162,53 +114,48 @@ TEST_SUITE("trace.gpu") {
     o.counter = {[&rt] { rt.begin_work(); }, [&rt] { rt.end_work(); }};  // synchronize() waits for completions
     auto dev = std::make_unique<gpu::device>(o);
     auto g = layers::make_preset("mlp", 1);
-    auto net = std::make_unique<gpu::device_network>(*dev, g, gpu::device_optimizer{"sgd", 0.1},
-                                                     rt.loop(0).get_executor(), gpu::device_network_options{.max_batch = 8});
-    auto b = random_batch(8, 4);
-
-    struct go {};
-    struct trainer : actors::actor {
-      trainer(gpu::device_network& n, sample_batch& bt, int total) : actor("trainer") {
-        // One step per message; the next message comes from the completion (posted to the loop).
-        on<go>([this, &n, &bt, total](go&) {
-          n.async_train_step(bt.x, bt.y, 1, -1, [this, total](std::error_code ec, gpu::device_step_result) {
-            if (ec) ++failed;
-            if (++done < total) (void)try_tell(go{});
-          });
-        });
-      }
-      int done = 0, failed = 0;  // the loop's thread writes them; read after synchronize()
-    };
-    auto t = rt.spawn<trainer>(*net, b, steps);
-    rt.send(t, go{});
+    auto be = std::make_shared<gpu::device_backend>(*dev, g, gpu::device_backend_options{{"sgd", 0.1}, 8});
+    auto net = std::make_unique<layers::network>(rt, g, std::make_shared<layers::cross_entropy>(), layers::optimizer_factory{},
+                                                 layers::network_options{.backend = be});
+    for (int i = 0; i < steps; ++i) {
+      auto b = random_batch(8, std::uint64_t(i));
+      layers::tensor x(8, layers::shape{784});
+      std::copy(b.x.begin(), b.x.end(), x.data());
+      CHECK(net->train_step(std::move(x), layers::targets{b.y, {}}, m, std::uint64_t(i)).get().samples == 8);
+    }
     rt.synchronize();
-    CHECK(static_cast<trainer*>(t.get())->done == steps);
-    CHECK(static_cast<trainer*>(t.get())->failed == 0);
-    const auto actor_tid = std::int64_t(t.id());
 
-    const auto path = (std::filesystem::temp_directory_path() / "nerve-gpu-trace-actor.json").string();
+    // Who waits: each layer once a step (its update), the loss once a micro-batch (its figures).
+    std::map<std::int64_t, int> waits_of;
+    for (auto& a : net->layer_actors()) waits_of[std::int64_t(a.id())] = steps;
+    const auto path = (std::filesystem::temp_directory_path() / "nerve-gpu-trace-network.json").string();
     rt.write_trace(path);
     std::ifstream in(path);
     auto j = nlohmann::json::parse(in);
     std::filesystem::remove(path);
     auto c = count(j);
-    CHECK(c.gpu_spans == steps);
-    CHECK(c.completions == steps);
-    CHECK(c.completion_tids == std::set<std::int64_t>{actor_tid});
+    std::int64_t loss_tid = -1;
+    for (auto& [tid, name] : c.thread_names)
+      if (name == "loss") loss_tid = std::stoll(tid);
+    REQUIRE(loss_tid >= 0);
+    waits_of[loss_tid] = steps * int(m);
+    int waits = 0;
+    for (auto& [tid, n] : waits_of) waits += n;
+    CHECK(c.gpu_spans == waits);
+    CHECK(c.completions == waits);
+    CHECK(c.span_tids == std::set<std::int64_t>{stream_tid});
     CHECK(c.thread_names[std::to_string(stream_tid)] == "gpu stream 1 (cpu stand-in)");
-    CHECK(c.thread_names[std::to_string(actor_tid)] == "trainer");
-    int into_span = 0, out_of_span = 0, messages = 0;
+    std::map<std::int64_t, int> into, out_of;  // actor tid -> arrows into / out of the stream's spans
     for (const auto& [id, ends] : c.flows) {
       REQUIRE(ends.size() == 2);
-      if (ends[0].second == actor_tid && ends[1].second == stream_tid) ++into_span;
-      else if (ends[0].second == stream_tid && ends[1].second == actor_tid) ++out_of_span;
-      else ++messages;  // the actor's start closure, and the go messages
+      if (ends[1].second == stream_tid) ++into[ends[0].second];
+      if (ends[0].second == stream_tid) ++out_of[ends[1].second];
     }
-    CHECK(into_span == steps);
-    CHECK(out_of_span == steps);
-    CHECK(messages == 1 + steps);  // start (to itself); go from the test, then from each completion but the last
-    check_viewer_accepts(j, "nerve-gpu-trace-actor.json");
+    CHECK(into == waits_of);
+    CHECK(out_of == waits_of);
+    check_viewer_accepts(j, "nerve-gpu-trace-network.json");
     net.reset();
+    be.reset();
     dev.reset();  // completion thread stopped before the loops go
     rt.shutdown();
   }

@@ -1,0 +1,306 @@
+#include "gpu/layers/device_backend.hpp"
+
+#include "actors/actor.hpp"
+#include "gpu/kernels.hpp"
+#include "gpu/status.hpp"
+#include "layers/graph.hpp"
+
+#include <cstring>
+#include <stdexcept>
+
+namespace nerve::gpu {
+
+namespace {
+
+/// A device tensor on an edge. Consumers only read it, so a fan-out shares it (and so
+/// does the producer's stash, which needs its output until backward).
+struct device_value final : layers::backend_data {
+  std::shared_ptr<device_tensor> t;
+  explicit device_value(std::shared_ptr<device_tensor> v) : t(std::move(v)) {}
+  std::unique_ptr<layers::backend_data> clone() const override { return std::make_unique<device_value>(t); }
+  std::size_t payload_bytes() const noexcept override { return t->bytes(); }
+};
+
+/// What a device layer keeps for backward: its stash points into these tensors.
+struct device_kept final : layers::backend_data {
+  std::vector<std::shared_ptr<device_tensor>> inputs;
+  std::shared_ptr<device_tensor> output;
+  device_stash st;
+  std::unique_ptr<layers::backend_data> clone() const override {
+    throw std::logic_error("device backend: a stash is not cloned");
+  }
+  std::size_t payload_bytes() const noexcept override {
+    std::size_t b = output->bytes() + st.indices.bytes();
+    for (auto& t : inputs) b += t->bytes();
+    return b;
+  }
+};
+
+const std::shared_ptr<device_tensor>& tensor_of(const layers::value& v) {
+  auto* d = dynamic_cast<const device_value*>(v.device.get());
+  if (!d) throw std::logic_error("device backend: a host tensor reached a device layer");
+  return d->t;
+}
+
+layers::value wrap(std::shared_ptr<device_tensor> t) { return layers::value(std::make_unique<device_value>(std::move(t))); }
+
+shape_t with_batch(std::int64_t n, const layers::shape& sample) {
+  shape_t s{std::size_t(n)};
+  for (auto d : sample.dims()) s.push_back(std::size_t(d));
+  return s;
+}
+
+/// One layer node on the device: its twin and its optimizer.
+struct node_entry {
+  layers::graph::node_type* node;
+  std::unique_ptr<device_layer> layer;
+  device_parameters params;
+};
+
+}  // namespace
+
+struct device_backend::impl {
+  device& dev;
+  gpu::stream s;
+  device_backend_options options;
+  std::vector<std::unique_ptr<node_entry>> nodes;
+  std::int64_t features = 0;
+  layers::shape output_sample;
+  pinned_buffer in, labels, figures;  // max_batch rows of inputs, labels, (loss sum, correct)
+
+  impl(device& d, device_backend_options o) : dev(d), s(d.create_stream(o.stream)), options(std::move(o)) {}
+
+  /// `then` as a `backend_done` in `owner`'s mailbox once the work enqueued so far is done.
+  void when_done(actors::actor& owner, std::function<void()> then) {
+    s.async_wait(owner.executor(), [to = owner.self(), then = std::move(then)](std::error_code ec) mutable {
+      auto* a = to.get();
+      if (!a) return;  // the network is gone
+      std::exception_ptr err;
+      if (ec) err = std::make_exception_ptr(error(ec, "device backend: '" + a->name() + "'"));
+      (void)a->try_tell(layers::backend_done{std::move(err), std::move(then)}, actors::lane::urgent);
+    });
+  }
+};
+
+namespace {
+
+class device_kernels final : public layers::layer_kernels {
+ public:
+  device_kernels(device_backend::impl& b, node_entry& e) : b_(b), e_(e) {}
+
+  layers::value forward(std::vector<layers::value>& inputs, const layers::forward_context&, bool train,
+                        layers::kept& keep) override {
+    auto k = std::make_unique<device_kept>();
+    std::vector<const device_tensor*> ptrs;
+    for (auto& v : inputs) {
+      k->inputs.push_back(tensor_of(v));
+      ptrs.push_back(k->inputs.back().get());
+    }
+    k->output = std::make_shared<device_tensor>();
+    e_.layer->forward(b_.s, ptrs, *k->output, k->st);
+    auto out = wrap(k->output);
+    if (train) keep.device = std::move(k);
+    return out;
+  }
+  void add(layers::value& into, const layers::value& g) override {
+    auto& acc = *tensor_of(into);
+    axpy(b_.s, acc.size(), 1.0f, tensor_of(g)->data(), acc.data());
+  }
+  std::vector<layers::value> backward_input(const layers::kept& k, const layers::value& dy,
+                                            layers::input_mask wanted) override {
+    auto g = e_.layer->backward_input(b_.s, stash_of(k), *tensor_of(dy), wanted);
+    std::vector<layers::value> out(g.size());
+    for (std::size_t i = 0; i < g.size(); ++i)
+      if (!g[i].empty()) out[i] = wrap(std::make_shared<device_tensor>(std::move(g[i])));
+    return out;
+  }
+  void backward_weight(const layers::kept& k, const layers::value& dy) override {
+    e_.layer->backward_weight(b_.s, stash_of(k), *tensor_of(dy));
+  }
+  void set_lr(double lr) override {
+    if (lr >= 0) lr_ = lr;
+  }
+  void update(std::uint64_t, bool) override {
+    e_.params.step(b_.s, lr_);
+    e_.params.zero_grad(b_.s);
+  }
+  void when_done(actors::actor& owner, std::function<void()> then) override { b_.when_done(owner, std::move(then)); }
+  void with_host(actors::actor& owner, std::vector<const layers::value*> vs,
+                 std::function<void(std::vector<layers::tensor>&)> fn) override {
+    // Downloads only for hooks: the host tensors live in the completion until it runs.
+    auto host = std::make_shared<std::vector<layers::tensor>>();
+    for (auto* v : vs) {
+      if (v->empty()) {
+        host->emplace_back();
+        continue;
+      }
+      auto& t = *tensor_of(*v);
+      std::vector<std::int64_t> dims(t.shape().begin() + 1, t.shape().end());
+      host->emplace_back(std::int64_t(t.rows()), layers::shape(dims));
+      copy_async(b_.s, host->back().data(), t.data(), t.bytes());
+    }
+    b_.when_done(owner, [host, fn = std::move(fn)] { fn(*host); });
+  }
+
+ private:
+  static const device_stash& stash_of(const layers::kept& k) {
+    auto* d = dynamic_cast<const device_kept*>(k.device.get());
+    if (!d) throw std::logic_error("device backend: backward without a device stash");
+    return d->st;
+  }
+  device_backend::impl& b_;
+  node_entry& e_;
+  double lr_ = -1;
+};
+
+}  // namespace
+
+device_backend::device_backend(device& dev, layers::graph& g, device_backend_options options)
+    : impl_(std::make_unique<impl>(dev, std::move(options))) {
+  auto& m = *impl_;
+  for (auto i : g.order()) {
+    auto& n = g.nodes()[i];
+    if (n.is_input()) continue;
+    auto e = std::make_unique<node_entry>(node_entry{&n, nullptr, device_parameters(m.options.optimizer)});
+    try {
+      e->layer = make_device_layer(m.s, *n.layer);
+    } catch (const error& err) {
+      throw error(err.code(), n.name + ": " + err.what());
+    }
+    for (auto& p : e->layer->parameters()) e->params.add(m.s, n.name + "." + p.name, p);
+    m.nodes.push_back(std::move(e));
+  }
+  if (g.inputs().size() != 1) throw error(errc::not_supported, "device backend: graphs with one input only");
+  m.features = g.nodes()[g.inputs()[0]].output_shape.numel();
+  m.output_sample = g.nodes()[g.output()].output_shape;
+  const auto rows = m.options.max_batch;
+  m.in = pinned_buffer(dev, rows * std::size_t(m.features) * sizeof(float));
+  m.labels = pinned_buffer(dev, rows * sizeof(std::int32_t));
+  m.figures = pinned_buffer(dev, rows * (sizeof(float) + sizeof(std::int32_t)));
+  m.s.synchronize();
+}
+
+device_backend::~device_backend() {
+  // Nothing may be reading the pinned staging when it goes.
+  try {
+    impl_->s.synchronize();
+  } catch (...) {
+  }
+}
+
+std::string_view device_backend::name() const noexcept {
+  return impl_->dev.kind() == backend_kind::cuda ? "cuda" : "standin";
+}
+
+void device_backend::check_loss(const layers::loss& criterion) const {
+  if (!dynamic_cast<const layers::cross_entropy*>(&criterion))
+    throw std::invalid_argument("device backend: the loss must be softmax cross-entropy");
+}
+
+std::unique_ptr<layers::layer_kernels> device_backend::kernels_for(layers::graph::node_type& node) {
+  for (auto& e : impl_->nodes)
+    if (e->node == &node) return std::make_unique<device_kernels>(*impl_, *e);
+  throw std::invalid_argument("device backend: node '" + node.name + "' is not in its graph");
+}
+
+layers::value device_backend::feed(layers::tensor& batch, std::int64_t first, std::int64_t count) {
+  auto& m = *impl_;
+  if (batch.features() != m.features || std::size_t(batch.batch()) > m.options.max_batch)
+    throw error(errc::invalid_argument, "device backend: a batch of " + batch.shape_string() + " (at most " +
+                                            std::to_string(m.options.max_batch) + " rows of " +
+                                            std::to_string(m.features) + " features)");
+  // Each micro-batch stages at its own rows: a step's copies never overlap, and the
+  // next step begins after this one's completion.
+  auto* px = m.in.as<float>().data() + first * m.features;
+  const auto bytes = std::size_t(count * m.features) * sizeof(float);
+  std::memcpy(px, batch.row(first), bytes);
+  auto t = std::make_shared<device_tensor>(m.s, with_batch(count, batch.sample_shape()));
+  copy_async(m.s, t->data(), px, bytes);
+  return wrap(std::move(t));
+}
+
+void device_backend::loss(actors::actor& owner, const layers::loss&, layers::value output, const layers::targets& t,
+                          std::int64_t first, double share, bool train, bool want_output,
+                          const std::function<void(layers::value)>& gradient,
+                          std::function<void(layers::loss_figures&)> report) {
+  auto& m = *impl_;
+  auto& s = m.s;
+  const auto logits = tensor_of(output);
+  const std::size_t n = logits->rows(), classes = logits->cols();
+  auto* sum = reinterpret_cast<float*>(static_cast<char*>(m.figures.data()) + first * 8);
+  auto* right = reinterpret_cast<std::int32_t*>(sum + 1);
+  const bool labelled = !t.labels.empty();
+  if (labelled) {
+    if (t.labels.size() != n) throw std::invalid_argument("device backend: labels for another batch");
+    for (auto l : t.labels)
+      if (l < 0 || std::size_t(l) >= classes)
+        throw error(errc::invalid_argument, "device backend: label " + std::to_string(l) + " outside [0, " +
+                                                std::to_string(classes) + ")");
+    auto* pl = m.labels.as<std::int32_t>().data() + first;
+    std::memcpy(pl, t.labels.data(), n * sizeof(std::int32_t));
+    device_buffer lab(s, n * sizeof(std::int32_t)), figures(s, sizeof(float) + sizeof(std::int32_t));
+    copy_async(s, lab.data(), pl, n * sizeof(std::int32_t));
+    auto* dsum = static_cast<float*>(figures.data());
+    auto* dright = reinterpret_cast<std::int32_t*>(dsum + 1);
+    device_tensor probs(s, logits->shape()), row_loss(s, {n});
+    const auto* labels = static_cast<const std::int32_t*>(lab.data());
+    softmax_xent_forward(s, logits->data(), labels, n, classes, probs.data(), row_loss.data(), dright);
+    column_sums(s, row_loss.data(), n, 1, dsum, 0.0f);
+    if (train) {
+      // share/n = (nᵢ/N)·(1/nᵢ): the gradient of the mini-batch mean.
+      auto g = std::make_shared<device_tensor>(s, logits->shape());
+      softmax_xent_backward(s, probs.data(), labels, n, classes, float(share / double(n)), g->data());
+      gradient(wrap(std::move(g)));
+    }
+    copy_async(s, sum, figures.data(), sizeof(float) + sizeof(std::int32_t));
+  }
+  auto out = std::make_shared<layers::tensor>();
+  if (want_output) {
+    *out = layers::tensor(std::int64_t(n), m.output_sample);
+    copy_async(s, out->data(), logits->data(), logits->bytes());
+  }
+  m.when_done(owner, [sum, right, n, labelled, out, report = std::move(report)] {
+    layers::loss_figures f;
+    if (labelled) {
+      f.loss = double(*sum) / double(n);
+      f.correct = *right;
+    }
+    f.output = std::move(*out);
+    report(f);
+  });
+}
+
+void device_backend::download() {
+  auto& m = *impl_;
+  m.s.synchronize();
+  for (auto& e : m.nodes) download_parameters(m.s, *e->layer, *e->node->layer);
+}
+
+layers::optimizer_state device_backend::optimizer_state() {
+  layers::optimizer_state all;
+  for (auto& e : impl_->nodes) {
+    auto st = e->params.state(impl_->s);
+    for (auto& b : st.buffers) all.buffers.push_back(std::move(b));
+    all.counters.merge(st.counters);
+  }
+  return all;
+}
+
+void device_backend::load_optimizer_state(const layers::optimizer_state& state) {
+  std::vector<layers::optimizer_state> parts(impl_->nodes.size());
+  auto owner = [&](const std::string& name) -> std::size_t {
+    for (std::size_t i = 0; i < impl_->nodes.size(); ++i) {
+      const auto& n = impl_->nodes[i]->node->name;
+      if (name.size() > n.size() && name.compare(0, n.size(), n) == 0 && name[n.size()] == '.') return i;
+    }
+    throw std::invalid_argument("optimizer state: '" + name + "' belongs to no layer on the device");
+  };
+  for (const auto& b : state.buffers) parts[owner(b.parameter)].buffers.push_back(b);
+  for (const auto& [k, v] : state.counters) parts[owner(k)].counters[k] = v;
+  for (std::size_t i = 0; i < parts.size(); ++i) impl_->nodes[i]->params.load(impl_->s, parts[i]);
+}
+
+void device_backend::synchronize() { impl_->s.synchronize(); }
+gpu::stream& device_backend::stream() noexcept { return impl_->s; }
+
+}  // namespace nerve::gpu

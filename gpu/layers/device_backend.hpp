@@ -1,0 +1,68 @@
+#pragma once
+/// \file
+/// `device_backend`: the `standin` and `cuda` backends of `layers::network` — each layer
+/// actor's kernels enqueued on one stream of a device (layers/backend.hpp).
+///
+/// ```
+///  coordinator (loop)      layer actors (same loop)                     stream (GPU or stand-in)
+///  batch ─► pinned ─H2D─►  value ══bus══► fc1 ══► relu1 ══► … ══► loss   fwd … xent … B, W … update
+///                          (device tensors: stream order makes them ready, no host copy)
+///  loss figures ─D2H─► pinned ─[event]─► backend_done on the loss actor ─► loss_report
+///  each layer: update enqueued ─[event]─► backend_done on its loop ─► node_done
+/// ```
+/// The math is `device_layer`'s (per layer), the update `device_parameters`' (per
+/// layer, PyTorch's rules); the loss is softmax cross-entropy. Every actor of the
+/// network enqueues on the one stream, so the network puts them on one loop.
+///
+/// Thread safety: construct, `download`, the optimizer state and destroy off the loops
+/// (they wait for the stream); the kernels belong to their actors' loop. The graph and
+/// the device must outlive the backend.
+
+#include "gpu/device.hpp"
+#include "gpu/layers/device_parameters.hpp"
+#include "layers/backend.hpp"
+
+#include <memory>
+
+namespace nerve::gpu {
+
+struct device_backend_options {
+  device_optimizer optimizer;
+  std::size_t max_batch = 1024;  ///< rows a step may take (sizes the pinned staging)
+  stream_options stream;
+};
+
+class device_backend final : public layers::backend {
+ public:
+  /// Mirrors `g`'s parameters onto a new stream of `dev` (waits). Throws `gpu::error`
+  /// (`not_supported` naming a layer without a device twin).
+  device_backend(device& dev, layers::graph& g, device_backend_options options = {});
+  ~device_backend() override;
+
+  std::string_view name() const noexcept override;
+  bool on_device() const noexcept override { return true; }
+  void check_loss(const layers::loss& criterion) const override;
+  std::unique_ptr<layers::layer_kernels> kernels_for(layers::graph::node_type& node) override;
+  layers::value feed(layers::tensor& batch, std::int64_t first, std::int64_t count) override;
+  void loss(actors::actor& owner, const layers::loss& criterion, layers::value output, const layers::targets& t,
+            std::int64_t first, double share, bool train, bool want_output,
+            const std::function<void(layers::value)>& gradient,
+            std::function<void(layers::loss_figures&)> report) override;
+
+  /// Copies the device parameters into the graph's layers (waits for the stream).
+  void download();
+  /// The optimizer's state, parameters as the graph names them (`fc1.weight`). Waits.
+  layers::optimizer_state optimizer_state();
+  /// Replaces it (as `optimizer_state` made it). Waits. Throws naming a buffer no layer has.
+  void load_optimizer_state(const layers::optimizer_state& state);
+  /// Waits until the stream is idle (setup, tests, shutdown; never on a loop).
+  void synchronize();
+  gpu::stream& stream() noexcept;
+
+  struct impl;  // the stream, the twins, the staging (device_backend.cpp; its kernels share it)
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace nerve::gpu
