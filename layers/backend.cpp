@@ -50,8 +50,11 @@ class cpu_kernels final : public layer_kernels {
     lay.zero_grad();
   }
   void when_done(actors::actor&, std::function<void()> then) override { then(); }
-  void with_host(actors::actor&, std::vector<const value*>, std::function<void(std::vector<tensor>&)>) override {
-    throw std::logic_error("cpu backend: values are on the host already");
+  void with_host(actors::actor&, std::vector<value*> vs, std::function<void(std::vector<tensor>&)> fn) override {
+    std::vector<tensor> h;  // lent: what `fn` changes goes back
+    for (auto* v : vs) h.push_back(std::move(v->host));
+    fn(h);
+    for (std::size_t i = 0; i < vs.size(); ++i) vs[i]->host = std::move(h[i]);
   }
   optimizer_state save_state() override {
     optimizer_state st;

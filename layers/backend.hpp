@@ -1,28 +1,20 @@
 #pragma once
 /// \file
-/// Where a layer actor's kernels go: the `backend` seam, ggml's shape (a backend chosen by
-/// name from a small registry: `cpu` built in, `standin` and `cuda` from gpu/).
+/// Where a layer actor's kernels go (ggml's shape): a `backend` per network makes each
+/// node's `layer_kernels`; `cpu` is built in, `standin` and `cuda` are gpu/'s.
 ///
 /// ```
-///   network ──backend_for("standin")──► backend ──kernels_for(node)──► layer_kernels (one per actor)
-///   layer_actor: forward / B / W / update ──► kernels ──► Eigen (cpu) | enqueue on a stream (device)
-///   edges carry a `value`: a host tensor (cpu) or a device value (stays on the device)
-///   completions: kernels.when_done(actor, then) ──► `backend_done` in the actor's mailbox ──► then()
+///   layer_actor: forward / B / W / update ──► kernels ──► Eigen (cpu) | enqueued on a stream
+///   edges carry a `value`: a host tensor, or a device value that stays on the device
+///   kernels.when_done(actor, then) ──► at once (cpu) | `backend_done` in its mailbox (device)
 /// ```
-/// On the CPU every call computes at once and `when_done` runs `then` in the calling
-/// handler. On a device the calls only enqueue; stream order makes a payload ready for
-/// the next actor on the same stream, and `when_done` brings the end of the work back
-/// to the actor's loop as a message. layers/ knows no device: a device's tensors are
-/// `backend_data` here, opaque.
-///
-/// Thread-safety: a backend is set up off the loops; a `layer_kernels` is used by its
-/// actor's loop only; `when_done` from the owner's handlers.
+/// layers/ knows no device: a device's tensors are `backend_data`, opaque here. A backend
+/// is set up off the loops; a node's kernels are used by its actor's loop only.
 
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <string>
 #include <string_view>
 #include <vector>
 
@@ -66,36 +58,33 @@ struct kept {
   std::size_t payload_bytes() const noexcept { return device ? device->payload_bytes() : host.payload_bytes(); }
 };
 
-/// A backend's work finished (or failed) for the actor it is delivered to: run `then`.
+/// A backend's work for the actor it is delivered to finished (or failed): run `then`.
 struct backend_done {
   static constexpr std::string_view kind = "backend_done";
   std::exception_ptr error;
   std::function<void()> then;
 };
 
-/// One layer node's kernels, used by its layer actor (its loop only).
+/// One layer node's kernels, as `basic_layer` and an optimizer (its actor's loop only).
 class layer_kernels {
  public:
   virtual ~layer_kernels() = default;
-  /// Forward of one micro-batch; `inputs` are moved from. In training `keep` gets what
-  /// backward needs.
+  /// `inputs` are moved from; in training `keep` gets what backward needs.
   virtual value forward(std::vector<value>& inputs, const forward_context& context, bool train, kept& keep) = 0;
-  /// `into += g` (gradients of a fan-out, summed in the plan's order).
+  /// `into += g`: a fan-out's gradients, summed in the plan's order.
   virtual void add(value& into, const value& g) = 0;
-  /// B: the gradients of the inputs in `wanted`.
   virtual std::vector<value> backward_input(const kept& k, const value& dy, input_mask wanted) = 0;
-  /// W: accumulates this micro-batch's parameter gradients.
   virtual void backward_weight(const kept& k, const value& dy) = 0;
-  /// The step's rate from now on (negative: unchanged).
+  /// The rate from now on (negative: unchanged).
   virtual void set_lr(double lr) = 0;
-  /// The step's update (optimizer step, gradients zeroed). `allow_nonfinite` false: a NaN
-  /// or Inf gradient throws (on the CPU; a device does not look).
+  /// Optimizer step, gradients zeroed. On the CPU a non-finite gradient throws unless allowed.
   virtual void update(std::uint64_t step, bool allow_nonfinite) = 0;
-  /// `then` on `owner`'s loop once the work enqueued so far is done (at once on the CPU;
-  /// else a `backend_done` message, which `owner` must handle: `layers::handle_backend_done`).
+  /// `then` on `owner`'s loop once the work enqueued so far is done: at once on the CPU,
+  /// else through a `backend_done` message (`owner` handles it with `handle_backend_done`).
   virtual void when_done(actors::actor& owner, std::function<void()> then) = 0;
-  /// Host copies of `vs` for `fn` (hooks), on `owner`'s loop once they are there.
-  virtual void with_host(actors::actor& owner, std::vector<const value*> vs,
+  /// `fn` on `owner`'s loop with `vs` on the host (hooks): the CPU lends the tensors (what
+  /// `fn` changes stays), a device downloads copies.
+  virtual void with_host(actors::actor& owner, std::vector<value*> vs,
                          std::function<void(std::vector<tensor>&)> fn) = 0;
   /// The optimizer's state (checkpoints), parameters as the layer names them.
   virtual optimizer_state save_state() { return {}; }
@@ -113,19 +102,16 @@ struct loss_figures {
 class backend {
  public:
   virtual ~backend() = default;
-  /// `cpu`, `standin`, `cuda`.
   virtual std::string_view name() const noexcept = 0;
-  /// True where the kernels enqueue on one stream: the network's actors share one loop.
+  /// True where every kernel goes to one stream: the network's actors then share one loop.
   virtual bool on_device() const noexcept { return false; }
   /// Throws `std::invalid_argument` for a loss it cannot run.
   virtual void check_loss(const loss&) const {}
-  /// The kernels of layer node `node` (setup).
   virtual std::unique_ptr<layer_kernels> kernels_for(graph::node_type& node) = 0;
-  /// Rows `[first, first + count)` of `batch` as fed into the graph; `batch` may be moved
-  /// from when it is the whole batch. The coordinator's loop.
+  /// Rows `[first, first + count)` of `batch` into the graph (moved when it is all of it).
   virtual value feed(tensor& batch, std::int64_t first, std::int64_t count) = 0;
-  /// The loss of one micro-batch (the loss actor's loop): `gradient` (training, scaled by
-  /// `share`) is emitted at once; `report` gets the figures on `owner`'s loop.
+  /// One micro-batch's loss: `gradient` (training; scaled by `share`) is called at once,
+  /// `report` with the figures on `owner`'s loop.
   virtual void loss(actors::actor& owner, const layers::loss& criterion, value output, const targets& t,
                     std::int64_t first, double share, bool train, bool want_output,
                     const std::function<void(value)>& gradient, std::function<void(loss_figures&)> report) = 0;

@@ -74,15 +74,11 @@ void layer_actor::on_forward(forward_msg& m) {
 
   value out = kernels_->forward(st.inputs, forward_context{static_cast<std::uint64_t>(m.micro_batch), m.step},
                                 m.train, st.st);
-  if (!node_.forward_hooks.empty()) {
-    const hook_context ctx{node_.name, static_cast<std::uint64_t>(m.micro_batch), m.step, m.train};
-    if (!out.device)
-      for (auto& hook : node_.forward_hooks) hook(ctx, out.host);
-    else
-      kernels_->with_host(*this, {&out}, [this, ctx](std::vector<tensor>& h) {
-        for (auto& hook : node_.forward_hooks) hook(ctx, h[0]);
-      });
-  }
+  if (!node_.forward_hooks.empty())
+    kernels_->with_host(*this, {&out}, [this, ctx = hook_context{node_.name, std::uint64_t(m.micro_batch), m.step,
+                                                                 m.train}](std::vector<tensor>& h) {
+      for (auto& hook : node_.forward_hooks) hook(ctx, h[0]);
+    });
   st.inputs.clear();
   st.forwarded = true;
   if (m.train) {
@@ -124,20 +120,14 @@ void layer_actor::on_backward(backward_msg& m) {
 
   auto g = kernels_->backward_input(st.st, dy, wanted_);  // B
   if (!node_.backward_hooks.empty()) {  // a backward only ever comes in training
-    const hook_context ctx{node_.name, static_cast<std::uint64_t>(m.micro_batch), m.step, true};
-    if (!dy.device) {
-      std::vector<tensor> gh;  // the hooks' view of the host gradients (moved back after)
-      for (auto& v : g) gh.push_back(std::move(v.host));
-      for (auto& hook : node_.backward_hooks) hook(ctx, gh, dy.host);
-      for (std::size_t k = 0; k < g.size(); ++k) g[k].host = std::move(gh[k]);
-    } else {
-      std::vector<const value*> vs{&dy};
-      for (auto& v : g) vs.push_back(&v);
-      kernels_->with_host(*this, std::move(vs), [this, ctx](std::vector<tensor>& h) {
-        std::vector<tensor> gh(std::make_move_iterator(h.begin() + 1), std::make_move_iterator(h.end()));
-        for (auto& hook : node_.backward_hooks) hook(ctx, gh, h[0]);
-      });
-    }
+    std::vector<value*> vs{&dy};
+    for (auto& v : g) vs.push_back(&v);
+    kernels_->with_host(*this, std::move(vs), [this, ctx = hook_context{node_.name, std::uint64_t(m.micro_batch),
+                                                                        m.step, true}](std::vector<tensor>& h) {
+      std::vector<tensor> gh(std::make_move_iterator(h.begin() + 1), std::make_move_iterator(h.end()));
+      for (auto& hook : node_.backward_hooks) hook(ctx, gh, h[0]);
+      std::move(gh.begin(), gh.end(), h.begin() + 1);  // what the hooks changed goes on (on the CPU)
+    });
   }
   for (std::size_t k = 0; k < grad_.size(); ++k) {
     if (!(wanted_ & (input_mask{1} << k)) || g[k].empty()) continue;

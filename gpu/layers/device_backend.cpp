@@ -70,15 +70,16 @@ struct device_backend::impl {
 
   impl(device& d, device_backend_options o) : dev(d), s(d.create_stream(o.stream)), options(std::move(o)) {}
 
-  /// `then` as a `backend_done` in `owner`'s mailbox once the work enqueued so far is done.
-  void when_done(actors::actor& owner, std::function<void()> then) {
+  /// `then` as a `backend_done` in `owner`'s mailbox once the work enqueued so far is done;
+  /// `what` names the wait's span in the trace.
+  void when_done(actors::actor& owner, std::function<void()> then, const char* what) {
     s.async_wait(owner.executor(), [to = owner.self(), then = std::move(then)](std::error_code ec) mutable {
       auto* a = to.get();
       if (!a) return;  // the network is gone
       std::exception_ptr err;
       if (ec) err = std::make_exception_ptr(error(ec, "device backend: '" + a->name() + "'"));
       (void)a->try_tell(layers::backend_done{std::move(err), std::move(then)}, actors::lane::urgent);
-    });
+    }, span_label{what});
   }
 };
 
@@ -124,8 +125,10 @@ class device_kernels final : public layers::layer_kernels {
     e_.params.step(b_.s, lr_);
     e_.params.zero_grad(b_.s);
   }
-  void when_done(actors::actor& owner, std::function<void()> then) override { b_.when_done(owner, std::move(then)); }
-  void with_host(actors::actor& owner, std::vector<const layers::value*> vs,
+  void when_done(actors::actor& owner, std::function<void()> then) override {
+    b_.when_done(owner, std::move(then), "update");
+  }
+  void with_host(actors::actor& owner, std::vector<layers::value*> vs,
                  std::function<void(std::vector<layers::tensor>&)> fn) override {
     // Downloads only for hooks: the host tensors live in the completion until it runs.
     auto host = std::make_shared<std::vector<layers::tensor>>();
@@ -139,7 +142,7 @@ class device_kernels final : public layers::layer_kernels {
       host->emplace_back(std::int64_t(t.rows()), layers::shape(dims));
       copy_async(b_.s, host->back().data(), t.data(), t.bytes());
     }
-    b_.when_done(owner, [host, fn = std::move(fn)] { fn(*host); });
+    b_.when_done(owner, [host, fn = std::move(fn)] { fn(*host); }, "hooks");
   }
 
  private:
@@ -267,7 +270,7 @@ void device_backend::loss(actors::actor& owner, const layers::loss&, layers::val
     }
     f.output = std::move(*out);
     report(f);
-  });
+  }, "loss");
 }
 
 void device_backend::download() {
