@@ -205,8 +205,10 @@ network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> crit
   if (!criterion) throw std::invalid_argument("network: no loss given");
   backend_ = opt.backend ? std::move(opt.backend) : make_cpu_backend(std::move(make_optimizer));
   backend_->check_loss(*criterion);
-  if (backend_->on_device() && (opt.spread || !opt.loops.empty() || (opt.control_loop >= 0 && unsigned(opt.control_loop) != opt.first_loop)))
-    throw std::invalid_argument(std::string("network: the ") + std::string(backend_->name()) +
+  const bool one_loop =
+      !opt.spread && opt.loops.empty() && (opt.control_loop < 0 || unsigned(opt.control_loop) == opt.first_loop);
+  if (backend_->on_device() && !one_loop)
+    throw std::invalid_argument("network: the " + std::string(backend_->name()) +
                                 " backend's actors share its stream, hence one loop (no spread, loops or control loop)");
   keep_freed_memory();  // steps reuse the pages of the previous step (layers/memory.hpp)
   auto& nodes = g.nodes();

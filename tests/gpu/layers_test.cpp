@@ -78,12 +78,14 @@ struct layer_fixture {
 /// A graph's layer actors (`layers::network`) on one loop, their kernels on a stream of
 /// the suite's device. Waits for every completion before it goes.
 struct device_net {
-  actors::runtime rt{{.loops = 1}};
+  actors::runtime rt;
   gpu::device dev;
   std::shared_ptr<gpu::device_backend> be;
   layers::network net;
-  device_net(layers::graph& g, gpu::device_optimizer opt, std::size_t max_batch = 64, bool count_completions = true)
-      : dev(options(rt, count_completions)),
+  device_net(layers::graph& g, gpu::device_optimizer opt, std::size_t max_batch = 64, bool count_completions = true,
+             bool record = false)
+      : rt({.loops = 1, .record = record}),
+        dev(options(rt, count_completions)),
         be(std::make_shared<gpu::device_backend>(dev, g, gpu::device_backend_options{opt, max_batch})),
         net(rt, g, std::make_shared<layers::cross_entropy>(), {}, layers::network_options{.backend = be}) {}
   ~device_net() {
@@ -376,10 +378,12 @@ TEST_SUITE("gpu.layers") {
     auto g = layers::make_preset("mlp", 1);
     const std::size_t m = 2;
     int forwards = 0, backwards = 0;  // loop 0 writes them; read after the step
+    layers::tensor first_y;           // fc1's output of step 0, micro-batch 0, as its hook saw it
     g.register_forward_hook("fc1", [&](const layers::hook_context& c, layers::tensor& y) {
       CHECK(c.training);
       CHECK(y.batch() == 4);
       CHECK(y.features() == 256);
+      if (c.step == 0 && c.micro_batch == 0) first_y = y.clone();
       ++forwards;
     });
     g.register_backward_hook("fc2", [&](const layers::hook_context&, std::vector<layers::tensor>& dx, const layers::tensor& dy) {
@@ -388,7 +392,14 @@ TEST_SUITE("gpu.layers") {
       CHECK(dy.features() == 10);
       ++backwards;
     });
-    device_net net(g, {"sgd", 0.1}, 64, /*count_completions=*/false);
+    device_net net(g, {"sgd", 0.1}, 64, /*count_completions=*/false, /*record=*/true);
+    auto node_dones = [&] {  // the coordinator's runs of node_done so far (the runtime idle)
+      int n = 0;
+      const auto trace = net.rt.trace().to_chrome_trace(nlohmann::json::array(), nlohmann::json::object());
+      for (auto& e : trace["traceEvents"])
+        if (e["ph"] == "X" && e.value("cat", "") == "handler" && e["name"] == "node_done") ++n;
+      return n;
+    };
     // The first step runs ungated: the kernels are loaded and cuBLAS has run (testing.hpp).
     layer_fixture fx;
     auto labels = [] {
@@ -396,9 +407,16 @@ TEST_SUITE("gpu.layers") {
       for (int i = 0; i < 8; ++i) y.labels.push_back(i);
       return y;
     };
-    net.net.train_step(fx.random(8, {784}), labels(), m, 0).get();
+    auto x0 = fx.random(8, {784});
+    auto want = layers::make_preset("mlp", 1).nodes()[g.index_of("fc1")].layer->forward(x0.slice(0, 4)).output;
+    net.net.train_step(std::move(x0), labels(), m, 0).get();
     CHECK(forwards == int(m));
     CHECK(backwards == int(m));
+    REQUIRE(first_y.size() == want.size());
+    double scale = 0;
+    for (std::int64_t i = 0; i < want.size(); ++i) scale = std::max(scale, double(std::abs(want.data()[i])));
+    check_within("fc1 output in its hook", values(first_y), values(want),
+                 std::vector<double>(std::size_t(want.size()), 1e-4 * scale));
     gpu::testing::gate gate(net.dev);
     gate.enqueue(net.be->stream());
     auto f = net.net.train_step(fx.random(8, {784}), labels(), m, 1);
@@ -408,10 +426,26 @@ TEST_SUITE("gpu.layers") {
     CHECK(net.net.traffic().backward == 2 * e * m);
     CHECK(forwards == int(m));  // the hooks' downloads are behind the gate
     CHECK(backwards == int(m));
+    CHECK(node_dones() == 3);  // step 0's fc1, relu1, fc2: step 1's updates are behind the gate
     gate.open();
     CHECK(f.get().samples == 8);
+    net.rt.synchronize();  // the coordinator's last run is recorded after it answered
+    CHECK(node_dones() == 6);
     CHECK(forwards == int(2 * m));
     CHECK(backwards == int(2 * m));
+  }
+
+  TEST_CASE("a device network's actors share one loop, and its loss is cross-entropy") {
+    auto g = layers::make_preset("mlp", 1);
+    actors::runtime rt({.loops = 2});
+    gpu::device dev(gpu::test::layers_suite_options());
+    auto be = std::make_shared<gpu::device_backend>(dev, g);
+    auto ce = std::make_shared<layers::cross_entropy>();
+    CHECK_THROWS_AS(layers::network(rt, g, ce, {}, {.spread = true, .backend = be}), std::invalid_argument);
+    CHECK_THROWS_AS(layers::network(rt, g, ce, {}, {.first_loop = 0, .control_loop = 1, .backend = be}),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(layers::network(rt, g, std::make_shared<layers::mse>(), {}, {.backend = be}),
+                    std::invalid_argument);
   }
 
 #if NERVE_GPU_LAYERS_STANDIN
