@@ -435,6 +435,21 @@ TEST_SUITE("gpu.layers") {
     CHECK(backwards == int(2 * m));
   }
 
+  TEST_CASE("predict on the device gives the direct executor's output (downloaded from the loss actor)") {
+    auto cpu_graph = layers::make_preset("resmlp", 3);
+    auto dev_graph = layers::make_preset("resmlp", 3);
+    device_net net(dev_graph, {"sgd", 0.1});
+    layer_fixture fx;
+    auto x = fx.random(12, {784});
+    auto want = layers::direct_executor(cpu_graph).predict(x.clone());
+    auto got = net.net.predict(std::move(x)).get();
+    REQUIRE(got.batch() == 12);
+    REQUIRE(got.features() == want.features());
+    double scale = 0;
+    for (std::int64_t i = 0; i < want.size(); ++i) scale = std::max(scale, double(std::abs(want.data()[i])));
+    check_within("resmlp output", values(got), values(want), std::vector<double>(std::size_t(want.size()), 1e-4 * scale));
+  }
+
   TEST_CASE("a device network's actors share one loop, and its loss is cross-entropy") {
     auto g = layers::make_preset("mlp", 1);
     actors::runtime rt({.loops = 2});
