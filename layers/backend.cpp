@@ -56,6 +56,20 @@ class cpu_kernels final : public layer_kernels {
     fn(h);
     for (std::size_t i = 0; i < vs.size(); ++i) vs[i]->host = std::move(h[i]);
   }
+  std::vector<float> gradients() override {
+    std::vector<float> flat;
+    for (auto& p : node_.layer->parameters()) flat.insert(flat.end(), p.grad->data(), p.grad->data() + p.grad->size());
+    return flat;
+  }
+  void set_gradients(const std::vector<float>& flat) override {
+    const float* src = flat.data();
+    for (auto& p : node_.layer->parameters()) {
+      if (src + p.grad->size() > flat.data() + flat.size())
+        throw std::logic_error("layer '" + node_.name + "': the reduced gradients are shorter than its parameters");
+      std::copy(src, src + p.grad->size(), p.grad->data());
+      src += p.grad->size();
+    }
+  }
   optimizer_state save_state() override {
     optimizer_state st;
     if (opt_) opt_->save_state(st);
@@ -100,6 +114,10 @@ class cpu_backend final : public backend {
 };
 
 }  // namespace
+
+std::unique_ptr<layer_kernels> make_cpu_kernels(graph::node_type& node, std::unique_ptr<optimizer> opt) {
+  return std::make_unique<cpu_kernels>(node, std::move(opt));
+}
 
 std::shared_ptr<backend> make_cpu_backend(std::function<std::unique_ptr<optimizer>()> make) {
   if (!make) throw std::invalid_argument("network: no optimizer factory given");

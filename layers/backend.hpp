@@ -86,6 +86,11 @@ class layer_kernels {
   /// `fn` changes stays), a device downloads copies.
   virtual void with_host(actors::actor& owner, std::vector<value*> vs,
                          std::function<void(std::vector<tensor>&)> fn) = 0;
+  /// The parameter gradients, flattened in `parameters()` order, on the host (the replica
+  /// group's all-reduce), and their replacement by the group's sum. Host kernels only: a
+  /// device backend throws (replicas of device stages are not built yet).
+  virtual std::vector<float> gradients() = 0;
+  virtual void set_gradients(const std::vector<float>& flat) = 0;
   /// The optimizer's state (checkpoints), parameters as the layer names them.
   virtual optimizer_state save_state() { return {}; }
   virtual void load_state(const optimizer_state&) {}
@@ -122,6 +127,10 @@ inline void handle_backend_done(backend_done& d) {
   if (d.error) std::rethrow_exception(d.error);
   d.then();
 }
+
+/// One node's CPU kernels with its own optimizer (what the CPU backend's `kernels_for` makes;
+/// pipeline stages make theirs directly).
+std::unique_ptr<layer_kernels> make_cpu_kernels(graph::node_type& node, std::unique_ptr<optimizer> opt);
 
 /// The CPU backend: Eigen calls on the layer's loop, one optimizer per layer from `make`.
 std::shared_ptr<backend> make_cpu_backend(std::function<std::unique_ptr<optimizer>()> make);

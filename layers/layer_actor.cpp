@@ -20,6 +20,11 @@ layer_actor::layer_actor(graph::node_type& n, std::uint32_t index, const node_pl
     return true;
   });
   on<backend_done>([](backend_done& d) { handle_backend_done(d); });
+  on<admit>([this](admit& a) { on_admit(a); });
+  on<bus::reduced>([this](bus::reduced& m) {
+    reduced_sum_ = std::move(m.sum);
+    maybe_step();
+  });
   on<allow_nonfinite_gradients>([this](allow_nonfinite_gradients& m) { allow_nonfinite_ = m.allow; });
   for (std::size_t k = 0; k < node_.inputs.size(); ++k)
     grad_.push_back(std::make_unique<bus::signal<backward_msg>>(*this, "grad" + std::to_string(k)));
@@ -38,6 +43,46 @@ void layer_actor::wire(actors::address coordinator, std::vector<std::int32_t> ed
   credits_name_ = edge_ids_.empty() ? nullptr : system().trace().intern("credits");
 }
 
+void layer_actor::gate(layer_gating g) {
+  g.hold_backward.resize(plan_.edge_count(), false);
+  gating_ = std::move(g);
+}
+
+void layer_actor::report(stage_op op, std::int64_t mb, bool arrived) {
+  if (gating_.gate)
+    send(gating_.gate, layer_event{op, arrived, mb, gating_.piece, index_, bytes_ + pending_bytes_});
+}
+
+void layer_actor::on_admit(const admit& a) {
+  switch (a.op) {
+    case stage_op::forward:
+    case stage_op::backward: {
+      const bool fwd = a.op == stage_op::forward;
+      // Moved out first: running them may hold or admit more of the same micro-batch.
+      if (fwd) {
+        auto held = std::exchange(held_forward_[a.micro_batch], {});
+        held_forward_.erase(a.micro_batch);
+        for (auto& m : held) on_forward(m, true);
+      } else {
+        auto held = std::exchange(held_backward_[a.micro_batch], {});
+        held_backward_.erase(a.micro_batch);
+        for (auto& m : held) on_backward(m, true);
+      }
+      break;
+    }
+    case stage_op::weight:
+      // A W admitted before an earlier one waits for it (the sum's order); it counts as run.
+      weight_admitted_.insert(a.micro_batch);
+      finish_weight_grads();
+      report(stage_op::weight, a.micro_batch);
+      break;
+    case stage_op::step:
+      step_admitted_ = true;
+      maybe_step();
+      break;
+  }
+}
+
 void layer_actor::record_credits(std::size_t edge) {
   auto& rec = system().trace();
   if (credits_name_ && rec.enabled())
@@ -45,11 +90,16 @@ void layer_actor::record_credits(std::size_t edge) {
                 std::int64_t(step_micro_batches_) - std::int64_t(outstanding_[edge]), edge_ids_[edge]);
 }
 
-void layer_actor::on_forward(forward_msg& m) {
+void layer_actor::on_forward(forward_msg& m, bool admitted) {
   const auto n_in = node_.inputs.size();
   if (m.port >= n_in)
     throw std::invalid_argument("layer '" + node_.name + "': forward into port " + std::to_string(m.port) + " of " +
                                 std::to_string(n_in));
+  if (!admitted && (gating_.hold_forward & (input_mask{1} << m.port))) {  // the stage's gate says when
+    held_forward_[m.micro_batch].push_back(std::move(m));
+    report(stage_op::forward, m.micro_batch, true);
+    return;
+  }
   if (m.train && m.step != step_) {  // first micro-batch of a new step
     if (backwards_done_ != 0 || !pending_w_.empty())
       throw std::logic_error("layer '" + node_.name + "': step " + std::to_string(m.step) + " began before step " +
@@ -95,9 +145,15 @@ void layer_actor::on_forward(forward_msg& m) {
       record_credits(e);
     }
   out_.emit(forward_msg{m.micro_batch, m.step, 0, m.micro_batches, m.train, m.lr, std::move(out)});
+  if (m.train) report(stage_op::forward, m.micro_batch);
 }
 
-void layer_actor::on_backward(backward_msg& m) {
+void layer_actor::on_backward(backward_msg& m, bool admitted) {
+  if (!admitted && m.port < gating_.hold_backward.size() && gating_.hold_backward[m.port]) {
+    held_backward_[m.micro_batch].push_back(std::move(m));
+    report(stage_op::backward, m.micro_batch, true);
+    return;
+  }
   auto it = mbs_.find(m.micro_batch);
   if (it == mbs_.end() || !it->second.forwarded)
     throw std::logic_error("layer '" + node_.name + "': backward of micro-batch " + std::to_string(m.micro_batch) +
@@ -136,19 +192,39 @@ void layer_actor::on_backward(backward_msg& m) {
 
   // W, in micro-batch order: accumulation order decides the bits of the gradient sum.
   bytes_ -= st.st.payload_bytes();
+  pending_bytes_ += st.st.payload_bytes();
   pending_w_.emplace(m.micro_batch, pending_weight{std::move(st.st), std::move(dy)});
   mbs_.erase(it);
   finish_weight_grads();
+  report(stage_op::backward, m.micro_batch);
 }
 
 void layer_actor::finish_weight_grads() {
   for (auto it = pending_w_.find(next_w_); it != pending_w_.end(); it = pending_w_.find(next_w_)) {
+    if (gating_.defer_weight && weight_admitted_.erase(next_w_) == 0) break;  // its W is not admitted yet
     kernels_->backward_weight(it->second.st, it->second.grad);
+    pending_bytes_ -= it->second.st.payload_bytes();
     pending_w_.erase(it);
     ++next_w_;
     ++backwards_done_;
   }
-  if (backwards_done_ < step_micro_batches_) return;
+  maybe_step();
+}
+
+void layer_actor::maybe_step() {
+  if (step_micro_batches_ == 0 || backwards_done_ < step_micro_batches_) return;
+  const bool params = node_.layer->has_parameters();
+  if (params && gating_.reducer) {  // replicas: sum the gradients over the group first
+    if (!contributed_) {
+      contributed_ = true;
+      send(gating_.reducer, bus::contribution{step_, gating_.rank, kernels_->gradients()});
+    }
+    if (!reduced_sum_) return;
+  }
+  if (gating_.defer_step && !step_admitted_) return;
+  if (reduced_sum_) kernels_->set_gradients(*reduced_sum_);
+  step_admitted_ = contributed_ = false;
+  reduced_sum_.reset();
   kernels_->update(step_, allow_nonfinite_);
   backwards_done_ = 0;
   next_w_ = 0;

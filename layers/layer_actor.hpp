@@ -23,17 +23,26 @@
 /// message and only then is `node_done` sent. Hooks see host tensors (on a device, a
 /// download made only when a hook is registered, run once it is done).
 ///
+/// In a pipeline stage the stage's gate decides when (`layer_gating`, opt-in at wiring):
+/// forwards that enter the actor's piece and gradients that come back into it from a
+/// later piece wait until the gate admits their micro-batch (the actor tells the gate
+/// they arrived), W may wait for its own admission (split backward), and so may the
+/// optimizer step; each F, B and W done is reported to the gate. With a replica group
+/// the weight gradients are all-reduced (`bus::all_reduce`) before the optimizer step.
+///
 /// With the recorder on, each edge's credits are recorded as a counter on this actor's
 /// track (`credits`, `available`, id = the edge's global index): the step's micro-batches
 /// less those forwarded on the edge whose gradient has not come back.
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <string_view>
 #include <vector>
 
 #include "actors/actor.hpp"
+#include "bus/all_reduce.hpp"
 #include "bus/signal.hpp"
 #include "layers/backend.hpp"
 #include "layers/graph.hpp"
@@ -53,6 +62,41 @@ struct allow_nonfinite_gradients {
   bool allow = true;
 };
 
+/// What a pipeline stage's gate lets a layer actor do next (the schedule's F, B, W, and
+/// the optimizer step), and what the actor tells the gate.
+enum class stage_op : std::uint8_t { forward, backward, weight, step };
+
+/// From the gate: run `op` of `micro_batch` (held forwards or gradients, a deferred W;
+/// for `step`, the optimizer step once its gradients are complete).
+struct admit {
+  static constexpr std::string_view kind = "admit";
+  stage_op op = stage_op::forward;
+  std::int64_t micro_batch = 0;
+};
+
+/// To the gate: a held forward or gradient of `micro_batch` arrived (`arrived`), or the
+/// actor ran its `op` of it. `stash_bytes`: what the actor holds for backward now.
+struct layer_event {
+  static constexpr std::string_view kind = "layer_event";
+  stage_op op = stage_op::forward;
+  bool arrived = false;
+  std::int64_t micro_batch = 0;
+  std::uint32_t piece = 0, node = 0;
+  std::size_t stash_bytes = 0;
+};
+
+/// A layer actor's part in a pipeline stage (see `layer_actor::gate`).
+struct layer_gating {
+  actors::address gate;                ///< hears `layer_event`s
+  std::uint32_t piece = 0;             ///< the piece the node is in
+  input_mask hold_forward = 0;         ///< input ports whose forward waits for `admit{forward}`
+  std::vector<bool> hold_backward;     ///< per edge: its gradient waits for `admit{backward}`
+  bool defer_weight = false;           ///< W waits for `admit{weight}` (split backward)
+  bool defer_step = false;             ///< the optimizer step waits for `admit{step}`
+  actors::address reducer;             ///< replicas: the node's all-reduce (empty: none)
+  std::uint32_t rank = 0;              ///< this replica's rank in it
+};
+
 class layer_actor : public actors::actor {
  public:
   /// `node` (of a graph that outlives the actor) is used by this actor only; `plan` is
@@ -67,6 +111,8 @@ class layer_actor : public actors::actor {
   /// Wiring, before messages flow: who hears of finished steps, and the global index of
   /// each of the node's edges (the credits counters' ids; empty: no counters).
   void wire(actors::address coordinator, std::vector<std::int32_t> edge_ids = {});
+  /// Wiring, for a pipeline stage: the gate that decides when (see the file comment).
+  void gate(layer_gating g);
 
   /// Micro-batches stashed now, the most at once, and the most stash bytes (memory bound).
   std::size_t stashed() const noexcept { return mbs_.size(); }
@@ -82,9 +128,12 @@ class layer_actor : public actors::actor {
     std::vector<value> grads;
     std::uint32_t grads_got = 0;
   };
-  void on_forward(forward_msg& m);
-  void on_backward(backward_msg& m);
+  void on_forward(forward_msg& m, bool admitted = false);
+  void on_backward(backward_msg& m, bool admitted = false);
   void finish_weight_grads();
+  void maybe_step();
+  void on_admit(const admit& a);
+  void report(stage_op op, std::int64_t mb, bool arrived = false);
   void record_credits(std::size_t edge);
 
   graph::node_type& node_;
@@ -112,6 +161,14 @@ class layer_actor : public actors::actor {
   std::uint32_t backwards_done_ = 0;
   std::size_t peak_stashed_ = 0, peak_bytes_ = 0, bytes_ = 0;
   bool allow_nonfinite_ = false;
+  // Pipeline stages (layer_gating): held messages by micro-batch, admitted Ws, step state.
+  layer_gating gating_;
+  std::map<std::int64_t, std::vector<forward_msg>> held_forward_;
+  std::map<std::int64_t, std::vector<backward_msg>> held_backward_;
+  std::set<std::int64_t> weight_admitted_;
+  std::size_t pending_bytes_ = 0;
+  bool step_admitted_ = false, contributed_ = false;
+  std::shared_ptr<const std::vector<float>> reduced_sum_;
 };
 
 }  // namespace nerve::layers

@@ -85,6 +85,11 @@ struct device_backend::impl {
 
 namespace {
 
+std::logic_error replicas_unsupported() {
+  return std::logic_error("device backend: replicas of device stages are not built yet (their all-reduce needs the "
+                          "gradients on the host)");
+}
+
 class device_kernels final : public layers::layer_kernels {
  public:
   device_kernels(device_backend::impl& b, node_entry& e) : b_(b), e_(e) {}
@@ -125,6 +130,8 @@ class device_kernels final : public layers::layer_kernels {
     e_.params.step(b_.s, lr_);
     e_.params.zero_grad(b_.s);
   }
+  std::vector<float> gradients() override { throw replicas_unsupported(); }
+  void set_gradients(const std::vector<float>&) override { throw replicas_unsupported(); }
   void when_done(actors::actor& owner, std::function<void()> then) override {
     b_.when_done(owner, std::move(then), "update");
   }

@@ -159,7 +159,7 @@ auto piece_executor::backward_input(std::uint64_t mb, std::vector<tensor> grads)
   return out;
 }
 
-void piece_executor::run_weight(held& h, std::uint64_t mb) {
+void piece_executor::run_weight(held& h) {
   auto& nodes = g_.nodes();
   for (std::size_t k = nodes_.size(); k-- > 0;) {
     auto& n = nodes[nodes_[k]];
@@ -167,7 +167,6 @@ void piece_executor::run_weight(held& h, std::uint64_t mb) {
     const auto t0 = std::chrono::steady_clock::now();
     n.layer->backward_weight(h.stashes[k], h.dy[k]);
     if (timer_) (*timer_)[k] += seconds_since(t0);
-    if (on_weight_) on_weight_(k, mb);
   }
 }
 
@@ -180,7 +179,7 @@ void piece_executor::backward_weight(std::uint64_t mb) {
   while (true) {
     auto next = held_.find(next_w_);
     if (next == held_.end() || !next->second.w_due) break;
-    run_weight(next->second, next_w_);
+    run_weight(next->second);
     bytes_ -= next->second.bytes;
     held_.erase(next);
     ++next_w_;

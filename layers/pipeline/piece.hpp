@@ -19,7 +19,6 @@
 /// share a layer.
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <vector>
 
@@ -63,9 +62,6 @@ class piece_executor {
 
   /// Adds each layer's forward+B+W seconds to `(*t)[i]` (i: position in `nodes()`); null: off.
   void set_timer(std::vector<double>* t) noexcept { timer_ = t; }
-  /// Called after the W of the layer at position `i` of `nodes()` for micro-batch `mb`
-  /// (data parallelism starts a layer's all-reduce after its last micro-batch's W).
-  void set_weight_observer(std::function<void(std::size_t i, std::uint64_t mb)> f) { on_weight_ = std::move(f); }
 
  private:
   struct held {
@@ -74,7 +70,7 @@ class piece_executor {
     bool b_done = false, w_due = false;
     std::size_t bytes = 0;
   };
-  void run_weight(held& h, std::uint64_t mb);
+  void run_weight(held& h);
 
   layers::graph& g_;
   std::vector<std::size_t> nodes_, in_, out_;
@@ -84,7 +80,6 @@ class piece_executor {
   std::uint64_t next_w_ = 0;
   std::size_t bytes_ = 0;
   std::vector<double>* timer_ = nullptr;
-  std::function<void(std::size_t, std::uint64_t)> on_weight_;
 };
 
 }  // namespace nerve::pipeline

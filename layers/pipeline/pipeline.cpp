@@ -1,6 +1,7 @@
 #include "layers/pipeline/pipeline.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -12,8 +13,10 @@
 #include <nlohmann/json.hpp>
 
 #include "bus/all_reduce.hpp"
+#include "layers/pipeline/detail/stage_protocol.hpp"
 #include "layers/pipeline/piece.hpp"
 #include "layers/pipeline/stage_engine.hpp"
+#include "layers/pipeline/stage_gate.hpp"
 
 namespace nerve::pipeline {
 
@@ -64,56 +67,12 @@ struct engine_done {
   std::exception_ptr error;
 };
 
-/// Starts a step on a stage (a request; the stage answers with its `stage_report`).
-struct step_msg {
-  static constexpr std::string_view kind = "pipeline_step";
-  std::uint64_t step = 0;
-  double lr = -1;
-  std::int64_t t0_ns = 0;  ///< the step's start on the recorder clock
-  /// Every stage actor of every replica: replica r's stage s at r * S + s.
-  std::shared_ptr<const std::vector<actors::address>> stages;
-  std::uint32_t replica = 0, replicas = 1;
-  actors::address reducer;               ///< data parallelism: this stage's all-reduce
-  std::vector<tensor> inputs;           ///< stage 0: one per micro-batch
-  std::vector<layers::targets> targets;  ///< the last stage: one per micro-batch
-  std::vector<double> shares;            ///< the last stage: nᵢ/N per micro-batch (N: all replicas' samples)
-};
-
-/// Another stage failed with `what`: end the step and stop. Carries text, not the
-/// exception: every stage fails its own request with its own `stage_aborted`, so no
-/// exception object is shared between loop threads and the caller.
-struct abort_msg {
-  static constexpr std::string_view kind = "abort";
-  std::uint32_t from = 0;
-  std::string what;
-};
-
-/// The error of a stage that stopped because another stage failed.
-class stage_aborted : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-std::string what_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
-struct stage_report {
-  std::vector<double> losses;  // last stage: per micro-batch
-  std::vector<std::int64_t> correct;
-  std::int64_t begin_ns = 0, end_ns = 0;
-  std::int64_t busy_ns = 0, input_wait_ns = 0, backpressure_ns = 0, optimizer_ns = 0;
-  std::size_t peak_stashed = 0, peak_bytes = 0;
-  std::vector<timed_action> actions;  // seconds from the step's t0
-};
-
-const char* op_name(op o) { return o == op::F ? "F" : o == op::B ? "B" : "W"; }
+using detail::abort_msg;
+using detail::op_name;
+using detail::stage_aborted;
+using detail::stage_report;
+using detail::step_msg;
+using detail::what_of;
 
 constexpr std::uint32_t stage_track_base = 2000000;
 
@@ -186,27 +145,6 @@ class stage_actor : public actors::actor {
         deliver();
       });
     });
-    on<bus::reduced>([this](bus::reduced& m) {
-      guarded([&] {
-        reduced_[m.key % buckets_.size()] = std::move(m.sum);
-        ++reduced_count_;
-        if (actions_done_ && reduced_count_ == buckets_.size()) finish();
-      });
-    });
-    // Data parallelism: one bucket per layer with parameters, all-reduced as soon as the
-    // last micro-batch's W of that layer ran (while the W and B of other layers go on).
-    bucket_of_.resize(c_.chunks.size());
-    for (std::uint32_t k = 0; k < c_.chunks.size(); ++k) {
-      auto& exec = *c_.chunks[k];
-      bucket_of_[k].assign(exec.nodes().size(), -1);
-      for (std::size_t i = 0; i < exec.nodes().size(); ++i) {
-        auto& node = exec.graph_nodes()[exec.nodes()[i]];
-        if (!node.layer->has_parameters()) continue;
-        bucket_of_[k][i] = int(buckets_.size());
-        buckets_.push_back(node.layer.get());
-      }
-      exec.set_weight_observer([this, k](std::size_t i, std::uint64_t mb) { on_weight(k, i, mb); });
-    }
     on<abort_msg>([this](abort_msg& m) {
       if (reply_) {
         // Made in its own statement so the temporary is gone before the caller can see the error.
@@ -254,11 +192,6 @@ class stage_actor : public actors::actor {
     reply_ = defer_reply<stage_report>();
     stages_ = m.stages;
     replica_ = m.replica;
-    replicas_ = m.replicas;
-    reducer_ = m.reducer;
-    reduced_.assign(buckets_.size(), nullptr);
-    reduced_count_ = 0;
-    actions_done_ = false;
     step_ = m.step;
     t0_ = m.t0_ns;
     inputs_ = std::move(m.inputs);
@@ -329,18 +262,7 @@ class stage_actor : public actors::actor {
       run(a);
       ++cursor_;
     }
-    actions_done_ = true;
-    if (replicas_ > 1 && reduced_count_ < buckets_.size()) return;  // the last buckets are being reduced
     finish();
-  }
-
-  void on_weight(std::uint32_t chunk, std::size_t i, std::uint64_t mb) {
-    if (replicas_ < 2 || mb + 1 != c_.plan->micro_batches) return;
-    const int b = bucket_of_[chunk][i];
-    std::vector<float> flat;
-    for (auto& p : buckets_[std::size_t(b)]->parameters())
-      flat.insert(flat.end(), p.grad->data(), p.grad->data() + p.grad->size());
-    send(reducer_, bus::contribution{step_ * buckets_.size() + std::size_t(b), replica_, std::move(flat)});
   }
 
   void block(bool credits) {
@@ -462,16 +384,6 @@ class stage_actor : public actors::actor {
     if (!active_ || finishing_) return;
     finishing_ = true;
     const auto start = now();
-    if (replicas_ > 1) {
-      // The sum over replicas of gradients already scaled by nᵢ/N for the global N.
-      for (std::size_t b = 0; b < buckets_.size(); ++b) {
-        const float* src = reduced_[b]->data();
-        for (auto& p : buckets_[b]->parameters()) {
-          std::copy(src, src + p.grad->size(), p.grad->data());
-          src += p.grad->size();
-        }
-      }
-    }
     if (c_.engine) {
       // Enqueued; the report goes out when the stream's work is done (engine_done).
       c_.engine->optimizer_step();
@@ -530,13 +442,7 @@ class stage_actor : public actors::actor {
   // Emergent mode.
   std::uint32_t next_f_ = 0, in_flight_ = 0;
   // Data parallelism.
-  std::uint32_t replica_ = 0, replicas_ = 1;
-  actors::address reducer_;
-  std::vector<layers::layer*> buckets_;
-  std::vector<std::vector<int>> bucket_of_;  // [chunk][position] -> bucket, -1 without parameters
-  std::vector<std::shared_ptr<const std::vector<float>>> reduced_;
-  std::size_t reduced_count_ = 0;
-  bool actions_done_ = false;
+  std::uint32_t replica_ = 0;
 };
 
 pipeline::pipeline(actors::runtime& rt, layers::graph& g, partition pieces, schedule plan,
@@ -589,55 +495,224 @@ pipeline::pipeline(actors::runtime& rt, std::vector<layers::graph*> replicas, pa
     if (engines_[s]) domains[s] = engines_[s]->domain();
   }
   auto shared_plan = std::make_shared<const schedule>(plan_);
-  for (std::uint32_t r = 0; r < replicas_; ++r)
-    for (std::uint32_t s = 0; s < S; ++s) {
-      stage_actor::config c;
-      c.engine = engines_[s];
-      c.domains = domains;
-      c.stage = s;
-      c.plan = shared_plan;
-      for (std::uint32_t k = 0; k < plan_.chunks; ++k)
-        c.chunks.push_back(std::make_unique<piece_executor>(*replicas[r], pieces_, plan_.piece(s, k)));
-      c.opt = make_optimizer();
-      c.criterion = criterion;
-      c.emergent = options_.emergent;
-      c.credits = options_.credits ? options_.credits : S - s;
-      actors::spawn_options so;
-      so.loop = options_.loops.empty() ? (r * S + s) % rt.loop_count() : options_.loops[r * S + s];
-      // Every message of a step fits: nothing is refused for room in scheduled mode.
-      so.capacity = std::size_t(4) * plan_.micro_batches * plan_.chunks + 16;
-      stages_.push_back(rt.spawn_with<stage_actor>(so, std::move(c)));
-      rt.annotate(stages_.back().id(), int(s), replicas_ > 1 ? "replica " + std::to_string(r) : "pipeline");
-    }
-  if (replicas_ > 1)
-    for (std::uint32_t s = 0; s < S; ++s) {
-      bus::group g("stage " + std::to_string(s) + " replicas");
-      for (std::uint32_t r = 0; r < replicas_; ++r) g.add(stages_[r * S + s]);
-      actors::spawn_options so;
-      so.loop = stages_[s].loop();
-      reducers_.push_back(rt.spawn_with<bus::all_reduce>(so, "all-reduce stage " + std::to_string(s), std::move(g)));
-    }
+  const auto loop_of = [&](std::uint32_t r, std::uint32_t s) {
+    return options_.loops.empty() ? (r * S + s) % rt.loop_count() : options_.loops[r * S + s];
+  };
+  if (std::none_of(engines_.begin(), engines_.end(), [](auto& e) { return e != nullptr; })) {
+    spawn_groups(replicas, shared_plan, criterion, make_optimizer, loop_of);
+  } else {
+    // Device stages (and the CPU stages beside them): one stage actor per stage that runs
+    // its pieces itself (piece_executor) or through its engine. Until layer actors have a
+    // device backend; then these stages become groups as well.
+    for (std::uint32_t r = 0; r < replicas_; ++r)
+      for (std::uint32_t s = 0; s < S; ++s) {
+        stage_actor::config c;
+        c.engine = engines_[s];
+        c.domains = domains;
+        c.stage = s;
+        c.plan = shared_plan;
+        for (std::uint32_t k = 0; k < plan_.chunks; ++k)
+          c.chunks.push_back(std::make_unique<piece_executor>(*replicas[r], pieces_, plan_.piece(s, k)));
+        c.opt = make_optimizer();
+        c.criterion = criterion;
+        c.emergent = options_.emergent;
+        c.credits = options_.credits ? options_.credits : S - s;
+        actors::spawn_options so;
+        so.loop = loop_of(r, s);
+        // Every message of a step fits: nothing is refused for room in scheduled mode.
+        so.capacity = std::size_t(4) * plan_.micro_batches * plan_.chunks + 16;
+        stages_.push_back(rt.spawn_with<stage_actor>(so, std::move(c)));
+        rt.annotate(stages_.back().id(), int(s), replicas_ > 1 ? "replica " + std::to_string(r) : "pipeline");
+      }
+  }
   metrics_.resize(S);
   reset_metrics();
 }
 
-pipeline::~pipeline() {
-  for (auto& a : stages_)
-    if (!a.stopped()) rt_.stop(a);
-  for (auto& a : reducers_)
-    if (!a.stopped()) rt_.stop(a);
-  if (std::any_of(engines_.begin(), engines_.end(), [](auto& e) { return e != nullptr; })) {
-    // The stage actors let their engines go when they stop: wait for that, so the last
-    // reference (whose destructor waits for its stream) goes here, off the loops.
-    try {
-      rt_.synchronize();
-    } catch (...) {  // a failure of the run was reported by train_step
+void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::shared_ptr<const schedule> shared_plan,
+                            std::shared_ptr<const layers::loss> criterion, const layers::optimizer_factory& make_optimizer,
+                            const std::function<unsigned(std::uint32_t, std::uint32_t)>& loop_of) {
+  const std::uint32_t S = plan_.stages, P = plan_.pieces(), M = plan_.micro_batches;
+  auto& g0 = *replicas[0];
+  const auto& nodes0 = g0.nodes();
+  const std::size_t N = nodes0.size();
+  flow_ = layers::make_plan(g0);
+  // The piece of every node (graph inputs count as piece 0's), checked against the cut.
+  std::vector<std::uint32_t> piece_of(N, 0);
+  std::vector<bool> placed(N, false);
+  for (std::uint32_t p = 0; p < P; ++p) {
+    if (pieces_[p].empty()) throw std::invalid_argument("pipeline: piece " + std::to_string(p) + " is empty");
+    for (auto i : pieces_[p]) {
+      if (i >= N || nodes0[i].is_input())
+        throw std::invalid_argument("pipeline: node " + std::to_string(i) + " of piece " + std::to_string(p) + " is not a layer");
+      piece_of[i] = p;
+      placed[i] = true;
     }
   }
+  for (std::size_t i = 0; i < N; ++i) {
+    if (!nodes0[i].is_input() && !placed[i])
+      throw std::invalid_argument("pipeline: layer '" + nodes0[i].name + "' is in no piece");
+    for (auto x : nodes0[i].inputs)
+      if (placed[i] && piece_of[x] > piece_of[i])
+        throw std::invalid_argument("pipeline: layer '" + nodes0[i].name + "' in piece " + std::to_string(piece_of[i]) +
+                                    " needs '" + nodes0[x].name + "' from a later piece");
+  }
+  if (piece_of[g0.output()] + 1 != P)
+    throw std::invalid_argument("pipeline: the graph output '" + nodes0[g0.output()].name + "' is not in the last piece");
+  const std::uint32_t last_stage = (P - 1) % S;
+
+  layers_.assign(std::size_t(replicas_) * N, actors::address{});
+  std::vector<layers::layer_gating> gating(std::size_t(replicas_) * N);  // given once the reducers exist
+  for (std::uint32_t r = 0; r < replicas_; ++r) {
+    auto& g = *replicas[r];
+    auto& nodes = g.nodes();
+    const std::string group = replicas_ > 1 ? "replica " + std::to_string(r) : "pipeline";
+    // The gates first: they supervise their layers.
+    std::vector<stage_gate*> gates(S);
+    for (std::uint32_t s = 0; s < S; ++s) {
+      actors::spawn_options so;
+      so.loop = loop_of(r, s);
+      // Its messages of a step (arrivals, done reports) fit whatever the order.
+      so.capacity = std::size_t(8) * (M + 1) * (N + 2) * plan_.chunks;
+      stages_.push_back(rt_.spawn_with<stage_gate>(
+          so, stage_gate::config{s, shared_plan, criterion, options_.emergent, options_.credits ? options_.credits : S - s}));
+      gates[s] = static_cast<stage_gate*>(stages_.back().get());
+      rt_.annotate(stages_.back().id(), int(s), group);
+    }
+    auto* at = &layers_[std::size_t(r) * N];
+    auto actor_at = [&](std::size_t i) -> layers::layer_actor& { return *static_cast<layers::layer_actor*>(at[i].get()); };
+    for (std::size_t i : g.order()) {
+      if (nodes[i].is_input()) continue;
+      const std::uint32_t s = piece_of[i] % S;
+      actors::spawn_options so;
+      so.loop = loop_of(r, s);
+      so.supervisor = stages_[r * S + s];
+      // Every forward and gradient of a step fits, held or not, with the gate's admits.
+      so.capacity = std::size_t(M + 1) * (nodes[i].inputs.size() + flow_.nodes[i].edge_count() + 4) + 16;
+      at[i] = rt_.spawn_with<layers::layer_actor>(so, nodes[i], std::uint32_t(i), flow_.nodes[i],
+                                                     layers::make_cpu_kernels(nodes[i], make_optimizer()));
+      rt_.annotate(at[i].id(), int(s), group);
+    }
+    // Edges are bus signals, as in a network; forwards that enter a piece and gradients that
+    // come back into one are held by the layer until its gate admits them.
+    std::vector<gate_piece> chunks(std::size_t(S) * plan_.chunks);  // by piece
+    std::int32_t next_edge = 0;
+    for (std::size_t i = 0; i < N; ++i) {
+      const auto& np = flow_.nodes[i];
+      if (nodes[i].is_input()) {
+        for (auto& e : np.edges) gates[0]->input().subscribe(at[e.consumer], e.port);
+        continue;
+      }
+      auto& a = actor_at(i);
+      const auto p = piece_of[i];
+      layers::layer_gating gate{stages_[r * S + p % S], p, 0, {}, plan_.split_backward, true, {}, r};
+      std::vector<std::int32_t> edge_ids;
+      for (std::uint32_t k = 0; k < np.edges.size(); ++k) {
+        const auto& e = np.edges[k];
+        a.output().subscribe(at[e.consumer], e.port);
+        actor_at(e.consumer).input_gradient(e.port).subscribe(at[i], k);
+        edge_ids.push_back(next_edge++);
+        gate.hold_backward.push_back(piece_of[e.consumer] != p);
+      }
+      if (np.feeds_loss) {
+        a.output().subscribe(stages_[r * S + last_stage], 0);
+        gates[last_stage]->loss_gradient().subscribe(at[i], std::uint32_t(np.edges.size()));
+        edge_ids.push_back(next_edge++);
+      }
+      for (std::size_t q = 0; q < nodes[i].inputs.size(); ++q)
+        if (piece_of[nodes[i].inputs[q]] != p) gate.hold_forward |= layers::input_mask{1} << q;
+      auto& ch = chunks[p];
+      ch.layers.push_back(at[i]);
+      if (gate.hold_forward) ch.entries.push_back(at[i]);
+      ch.forwards_in += std::uint32_t(std::popcount(gate.hold_forward));
+      const auto held_back = std::count(gate.hold_backward.begin(), gate.hold_backward.end(), true);
+      if (held_back) ch.exits.push_back(at[i]);
+      ch.gradients_in += std::uint32_t(held_back);
+      a.wire(stages_[r * S + p % S], std::move(edge_ids));
+      gating[r * N + i] = std::move(gate);
+    }
+    for (std::uint32_t s = 0; s < S; ++s) {
+      bus::group members("stage " + std::to_string(s) + (replicas_ > 1 ? " of replica " + std::to_string(r) : ""));
+      std::vector<gate_piece> mine;
+      for (std::uint32_t k = 0; k < plan_.chunks; ++k) {
+        mine.push_back(std::move(chunks[plan_.piece(s, k)]));
+        for (auto& l : mine.back().layers) members.add(l);
+      }
+      gates[s]->wire(std::move(mine), members.members());
+      groups_.push_back(std::move(members));
+    }
+  }
+  // Data parallelism: the replicas of each layer with parameters form a group whose
+  // all-reduce sums its gradients (in rank order: the same bits whatever the arrival order),
+  // started as soon as the layer's last W of the step ran.
+  if (replicas_ > 1)
+    for (std::size_t i = 0; i < N; ++i) {
+      if (nodes0[i].is_input() || !nodes0[i].layer->has_parameters()) continue;
+      bus::group members(nodes0[i].name + " replicas");
+      for (std::uint32_t r = 0; r < replicas_; ++r) members.add(layers_[r * N + i]);
+      actors::spawn_options so;
+      so.loop = layers_[i].loop();
+      so.supervisor = stages_[piece_of[i] % S];
+      reducers_.push_back(rt_.spawn_with<bus::all_reduce>(so, "all-reduce " + nodes0[i].name, std::move(members)));
+      for (std::uint32_t r = 0; r < replicas_; ++r) gating[r * N + i].reducer = reducers_.back();
+    }
+  for (std::size_t k = 0; k < layers_.size(); ++k)
+    if (layers_[k]) static_cast<layers::layer_actor*>(layers_[k].get())->gate(std::move(gating[k]));
+}
+
+void pipeline::stop_all() {
+  // The layers first, while their gates (their supervisors) still hear what a stopped
+  // neighbour does to them; then the gates and the all-reduces.
+  auto sync = [&] {
+    try {
+      rt_.synchronize();
+    } catch (...) {  // a failure elsewhere on the runtime: a step reports its own
+    }
+  };
+  for (auto& a : layers_)
+    if (a && !a.stopped()) rt_.stop(a);
+  if (!layers_.empty()) sync();
+  for (auto* v : {&reducers_, &stages_})
+    for (auto& a : *v)
+      if (!a.stopped()) rt_.stop(a);
+  // The stage actors let their engines go when they stop: wait for that, so the last
+  // reference (whose destructor waits for its stream) goes here, off the loops.
+  sync();
+}
+
+pipeline::~pipeline() { stop_all(); }
+
+layers::bus_traffic pipeline::traffic() const {
+  layers::bus_traffic t;
+  if (layers_.empty()) return t;  // device stages: no layer actors
+  const auto& nodes = graph_->nodes();
+  for (std::size_t k = 0; k < layers_.size(); ++k) {
+    auto* la = static_cast<layers::layer_actor*>(layers_[k].get());
+    if (!la) continue;
+    t.forward += la->output().deliveries();
+    for (std::size_t q = 0; q < nodes[k % nodes.size()].inputs.size(); ++q) t.backward += la->input_gradient(q).deliveries();
+  }
+  for (auto& a : stages_) {
+    auto* gate = static_cast<stage_gate*>(a.get());
+    if (!gate) continue;
+    t.feed += gate->input().deliveries();
+    t.backward += gate->loss_gradient().deliveries();
+  }
+  return t;
 }
 
 layers::optimizer_state pipeline::optimizer_state_of() const {
-  layers::optimizer_state all;  // replica 0's stages: every replica steps the same sums
+  layers::optimizer_state all;  // replica 0's: every replica steps the same sums
+  if (!layers_.empty()) {  // each layer's optimizer, named as a network names them (`fc1.weight`, `fc1.steps`)
+    for (std::size_t i = 0; i < graph_->nodes().size(); ++i) {
+      if (!layers_[i]) continue;
+      const auto prefix = graph_->nodes()[i].name + ".";
+      auto st = rt_.ask<layers::optimizer_state>(layers_[i], layers::get_optimizer_state{}, std::chrono::nanoseconds::max()).get();
+      for (auto& b : st.buffers) all.buffers.push_back({prefix + b.parameter, std::move(b.name), std::move(b.values)});
+      for (auto& [k, v] : st.counters) all.counters[prefix + k] = v;
+    }
+    return all;
+  }
   for (std::uint32_t s = 0; s < plan_.stages; ++s) {
     auto st = engine_of(s) ? engine_of(s)->optimizer_state()
                           : rt_.ask<layers::optimizer_state>(stages_[s], layers::get_optimizer_state{},
@@ -651,6 +726,33 @@ layers::optimizer_state pipeline::optimizer_state_of() const {
 
 void pipeline::load_optimizer_state(const layers::optimizer_state& state) {
   std::vector<std::future<bool>> done;
+  if (!layers_.empty()) {
+    const auto& nodes = graph_->nodes();
+    std::vector<layers::optimizer_state> parts(nodes.size());
+    auto owner = [&](const std::string& name) -> std::size_t {
+      for (std::size_t i = 0; i < nodes.size(); ++i)
+        if (layers_[i] && name.size() > nodes[i].name.size() && name.rfind(nodes[i].name + ".", 0) == 0) return i;
+      return nodes.size();
+    };
+    for (const auto& b : state.buffers) {
+      const auto i = owner(b.parameter);
+      if (i == nodes.size())
+        throw std::invalid_argument("optimizer state: '" + b.parameter + "' belongs to no layer of the pipeline");
+      parts[i].buffers.push_back({b.parameter.substr(nodes[i].name.size() + 1), b.name, b.values});
+    }
+    for (const auto& [k, v] : state.counters) {
+      const auto i = owner(k);
+      if (i < nodes.size()) parts[i].counters[k.substr(nodes[i].name.size() + 1)] = v;
+      else  // a stage-wide counter (`steps` of a checkpoint written by stage optimizers): every layer's
+        for (auto& part : parts) part.counters.emplace(k, v);
+    }
+    for (std::size_t k = 0; k < layers_.size(); ++k)
+      if (layers_[k])
+        done.push_back(rt_.ask<bool>(layers_[k], layers::set_optimizer_state{parts[k % nodes.size()]},
+                                     std::chrono::nanoseconds::max()));
+    for (auto& f : done) f.get();
+    return;
+  }
   for (std::size_t k = 0; k < stages_.size(); ++k) {
     const auto s = k % plan_.stages;
     if (auto* e = engine_of(s)) {  // device stages run one replica
@@ -678,8 +780,9 @@ void pipeline::download() {
 }
 
 bool pipeline::stopped() const noexcept {
-  for (auto& a : stages_)
-    if (!a.stopped()) return false;
+  for (auto* v : {&stages_, &layers_})
+    for (auto& a : *v)
+      if (a && !a.stopped()) return false;
   return true;
 }
 
@@ -728,7 +831,6 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
     msgs[i].stages = addrs;
     msgs[i].replica = std::uint32_t(i / S);
     msgs[i].replicas = R;
-    if (R > 1) msgs[i].reducer = reducers_[i % S];
     futures[i] = rt_.ask<stage_report>(stages_[i], std::move(msgs[i]), std::chrono::nanoseconds::max());
   }
   std::vector<stage_report> reports(msgs.size());
@@ -747,17 +849,10 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
   if (!first_error) first_error = aborted;
   if (first_error) {
     failed_ = true;
-    for (auto& a : stages_)
-      if (!a.stopped()) rt_.stop(a);
-    for (auto& a : reducers_)
-      if (!a.stopped()) rt_.stop(a);
     // Wait until the stops are handled and the stages let go of their requests, while the
     // futures still hold the errors: the last reference to each is then on this thread,
     // and every stage has stopped when the error reaches the caller.
-    try {
-      rt_.synchronize();
-    } catch (...) {  // a failure elsewhere on the runtime: ours is the one to report
-    }
+    stop_all();
     std::rethrow_exception(first_error);
   }
   const auto t1 = rt_.trace().now();

@@ -1,27 +1,35 @@
 #pragma once
 /// \file
-/// `pipeline`: pipeline-parallel training — one stage actor per stage, each on its own
-/// loop, running its list of a `schedule` on the pieces (model chunks) it owns.
+/// `pipeline`: pipeline-parallel training — each stage a `bus::group` of layer actors on
+/// its own loop, whose `stage_gate` runs the stage's list of a `schedule`.
 ///
 /// ```
-///   train_step ──step──► stage 0 ──activation──► stage 1 ──activation──► … stage S-1 ─► loss
-///        ▲                  ▲ ◄──gradient──────────┘ ◄──gradient────────────┘
-///        └── reports ◄──────┴── each stage, after its optimizer step
+///   train_step ──step──► gate 0                gate 1 ──── … gate S-1 (the loss)
+///                          │ input, admits       │ admits        │
+///                    [fc1 ══► relu1 ══► fc2] ══► [fc3 ══► … ══► fc5] ══► loss
+///                    stage 0 (a group)   ◄══gradients══  stage 1     ◄══
+///        ▲                                                (══ bus signals, layer to layer)
+///        └── reports ◄── each gate, after its layers' optimizer steps
 /// ```
-/// Micro-batches travel between stages as messages that move their tensors. Each stage
-/// runs its actions in order: an F waits for its activation, a B for its gradient (the
-/// loss gradient on the last piece, computed right after its F), a W for nothing. After
-/// its last action a stage steps its own optimizer over its own parameters. The weights
-/// after a step are bitwise those of `direct_executor::train_step` with the same
-/// micro-batches (see piece.hpp for the summation order that makes it so).
+/// One layer actor per layer node, as in a `network`: forwards and gradients go from
+/// layer to layer on bus signals, inside a stage and across stages. A stage's gate admits
+/// the micro-batches into its pieces in the schedule's order (an F once its activations
+/// arrived, a B once its gradients did, a W when its turn comes) and, after its last
+/// action, the optimizer step of every layer (see stage_gate.hpp). The weights after a
+/// step are bitwise those of `direct_executor::train_step` with the same micro-batches:
+/// each layer sums its gradients in the executor's order and runs W in micro-batch order.
 ///
 /// `emergent` mode runs no list: per-edge credits bound the micro-batches a stage lets
-/// into the next one, and gradients (sent on the urgent lane) run before forwards.
+/// into the next one, and gradients run before forwards.
+///
+/// Device stages (`pipeline_options::engines`) still run as one stage actor each (with
+/// the CPU stages beside them), its pieces on the engine: see stage_engine.hpp.
 ///
 /// Thread safety: `train_step` and the accessors are called from one thread outside the
 /// runtime's loops; a step returns once every stage reported.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +37,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "actors/runtime.hpp"
+#include "bus/group.hpp"
 #include "layers/executor.hpp"
 #include "layers/network.hpp"
 #include "layers/pipeline/partition.hpp"
@@ -96,9 +105,9 @@ class pipeline {
   /// Data parallelism: one pipeline per graph in `replicas` (equal graphs with equal
   /// weights, e.g. built with the same seed). A step splits its batch into one part per
   /// replica (the micro-batch rule), each replica runs it through its own stages, and the
-  /// replicas of each stage form a bus group whose `bus::all_reduce` sums the gradients,
-  /// one bucket per layer, each started as soon as the layer's last W ran — while the
-  /// rest of backward goes on. Every replica then steps the same summed gradients.
+  /// replicas of each layer form a bus group whose `bus::all_reduce` sums its gradients,
+  /// started as soon as the layer's last W ran — while the rest of backward goes on.
+  /// Every replica then steps the same summed gradients. CPU stages only.
   pipeline(actors::runtime& rt, std::vector<layers::graph*> replicas, partition pieces, schedule plan,
            std::shared_ptr<const layers::loss> criterion, layers::optimizer_factory make_optimizer,
            pipeline_options options = {});
@@ -121,8 +130,16 @@ class pipeline {
   void reset_metrics();
   /// The actions of the last step as they ran, per stage (the measured schedule).
   const std::vector<std::vector<timed_action>>& last_step() const noexcept { return last_step_; }
-  /// The stage actors: replica r's stage s at r * S + s.
+  /// The stage actors (the gates of CPU stages): replica r's stage s at r * S + s.
   const std::vector<actors::address>& stage_actors() const noexcept { return stages_; }
+  /// The layer actors of replica r's stage s (CPU stages; empty with device stages).
+  const bus::group& stage_group(std::uint32_t replica, std::uint32_t stage) const {
+    return groups_.at(std::size_t(replica) * plan_.stages + stage);
+  }
+  /// What went through the layer actors' bus signals so far (CPU stages): one step of M
+  /// micro-batches adds `gradient_edges * M` forwards and as many backwards of the graph's
+  /// plan, per replica.
+  layers::bus_traffic traffic() const;
   std::uint32_t replicas() const noexcept { return replicas_; }
   /// The optimizer state of every stage, parameters named as in the graph (replica 0's:
   /// the replicas step the same sums). Between steps, off the loops. Throws for device stages.
@@ -141,6 +158,10 @@ class pipeline {
 
  private:
   stage_engine* engine_of(std::uint32_t stage) const noexcept;
+  void spawn_groups(const std::vector<layers::graph*>& replicas, std::shared_ptr<const schedule> shared_plan,
+                    std::shared_ptr<const layers::loss> criterion, const layers::optimizer_factory& make_optimizer,
+                    const std::function<unsigned(std::uint32_t, std::uint32_t)>& loop_of);
+  void stop_all();
 
   actors::runtime& rt_;
   layers::graph* graph_ = nullptr;  // replica 0's
@@ -149,6 +170,9 @@ class pipeline {
   schedule plan_;
   pipeline_options options_;
   std::vector<actors::address> stages_, reducers_;
+  std::vector<actors::address> layers_;  // CPU stages: replica r's node i at r * nodes + i (none for inputs)
+  std::vector<bus::group> groups_;       // CPU stages: replica r's stage s at r * S + s
+  layers::graph_plan flow_;              // the graph's edges
   std::vector<std::shared_ptr<stage_engine>> engines_;
   std::vector<stage_metrics> metrics_;
   std::vector<std::vector<timed_action>> last_step_;

@@ -83,6 +83,12 @@ void check_parity(const std::string& model, const schedule& plan, int steps, std
   check_bitwise(direct_g, piped_g);
 }
 
+std::size_t layers_of(const layers::graph& g) {
+  std::size_t n = 0;
+  for (auto& x : g.nodes()) n += x.is_input() ? 0 : 1;
+  return n;
+}
+
 std::vector<std::uint32_t> micro_batch_counts(std::uint32_t S) {
   std::vector<std::uint32_t> v;
   for (std::uint32_t m : {1u, S - 1, S, 2 * S + 1})
@@ -180,7 +186,8 @@ TEST_SUITE("pipeline.run") {
         nerve::pipeline::pipeline p(rt, g, partition_by_parameters(g, S), make_schedule(name, S, 4), criterion,
                                     sgd_factory());
         auto data = make_batch(g, 8, 1);
-        CHECK_THROWS_WITH(p.train_step(std::move(data.x), data.t), "boom: backward of micro-batch 2");
+        // The layer actor's failure, named by the actor: "actor 'boom' failed: boom: …".
+        CHECK_THROWS_WITH(p.train_step(std::move(data.x), data.t), doctest::Contains("'boom' failed: boom: backward of micro-batch 2"));
         rt.synchronize();  // the stop messages are handled
         CHECK(p.stopped());
         auto again = make_batch(g, 8, 2);
@@ -400,10 +407,14 @@ TEST_SUITE("pipeline.data_parallel") {
     auto d = make_batch(g1, 12, 1);
     dp.train_step(std::move(d.x), d.t);
     rt.synchronize();
-    const auto stage = dp.stage_actors()[0].id();
+    // The contributions leave from the layer actors of replica 0's stage (its group).
+    const auto& members = dp.stage_group(0, 0).members();
+    auto in_stage = [&](std::uint64_t track) {
+      return std::any_of(members.begin(), members.end(), [&](auto& a) { return a.id() == track; });
+    };
     std::int64_t first_contribution = -1, last_action_end = 0;
     for (const auto& r : rt.trace().snapshot()) {
-      if (r.kind == actors::record_kind::send && r.track == stage && r.tag && r.tag->name == "contribution" &&
+      if (r.kind == actors::record_kind::send && in_stage(r.track) && r.tag && r.tag->name == "contribution" &&
           first_contribution < 0)
         first_contribution = r.ts_ns;
       if (r.kind == actors::record_kind::span && r.cat && std::string(r.cat) == "action" && r.aux == 0 &&
@@ -412,5 +423,80 @@ TEST_SUITE("pipeline.data_parallel") {
     }
     REQUIRE(first_contribution > 0);
     CHECK(first_contribution < last_action_end);  // fc5's bucket leaves during the last B, before fc1's W
+  }
+}
+
+TEST_SUITE("pipeline.bus") {
+  TEST_CASE("one step of M micro-batches over E edges of a 2-stage pipeline delivers exactly E·M forwards and E·M gradients through bus signals") {
+    struct variant {
+      const char* model;
+      const char* schedule;
+      std::uint32_t chunks;
+      bool emergent;
+    };
+    for (auto v : {variant{"chain", "1f1b", 1, false}, variant{"chain", "zb-h1", 1, false},
+                   variant{"chain", "gpipe", 1, false}, variant{"chain", "interleaved", 2, false},
+                   variant{"chain", "1f1b", 1, true}, variant{"resmlp", "1f1b", 1, false},
+                   variant{"resmlp", "zb-h1", 1, false}}) {
+      for (std::uint32_t M : {1u, 4u}) {
+        CAPTURE(v.model);
+        CAPTURE(v.schedule);
+        CAPTURE(v.emergent);
+        CAPTURE(M);
+        auto g = std::string(v.model) == "chain" ? small_chain() : layers::make_preset(v.model, 3);
+        // Counted from the graph: every input of a layer whose producer is a layer, and the loss.
+        std::uint64_t E = 1, inputs = 0;
+        for (auto& n : g.nodes())
+          for (std::size_t p : n.inputs) (g.nodes()[p].is_input() ? inputs : E) += 1;
+        if (std::string(v.model) == "chain") CHECK(E == 9);
+        actors::runtime rt(actors::runtime_options{.loops = 2});
+        pipeline_options o;
+        o.emergent = v.emergent;
+        const auto plan = make_schedule(v.schedule, 2, M, v.chunks);
+        nerve::pipeline::pipeline p(rt, g, partition_by_parameters(g, plan.pieces()), plan,
+                                    std::make_shared<layers::cross_entropy>(), sgd_factory(), o);
+        CHECK(p.stage_group(0, 0).size() + p.stage_group(0, 1).size() == layers_of(g));
+        auto d = make_batch(g, 8, 1);
+        p.train_step(std::move(d.x), d.t, 0);
+        auto t = p.traffic();
+        CHECK(t.forward == E * M);
+        CHECK(t.backward == E * M);
+        CHECK(t.feed == inputs * M);
+        auto d2 = make_batch(g, 8, 2);
+        p.train_step(std::move(d2.x), d2.t, 1);
+        t = p.traffic();
+        CHECK(t.forward == 2 * E * M);
+        CHECK(t.backward == 2 * E * M);
+      }
+    }
+  }
+
+  TEST_CASE("every layer is an actor of its stage's group with a forward and a backward run per micro-batch") {
+    const std::uint32_t M = 3;
+    auto g = small_chain();
+    actors::runtime rt(actors::runtime_options{.loops = 2, .record = true});
+    const auto plan = make_schedule("zb-h1", 2, M);
+    nerve::pipeline::pipeline p(rt, g, partition_at(g, {"fc3"}), plan, std::make_shared<layers::cross_entropy>(),
+                                sgd_factory());
+    auto d = make_batch(g, 6, 1);
+    p.train_step(std::move(d.x), d.t);
+    rt.synchronize();
+    const auto records = rt.trace().snapshot();
+    for (std::uint32_t s = 0; s < 2; ++s)
+      for (const auto& a : p.stage_group(0, s).members()) {
+        CAPTURE(s);
+        CAPTURE(a.id());
+        CHECK(a.loop() == p.stage_actors()[s].loop());
+        std::int64_t forwards = 0, backwards = 0;
+        for (const auto& r : records)
+          if (r.kind == actors::record_kind::handle && r.track == a.id() && r.tag) {
+            forwards += r.tag->name == "forward";
+            backwards += r.tag->name == "backward";
+          }
+        CHECK(forwards == M);
+        CHECK(backwards == M);
+      }
+    CHECK(p.stage_group(0, 0).size() == 4);  // fc1 relu1 fc2 relu2
+    CHECK(p.stage_group(0, 1).size() == 5);  // fc3 relu3 fc4 relu4 fc5
   }
 }

@@ -1,0 +1,269 @@
+#include "layers/pipeline/stage_gate.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "actors/runtime.hpp"
+
+namespace nerve::pipeline {
+
+using layers::stage_op;
+
+namespace {
+op op_of(stage_op o) { return o == stage_op::forward ? op::F : o == stage_op::backward ? op::B : op::W; }
+}  // namespace
+
+stage_gate::stage_gate(config c) : actor("stage " + std::to_string(c.stage)), c_(std::move(c)) {
+  S_ = c_.plan->stages;
+  P_ = c_.plan->pieces();
+  on<detail::step_msg>([this](detail::step_msg& m) { guarded([&] { on_step(m); }); });
+  on<layers::layer_event>([this](layers::layer_event& e) { guarded([&] { on_event(e); }); });
+  on<layers::forward_msg>([this](layers::forward_msg& m) { guarded([&] { on_output(m); }); });
+  on<layers::node_done>([this](layers::node_done&) {
+    guarded([&] {
+      if (++nodes_done_ < members_.size()) return;
+      const auto stepped = now() - step_start_;
+      rep_.busy_ns += stepped;
+      rep_.optimizer_ns += stepped;
+      rep_.end_ns = now();
+      inputs_.clear();
+      active_ = stepping_ = false;
+      if (reply_) reply_.deliver(std::move(rep_));
+    });
+  });
+  // A layer of the stage failed (the gate is its supervisor), or a layer of another stage.
+  on<actors::failure>([this](actors::failure& f) { fail(std::exchange(f.error, nullptr), false); });
+  on<detail::abort_msg>([this](detail::abort_msg& m) {
+    fail(std::make_exception_ptr(detail::stage_aborted("stage " + std::to_string(c_.stage) + " stopped: stage " +
+                                                       std::to_string(m.from) + " failed: " + m.what)),
+         true);
+  });
+}
+
+void stage_gate::wire(std::vector<gate_piece> chunks, std::vector<actors::address> members) {
+  chunks_ = std::move(chunks);
+  members_ = std::move(members);
+}
+
+template <class F>
+void stage_gate::guarded(F&& f) {
+  if (failed_) return;
+  std::exception_ptr e;
+  try {
+    f();
+  } catch (...) {
+    e = std::current_exception();
+  }
+  if (e) fail(std::move(e), false);
+}
+
+void stage_gate::fail(std::exception_ptr e, bool aborted) {
+  if (failed_) return;  // the stage already ended its step: later failures are its consequences
+  failed_ = true;
+  if (!aborted && stages_) {  // every other stage (of every replica) ends its step too
+    const std::string what = detail::what_of(e);
+    for (std::uint32_t s = 0; s < stages_->size(); ++s)
+      if (s != replica_ * S_ + c_.stage)
+        (void)try_send((*stages_)[s], detail::abort_msg{c_.stage, what}, actors::lane::urgent);
+  }
+  // The layers stop; this gate stays to hear of their failures until the pipeline stops it.
+  for (auto& a : members_) system().stop(a);
+  // Handed over last: this thread then holds no reference to the exception.
+  if (reply_) reply_.fail(std::move(e));
+}
+
+std::int64_t stage_gate::now() { return system().trace().now(); }
+
+void stage_gate::on_step(detail::step_msg& m) {
+  reply_ = defer_reply<detail::stage_report>();
+  stages_ = m.stages;
+  replica_ = m.replica;
+  step_ = m.step;
+  t0_ = m.t0_ns;
+  lr_ = m.lr;
+  inputs_ = std::move(m.inputs);
+  targets_ = std::move(m.targets);
+  shares_ = std::move(m.shares);
+  rep_ = detail::stage_report{};
+  rep_.begin_ns = now();
+  const std::uint32_t M = c_.plan->micro_batches;
+  rep_.losses.assign(M, 0);
+  rep_.correct.assign(M, 0);
+  cursor_ = 0;
+  next_f_ = in_flight_ = 0;
+  held_ = 0;
+  nodes_done_ = 0;
+  waiting_ = running_ = stepping_ = false;
+  active_ = true;
+  advance();
+}
+
+void stage_gate::on_event(const layers::layer_event& e) {
+  bytes_ = bytes_ + e.stash_bytes - layer_bytes_[e.node];
+  layer_bytes_[e.node] = e.stash_bytes;
+  rep_.peak_bytes = std::max(rep_.peak_bytes, bytes_);
+  if (e.arrived) {  // may come before this stage's step began: counted until admitted
+    auto& n = (e.op == stage_op::forward ? forwards_ : gradients_)[{e.micro_batch, e.piece}];
+    ++n;
+    ++arrivals_;
+    if (e.op == stage_op::backward && n == chunks_[e.piece / S_].gradients_in)
+      gradients_complete_[{e.micro_batch, e.piece}] = arrivals_;
+    if (!running_) seen_ = arrivals_;  // an idle stage sees it at once
+    advance();
+    return;
+  }
+  if (!running_ || op_of(e.op) != cur_.op || e.micro_batch != std::int64_t(cur_.micro_batch) || e.piece != cur_piece_)
+    throw std::logic_error("stage " + std::to_string(c_.stage) + ": a layer ran " + detail::op_name(op_of(e.op)) +
+                           std::to_string(e.micro_batch) + " of piece " + std::to_string(e.piece) +
+                           " outside the action running");
+  if (++done_ == chunks_[cur_.chunk].layers.size() && !loss_pending_) complete();
+}
+
+void stage_gate::on_output(layers::forward_msg& m) {
+  // The loss of the last piece, part of its F; the gradient waits for that micro-batch's B.
+  const auto mb = std::size_t(m.micro_batch);
+  auto r = c_.criterion->forward(m.x.host, targets_.at(mb));
+  rep_.losses[mb] = r.loss;
+  rep_.correct[mb] = r.correct;
+  loss_grads_[m.micro_batch] = c_.criterion->backward(r.stash, float(shares_.at(mb)));
+  loss_pending_ = false;
+  if (running_ && done_ == chunks_[cur_.chunk].layers.size()) complete();
+}
+
+bool stage_gate::ready(const action& a) const {
+  const std::uint32_t p = c_.plan->piece(c_.stage, a.chunk);
+  const auto& ch = chunks_[a.chunk];
+  const key k{a.micro_batch, p};
+  if (a.op == op::F) {
+    if (p == 0) return a.micro_batch < inputs_.size();
+    auto it = forwards_.find(k);
+    return it != forwards_.end() && it->second == ch.forwards_in;
+  }
+  if (a.op == op::B) {
+    if (p + 1 == P_) return loss_grads_.count(a.micro_batch) > 0;
+    auto it = gradients_.find(k);
+    return it != gradients_.end() && it->second == ch.gradients_in;
+  }
+  return true;
+}
+
+/// The next action the emergent policy allows, if any: a B whose gradient is in (lowest
+/// micro-batch first), else an F whose input is in while credits last. Gradients count
+/// from arrival `seen` on only: those that came while the last action ran wait for the
+/// next choice, as in a stage that handles one message at a time (this gives 1F1B's
+/// order on the first and the last stage).
+std::optional<action> stage_gate::emergent_next(bool& blocked_by_credits, std::uint64_t seen) const {
+  blocked_by_credits = false;
+  for (std::uint32_t mb = 0; mb < next_f_; ++mb) {
+    const std::uint32_t p = c_.stage;
+    auto it = gradients_complete_.find({mb, p});
+    if (ready(action{op::B, mb, 0}) && (p + 1 == P_ || (it != gradients_complete_.end() && it->second <= seen)))
+      return action{op::B, mb, 0};
+  }
+  if (next_f_ < c_.plan->micro_batches && ready(action{op::F, next_f_, 0})) {
+    if (in_flight_ < c_.credits) return action{op::F, next_f_, 0};
+    blocked_by_credits = true;
+  }
+  return std::nullopt;
+}
+
+void stage_gate::advance() {
+  if (!active_ || running_ || stepping_ || failed_) return;
+  const auto& list = c_.plan->actions[c_.stage];
+  const std::size_t total = c_.emergent ? std::size_t(c_.plan->micro_batches) * 2 : list.size();
+  if (cursor_ < total) {
+    action a;
+    bool credit_block = false;
+    if (c_.emergent) {
+      auto n = emergent_next(credit_block, seen_);
+      if (!n) n = emergent_next(credit_block, arrivals_);  // nothing else to do: everything counts
+      if (!n) return block(credit_block);
+      a = *n;
+    } else {
+      a = list[cursor_];
+      if (!ready(a)) return block(false);
+    }
+    unblock();
+    run(a);
+    return;
+  }
+  // Every action ran: the optimizer steps of the stage's layers (after their all-reduce).
+  stepping_ = true;
+  step_start_ = now();
+  for (auto& a : members_) send(a, layers::admit{stage_op::step, 0});
+}
+
+void stage_gate::run(const action& a) {
+  const std::uint32_t p = c_.plan->piece(c_.stage, a.chunk);
+  const std::int64_t mb = a.micro_batch;
+  const auto& ch = chunks_[a.chunk];
+  running_ = true;
+  seen_ = arrivals_;
+  cur_ = a;
+  cur_piece_ = p;
+  done_ = 0;
+  cur_start_ = now();
+  switch (a.op) {
+    case op::F:
+      loss_pending_ = p + 1 == P_;
+      forwards_.erase({mb, p});
+      for (auto& l : ch.entries) send(l, layers::admit{stage_op::forward, mb});
+      if (p == 0)
+        input_.emit(layers::forward_msg{mb, step_, 0, c_.plan->micro_batches, true, lr_, std::move(inputs_[a.micro_batch])});
+      break;
+    case op::B:
+      gradients_.erase({mb, p});
+      gradients_complete_.erase({mb, p});
+      for (auto& l : ch.exits) send(l, layers::admit{stage_op::backward, mb});
+      if (p + 1 == P_) {
+        auto it = loss_grads_.find(mb);
+        loss_grad_.emit(layers::backward_msg{mb, step_, 0, std::move(it->second)});
+        loss_grads_.erase(it);
+      }
+      break;
+    case op::W:
+      for (auto& l : ch.layers) send(l, layers::admit{stage_op::weight, mb});
+      break;
+  }
+}
+
+void stage_gate::complete() {
+  const auto end = now();
+  running_ = false;
+  const action a = cur_;
+  if (a.op == op::F) rep_.peak_stashed = std::max(rep_.peak_stashed, ++held_);
+  else if (a.op == op::W || !c_.plan->split_backward) --held_;
+  if (c_.emergent) {
+    if (a.op == op::F) ++next_f_, ++in_flight_;
+    else --in_flight_;
+  }
+  rep_.busy_ns += end - cur_start_;
+  rep_.actions.push_back({a, double(cur_start_ - t0_) * 1e-9, double(end - t0_) * 1e-9});
+  auto& rec = system().trace();
+  if (rec.enabled())
+    rec.span(stage_track(replica_ * S_ + c_.stage), "action", detail::op_name(a.op), cur_start_, end, a.micro_batch,
+             nullptr, int(c_.stage), c_.emergent ? -1 : int(cursor_), a.chunk);
+  ++cursor_;
+  advance();
+}
+
+void stage_gate::block(bool credits) {
+  if (waiting_) return;
+  waiting_ = true;
+  wait_credits_ = credits;
+  wait_since_ = now();
+}
+
+void stage_gate::unblock() {
+  if (!waiting_) return;
+  waiting_ = false;
+  const auto t = now();
+  (wait_credits_ ? rep_.backpressure_ns : rep_.input_wait_ns) += t - wait_since_;
+  auto& rec = system().trace();
+  if (rec.enabled())
+    rec.span(stage_track(replica_ * S_ + c_.stage), "idle", "idle", wait_since_, t, -1,
+             wait_credits_ ? "backpressure" : "input", int(c_.stage));
+}
+
+}  // namespace nerve::pipeline

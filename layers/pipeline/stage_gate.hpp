@@ -1,0 +1,123 @@
+#pragma once
+/// \file
+/// `stage_gate`: the schedule of one CPU pipeline stage, in front of the stage's group of
+/// layer actors (the layer actors of its pieces, on the stage's loop).
+///
+/// ```
+///   stage s-1 layers ══forward══► entry layers ══► … ══► exit layers ══forward══► stage s+1
+///                      arrived ┐   ▲ admit F mb          ▲ admit B mb   ┌ arrived
+///                              └─► stage gate (list or emergent policy) ◄┘ ◄══gradient══
+///                                  ▲  └─ admit W mb, admit step ─► every layer of the stage
+///                                  └── F, B, W done ── each layer
+/// ```
+/// Activations and gradients go from layer actor to layer actor on bus signals, inside a
+/// stage and across stages. A forward that enters a piece from an earlier one (or a
+/// gradient that comes back into it from a later one) is held by the layer that gets it,
+/// which tells the gate it arrived; the gate runs its actions one at a time in the
+/// schedule's order: it admits an action once everything it needs has arrived and starts
+/// the next once every layer of the piece reported it done. The gate of the stage with
+/// piece 0 feeds the graph input on its own signal; the gate of the stage with the last
+/// piece is the loss: it computes it when the output arrives (part of that F) and sends its
+/// gradient back on its signal at that micro-batch's B. After the last action it admits
+/// every layer's optimizer step and answers the step with the stage's figures.
+///
+/// A layer actor that fails reports to its gate (its supervisor): the gate ends the step
+/// with that error, tells every other gate to abort, and stops its layers.
+///
+/// Thread safety: an actor; `wire` and the signals' wiring before messages flow.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "actors/actor.hpp"
+#include "bus/signal.hpp"
+#include "layers/layer_actor.hpp"
+#include "layers/pipeline/detail/stage_protocol.hpp"
+
+namespace nerve::pipeline {
+
+/// One piece of a stage, as its gate drives it.
+struct gate_piece {
+  std::vector<actors::address> layers;   ///< every layer actor of the piece (W admits, done reports)
+  std::vector<actors::address> entries;  ///< layers that hold forwards entering the piece
+  std::vector<actors::address> exits;    ///< layers that hold gradients coming back into it
+  std::uint32_t forwards_in = 0;         ///< held forwards per micro-batch
+  std::uint32_t gradients_in = 0;        ///< held gradients per micro-batch
+};
+
+class stage_gate : public actors::actor {
+ public:
+  struct config {
+    std::uint32_t stage = 0;
+    std::shared_ptr<const ::nerve::pipeline::schedule> plan;  // shared: a stopping actor may outlive its pipeline
+    std::shared_ptr<const layers::loss> criterion;  // used by the stage of the last piece
+    bool emergent = false;
+    std::uint32_t credits = 1;
+  };
+  explicit stage_gate(config c);
+
+  /// Wiring: the stage's pieces (by chunk) and every layer actor of the stage.
+  void wire(std::vector<gate_piece> chunks, std::vector<actors::address> members);
+  /// The graph input, fed at F of piece 0 (subscribed by its consumers).
+  bus::signal<layers::forward_msg>& input() noexcept { return input_; }
+  /// The loss gradient, sent back at B of the last piece (subscribed by the output layer).
+  bus::signal<layers::backward_msg>& loss_gradient() noexcept { return loss_grad_; }
+
+ private:
+  using key = std::pair<std::int64_t, std::uint32_t>;  // (micro-batch, piece)
+  template <class F>
+  void guarded(F&& f);
+  void fail(std::exception_ptr e, bool aborted);
+  void on_step(detail::step_msg& m);
+  void on_event(const layers::layer_event& e);
+  void on_output(layers::forward_msg& m);
+  bool ready(const action& a) const;
+  std::optional<action> emergent_next(bool& blocked_by_credits, std::uint64_t seen) const;
+  void advance();
+  void run(const action& a);
+  void complete();
+  void block(bool credits);
+  void unblock();
+  std::int64_t now();
+
+  config c_;
+  std::uint32_t S_ = 1, P_ = 1;
+  std::vector<gate_piece> chunks_;
+  std::vector<actors::address> members_;
+  bus::signal<layers::forward_msg> input_{*this, "input"};
+  bus::signal<layers::backward_msg> loss_grad_{*this, "loss_grad"};
+  // The step.
+  std::shared_ptr<const std::vector<actors::address>> stages_;
+  actors::deferred_reply<detail::stage_report> reply_;
+  detail::stage_report rep_;
+  std::uint64_t step_ = 0;
+  std::uint32_t replica_ = 0;
+  std::int64_t t0_ = 0;
+  double lr_ = -1;
+  std::vector<layers::tensor> inputs_;
+  std::vector<layers::targets> targets_;
+  std::vector<double> shares_;
+  std::map<key, std::uint32_t> forwards_, gradients_;  // held at the layers, not yet admitted
+  // Emergent mode: when each gradient set was complete (arrival number), and the arrivals
+  // before the action running began: what a stage that handles one message at a time sees.
+  std::map<key, std::uint64_t> gradients_complete_;
+  std::uint64_t arrivals_ = 0, seen_ = 0;
+  std::map<std::int64_t, layers::tensor> loss_grads_;
+  // The action running, and where the list is.
+  std::size_t cursor_ = 0;
+  action cur_;
+  std::uint32_t cur_piece_ = 0, done_ = 0;
+  std::int64_t cur_start_ = 0;
+  bool active_ = false, running_ = false, loss_pending_ = false, stepping_ = false, failed_ = false;
+  bool waiting_ = false, wait_credits_ = false;
+  std::int64_t wait_since_ = 0, step_start_ = 0;
+  std::size_t nodes_done_ = 0;
+  std::uint32_t next_f_ = 0, in_flight_ = 0;  // emergent mode
+  std::size_t held_ = 0, bytes_ = 0;           // micro-batch·chunks between F and W, and the stage's stash bytes
+  std::map<std::uint32_t, std::size_t> layer_bytes_;
+};
+
+}  // namespace nerve::pipeline
