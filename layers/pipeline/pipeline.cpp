@@ -912,9 +912,15 @@ nlohmann::json pipeline::trace_metadata() const {
   nlohmann::json stages = nlohmann::json::array();
   for (std::uint32_t s = 0; s < plan_.stages; ++s) {
     nlohmann::json ids = nlohmann::json::array();
-    for (std::uint32_t r = 0; r < replicas_; ++r) ids.push_back(stages_[r * plan_.stages + s].id());
+    nlohmann::json layer_ids = nlohmann::json::array();  // the stage's group (CPU stages), every replica's
+    for (std::uint32_t r = 0; r < replicas_; ++r) {
+      ids.push_back(stages_[r * plan_.stages + s].id());
+      if (!groups_.empty())
+        for (auto& a : stage_group(r, s).members()) layer_ids.push_back(a.id());
+    }
     stages.push_back({{"stage", s},
                       {"actors", ids},
+                      {"layers", layer_ids},
                       {"loop", stages_[s].loop()},
                       {"device", engines_.size() > s && engines_[s] ? engines_[s]->device_name() : "cpu"}});
   }
