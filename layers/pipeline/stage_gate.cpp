@@ -17,7 +17,12 @@ op op_of(stage_op o) { return o == stage_op::forward ? op::F : o == stage_op::ba
 stage_gate::stage_gate(config c) : actor("stage " + std::to_string(c.stage)), c_(std::move(c)) {
   S_ = c_.plan->stages;
   P_ = c_.plan->pieces();
-  on<detail::step_msg>([this](detail::step_msg& m) { guarded([&] { on_step(m); }); });
+  on<detail::step_msg>([this](detail::step_msg& m) {
+    if (failed_)  // a layer failed between steps (a bad optimizer state, say): the stage is gone
+      return defer_reply<detail::stage_report>().fail(std::make_exception_ptr(
+          std::runtime_error("stage " + std::to_string(c_.stage) + " stopped after a failure of its layers")));
+    guarded([&] { on_step(m); });
+  });
   on<layers::layer_event>([this](layers::layer_event& e) { guarded([&] { on_event(e); }); });
   on<layers::forward_msg>([this](layers::forward_msg& m) { guarded([&] { on_output(m); }); });
   on<layers::node_done>([this](layers::node_done&) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -10,6 +11,7 @@
 #include "layers/activation.hpp"
 #include "layers/linear.hpp"
 #include "layers/pipeline/pipeline.hpp"
+#include "layers/network.hpp"
 #include "layers/presets.hpp"
 #include "tests/pipeline/chain.hpp"
 
@@ -498,5 +500,45 @@ TEST_SUITE("pipeline.bus") {
       }
     CHECK(p.stage_group(0, 0).size() == 4);  // fc1 relu1 fc2 relu2
     CHECK(p.stage_group(0, 1).size() == 5);  // fc3 relu3 fc4 relu4 fc5
+  }
+}
+
+TEST_SUITE("pipeline.checkpoint") {
+  TEST_CASE("a pipeline's optimizer state is a network's: the same names, counters and bits, and it loads back") {
+    auto piped = small_chain(), networked = small_chain();
+    auto crit = std::make_shared<layers::cross_entropy>();
+    actors::runtime rt(actors::runtime_options{.loops = 2});
+    nerve::pipeline::pipeline p(rt, piped, partition_by_parameters(piped, 2), make_schedule("zb-h1", 2, 3), crit,
+                                sgd_factory());
+    layers::network net(rt, networked, crit, sgd_factory());
+    for (std::uint64_t s = 0; s < 2; ++s) {
+      auto a = make_batch(piped, 9, 20 + s), b = make_batch(piped, 9, 20 + s);
+      p.train_step(std::move(a.x), a.t, s);
+      net.train_step(std::move(b.x), std::move(b.t), 3, s).get();
+    }
+    check_bitwise(piped, networked);
+    const auto ps = p.optimizer_state_of(), ns = net.optimizer_state_of();
+    CHECK(ps.counters == ns.counters);
+    CHECK(ps.counters.at("fc1.steps") == 2);
+    // Buffers by parameter and name (an optimizer lists them in its own order).
+    auto by_name = [](const layers::optimizer_state& st) {
+      std::map<std::string, std::vector<float>> m;
+      for (auto& b : st.buffers) m[b.parameter + "/" + b.name] = b.values;
+      return m;
+    };
+    REQUIRE(ps.buffers.size() == 10);  // a momentum buffer per weight and bias of fc1 … fc5
+    CHECK(by_name(ps).count("fc1.weight/momentum_buffer") == 1);
+    CHECK(by_name(ps) == by_name(ns));
+    // Loaded into a fresh pipeline, it is what that pipeline then reports.
+    auto fresh = small_chain();
+    nerve::pipeline::pipeline q(rt, fresh, partition_by_parameters(fresh, 2), make_schedule("1f1b", 2, 3), crit,
+                                sgd_factory());
+    q.load_optimizer_state(ps);
+    const auto qs = q.optimizer_state_of();
+    CHECK(qs.counters == ps.counters);
+    CHECK(by_name(qs) == by_name(ps));
+    layers::optimizer_state stray;
+    stray.buffers.push_back({"nope.weight", "momentum_buffer", {1.f}});
+    CHECK_THROWS_WITH(q.load_optimizer_state(stray), doctest::Contains("'nope.weight' belongs to no layer"));
   }
 }
