@@ -1,0 +1,203 @@
+#pragma once
+/// \file
+/// `bus::mpi::transport`: the bus across processes. A signal's subscriber on another rank
+/// is a `remote<T>` endpoint; what it is handed goes over MPI and arrives in the
+/// subscriber's mailbox on that rank as the same message.
+///
+/// ```
+///   rank 0                                         rank 1
+///   fc2.out.emit(m) ─► remote<T>::deliver          progress thread
+///        │ (moves m into a send record)              MPI_Improbe ─► frame (tag 0) ─► codec<T>::make
+///        ▼                                           MPI_Irecv payload straight into m's tensor (tag 1)
+///   progress thread: MPI_Isend frame  (tag 0) ──────►      │ MPI_Testsome: complete
+///                    MPI_Isend payload (tag 1) ─────►      ▼
+///                    (from the tensor, no copy)      try_tell(fc3, m) ─► fc3's loop runs it
+/// ```
+/// **Frames.** A message is two MPI messages on the transport's own communicator: a frame
+/// (tag 0: channel, payload size, the codec's fixed fields such as micro-batch id, kind,
+/// shape) and, when the payload is not empty, the payload itself (tag 1), sent from and
+/// received into the value's own contiguous buffer: no copy beyond what MPI makes. MPI
+/// keeps messages from one rank in order on one communicator and tag, and the receiver
+/// posts the payload's receive right after taking its frame, so the k-th payload from a
+/// rank is the k-th frame's. A *channel* names the receiving actor on that rank; both
+/// sides agree on channels by wiring the same graph in the same order.
+///
+/// **Threads.** One progress thread per process makes every MPI call after `MPI_Init` (so
+/// the level asked for is `MPI_THREAD_SERIALIZED`: calls never overlap, but they come from
+/// a thread other than the one that initialised MPI; `MULTIPLE` would add locking inside
+/// Open MPI on every call for nothing). It polls — MPI has no event to wait on — with the
+/// GPU poller's back-off: spin while there is traffic, then yield, then sleep in growing
+/// steps (woken at once by a new send), so an idle job does not burn its cores.
+/// Completion comes back to the owning actor as a message in its mailbox (its loop runs
+/// it): the same shape as a GPU completion, no thread blocked per message. A mailbox that
+/// is full is retried on later turns (back-pressure), never dropped.
+///
+/// **Failure.** An MPI error, a frame for an unknown channel, or a payload whose size the
+/// codec does not expect stops the transport with the error; `check()` rethrows it (and the
+/// destructor reports it). A rank that dies ends the job through `mpirun` (the default
+/// error handler aborts every rank).
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "actors/address.hpp"
+#include "actors/errors.hpp"
+#include "bus/signal.hpp"
+
+namespace nerve::bus::mpi {
+
+/// How a message type crosses the wire. Specialise for each T sent through a `remote<T>`:
+/// ```
+///   template <> struct codec<my_msg> {
+///     static void write(const my_msg&, std::vector<std::byte>& frame);   // fixed fields
+///     static std::span<const std::byte> payload(const my_msg&);          // sent in place
+///     // A value from its frame, its payload still to come: `payload` is where it goes
+///     // (sized from the frame; the transport checks it against the sender's size).
+///     static my_msg read(std::span<const std::byte> frame, std::span<std::byte>& payload);
+///   };
+/// ```
+template <class T>
+struct codec;
+
+/// Appends and reads plain fields of a frame (`codec` helpers).
+struct frame_writer {
+  std::vector<std::byte>& out;
+  template <class V>
+  frame_writer& put(const V& v) {
+    static_assert(std::is_trivially_copyable_v<V>);
+    const auto* p = reinterpret_cast<const std::byte*>(&v);
+    out.insert(out.end(), p, p + sizeof(V));
+    return *this;
+  }
+};
+struct frame_reader {
+  std::span<const std::byte> in;
+  template <class V>
+  V get() {
+    static_assert(std::is_trivially_copyable_v<V>);
+    if (in.size() < sizeof(V)) throw std::runtime_error("bus::mpi: frame shorter than its fields");
+    V v;
+    std::memcpy(&v, in.data(), sizeof(V));
+    in = in.subspan(sizeof(V));
+    return v;
+  }
+};
+
+/// Counters of one transport (any thread; exact once the traffic has stopped).
+struct transport_stats {
+  std::uint64_t sent = 0;      ///< messages handed to MPI
+  std::uint64_t received = 0;  ///< messages delivered into a local mailbox
+  std::uint64_t bytes_sent = 0, bytes_received = 0;  ///< payload bytes
+  std::uint64_t full_retries = 0;  ///< deliveries retried because a mailbox was full
+};
+
+class transport {
+ public:
+  using channel = std::uint32_t;
+
+  /// Initialises MPI (unless the program already did) and starts the progress thread.
+  /// With no `mpirun` around, MPI makes a world of one rank.
+  transport();
+  /// Waits until every send has been taken by MPI, stops the progress thread and finalises
+  /// MPI if this transport initialised it. Call after the runtime's traffic has stopped.
+  ~transport();
+  transport(const transport&) = delete;
+  transport& operator=(const transport&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+
+  /// Wiring: messages that arrive on `ch` go into `to`'s mailbox (normal lane).
+  template <class T>
+  void listen(channel ch, actors::address to);
+
+  /// Sends `value` to channel `ch` of rank `to` (any thread). Returns at once; the value is
+  /// kept until MPI has taken its bytes.
+  template <class T>
+  void send(int to, channel ch, T value);
+
+  /// Rethrows the error that stopped the transport, if any.
+  void check() const;
+  transport_stats stats() const;
+  /// Blocks until every message sent so far has left (MPI completed its sends). Not on a loop.
+  void flush();
+
+  /// A barrier across the ranks, for set-up and tests (not on a loop).
+  void barrier();
+
+ private:
+  struct outgoing {
+    int to = 0;
+    std::vector<std::byte> frame;
+    std::span<const std::byte> payload;
+    std::shared_ptr<void> keep;  // the value whose buffer `payload` points into
+  };
+  struct inbox {
+    // Reads a frame: returns where the payload goes and the delivery to run once it is in.
+    std::function<std::function<actors::send_status()>(std::span<const std::byte>, std::span<std::byte>&)> read;
+  };
+  struct impl;
+
+  void enqueue(outgoing o);
+  void add_inbox(channel ch, inbox in);
+  void run() noexcept;
+
+  int rank_ = 0, size_ = 1;
+  bool owns_mpi_ = false;
+  std::unique_ptr<impl> impl_;
+  std::thread thread_;
+};
+
+/// A subscriber of a signal that lives on another rank: `signal.subscribe(std::make_shared<
+/// remote<T>>(transport, rank, channel), port)`.
+template <class T>
+class remote final : public bus::endpoint<T> {
+ public:
+  remote(transport& t, int rank, transport::channel ch) : t_(&t), rank_(rank), ch_(ch) {}
+  void deliver(actors::actor& /*from*/, T&& value) override { t_->send<T>(rank_, ch_, std::move(value)); }
+  std::string name() const override {
+    return "rank " + std::to_string(rank_) + " channel " + std::to_string(ch_);
+  }
+
+ private:
+  transport* t_;
+  int rank_;
+  transport::channel ch_;
+};
+
+// ---- templates ------------------------------------------------------------------------
+
+template <class T>
+void transport::send(int to, channel ch, T value) {
+  if (to < 0 || to >= size_)
+    throw std::invalid_argument("bus::mpi: send to rank " + std::to_string(to) + " of " + std::to_string(size_));
+  auto keep = std::make_shared<T>(std::move(value));
+  outgoing o;
+  o.to = to;
+  const auto payload = codec<T>::payload(*keep);
+  frame_writer{o.frame}.put(ch).put(std::uint64_t(payload.size()));
+  codec<T>::write(*keep, o.frame);
+  o.payload = payload;
+  o.keep = std::move(keep);
+  enqueue(std::move(o));
+}
+
+template <class T>
+void transport::listen(channel ch, actors::address to) {
+  add_inbox(ch, inbox{[to](std::span<const std::byte> frame, std::span<std::byte>& payload) {
+    auto value = std::make_shared<T>(codec<T>::read(frame, payload));
+    return std::function<actors::send_status()>([to, value] { return to.get()->try_tell(std::move(*value)); });
+  }});
+}
+
+}  // namespace nerve::bus::mpi
