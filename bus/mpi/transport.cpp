@@ -2,6 +2,8 @@
 
 #include <mpi.h>
 
+#include <boost/asio/steady_timer.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -10,6 +12,9 @@
 #include <future>
 #include <mutex>
 #include <unordered_map>
+
+#include "actors/actor.hpp"
+#include "actors/runtime.hpp"
 
 namespace nerve::bus::mpi {
 
@@ -33,49 +38,278 @@ int byte_count(std::size_t n, const char* what) {
   return int(n);
 }
 
-}  // namespace
-
-// A received frame: delivered once its payload is in and every earlier frame was (a
-// small message must not pass a large one still coming in).
+// A received frame: delivered once its payload is in and every earlier frame was (a small
+// message must not pass a large one still coming in).
 struct arrival {
   std::function<actors::send_status()> deliver;
   bool complete = false;
 };
 
+// The poller's own messages.
+struct tick {
+  static constexpr std::string_view kind = "mpi_tick";
+};
+struct control {
+  static constexpr std::string_view kind = "mpi_control";
+  std::function<void()> run;  // on the poller: may post MPI requests
+};
+struct stop_polling {
+  static constexpr std::string_view kind = "mpi_stop";
+};
+
+}  // namespace
+
+// State shared by the transport's callers and its poller.
 struct transport::impl {
   MPI_Comm comm = MPI_COMM_NULL;
+  std::unique_ptr<actors::runtime> own_runtime;  // when no runtime was given
+  actors::runtime* rt = nullptr;
+  actors::address poller;
 
-  // Shared with the callers (guarded by `m`).
   std::mutex m;
-  std::condition_variable wake;     // the progress thread sleeps on it when idle
-  std::condition_variable drained;  // flush() waits on it
-  std::vector<outgoing> queue;
-  std::vector<std::function<void()>> control;  // run on the progress thread (barrier)
+  std::condition_variable changed;  // flush() and the destructor wait on it
   std::unordered_map<channel, inbox> inboxes;
-  std::uint64_t unsent = 0;  // sends enqueued whose MPI requests have not completed
-  bool stop = false;
+  std::uint64_t unsent = 0;  // sends handed over whose MPI requests have not completed
+  bool finished = false;     // the poller has stopped
   std::exception_ptr error;
 
   std::atomic<std::uint64_t> sent{0}, received{0}, bytes_sent{0}, bytes_received{0}, full_retries{0};
 
-  // Progress thread only.
-  struct op {
-    std::shared_ptr<outgoing> send;                     // a send's record (frame and payload requests share it)
-    bool last_of_send = false;                          // completing it completes the send
-    std::shared_ptr<arrival> arrived;                   // a payload receive's message
-    std::function<void()> done;                         // a control operation's completion
-  };
-  std::vector<MPI_Request> requests;
-  std::vector<op> ops;
-  std::deque<std::shared_ptr<arrival>> arrivals;  // in the order their frames came
-
-  void post(MPI_Request r, op o) {
-    requests.push_back(r);
-    ops.push_back(std::move(o));
+  void fail(std::exception_ptr e) {
+    std::lock_guard lock(m);
+    if (!error) error = std::move(e);
+    finished = true;
+    changed.notify_all();
   }
 };
 
+// The poller: every MPI call after MPI_Init is made in its handlers.
+class transport::poller : public actors::actor {
+ public:
+  poller(transport& t) : actor("mpi poller"), t_(t), s_(*t.impl_) {
+    on<outgoing>([this](outgoing& o) {
+      post_send(std::move(o));
+      work();
+    });
+    on<tick>([this](tick&) {
+      tick_queued_ = false;
+      work();
+    });
+    on<control>([this](control& c) {
+      try {
+        c.run();
+      } catch (...) {
+        s_.fail(std::current_exception());
+        stop();
+        return;
+      }
+      work();
+    });
+    on<stop_polling>([this](stop_polling&) {
+      stopping_ = true;
+      work();
+    });
+  }
+  ~poller() override { *alive_ = false; }
+
+  void on_start() override { timer_ = std::make_unique<boost::asio::steady_timer>(executor()); }
+  void on_stop() override {
+    if (timer_) timer_->cancel();
+  }
+
+  // A control operation's request: `done` runs on the poller when it completes.
+  void post_request(MPI_Request r, std::function<void()> done) {
+    requests_.push_back(r);
+    ops_.push_back(op{{}, false, {}, std::move(done)});
+  }
+  MPI_Comm comm() const { return s_.comm; }
+
+ private:
+  struct op {
+    std::shared_ptr<outgoing> send;  // a send's record (its frame and payload requests share it)
+    bool last_of_send = false;       // completing it completes the send
+    std::shared_ptr<arrival> arrived;
+    std::function<void()> done;  // a control operation's completion
+  };
+
+  void post_send(outgoing o) {
+    auto rec = std::make_shared<outgoing>(std::move(o));
+    MPI_Request r;
+    check_mpi(MPI_Isend(rec->frame.data(), byte_count(rec->frame.size(), "a frame"), MPI_BYTE, rec->to, frame_tag,
+                        s_.comm, &r),
+              "MPI_Isend");
+    const bool has_payload = !rec->payload.empty();
+    requests_.push_back(r);
+    ops_.push_back(op{rec, !has_payload, {}, {}});
+    if (has_payload) {
+      check_mpi(MPI_Isend(rec->payload.data(), byte_count(rec->payload.size(), "a payload"), MPI_BYTE, rec->to,
+                          payload_tag, s_.comm, &r),
+                "MPI_Isend");
+      requests_.push_back(r);
+      ops_.push_back(op{rec, true, {}, {}});
+    }
+    s_.bytes_sent.fetch_add(rec->payload.size(), std::memory_order_relaxed);
+    s_.sent.fetch_add(1, std::memory_order_relaxed);
+    progressed_ = true;
+  }
+
+  // One turn: arrivals, completions, deliveries; then the next turn now, later or never.
+  void work() {
+    try {
+      receive();
+      complete();
+      deliver();
+    } catch (...) {
+      s_.fail(std::current_exception());
+      stop();
+      return;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (progressed_) {
+      last_progress_ = now;
+      nap_ = std::chrono::microseconds(20);
+      progressed_ = false;
+    }
+    if (stopping_ && requests_.empty() && arrivals_.empty()) {
+      std::lock_guard lock(s_.m);
+      s_.finished = true;
+      s_.changed.notify_all();
+      stop();
+      return;
+    }
+    const bool busy = !requests_.empty() || !arrivals_.empty();
+    if (busy || now - last_progress_ < std::chrono::microseconds(50)) {
+      // Again after the other actors' turns: a message to ourselves. Only one at a time.
+      // (A full mailbox needs no tick: its messages bring the next turn.)
+      if (!tick_queued_) tick_queued_ = try_tell(tick{}) == actors::send_status::ok;
+      return;
+    }
+    if (napping_) return;
+    napping_ = true;
+    timer_->expires_after(nap_);
+    nap_ = std::min(nap_ * 2, std::chrono::microseconds(200));
+    // Not counted as work in flight: a quiet poller must not hold up synchronize().
+    timer_->async_wait([this, alive = alive_](const boost::system::error_code& ec) {
+      if (ec || !*alive || stopped()) return;  // cancelled when the poller stopped
+      napping_ = false;
+      if (!tick_queued_) tick_queued_ = try_tell(tick{}) == actors::send_status::ok;
+    });
+  }
+
+  // Frames that arrived: each one's payload receive goes straight into its value.
+  void receive() {
+    for (;;) {
+      int flag = 0;
+      MPI_Message msg;
+      MPI_Status st;
+      check_mpi(MPI_Improbe(MPI_ANY_SOURCE, frame_tag, s_.comm, &flag, &msg, &st), "MPI_Improbe");
+      if (!flag) return;
+      int n = 0;
+      check_mpi(MPI_Get_count(&st, MPI_BYTE, &n), "MPI_Get_count");
+      frame_.resize(std::size_t(n));
+      check_mpi(MPI_Mrecv(frame_.data(), n, MPI_BYTE, &msg, MPI_STATUS_IGNORE), "MPI_Mrecv");
+      frame_reader rd{frame_};
+      const auto ch = rd.get<channel>();
+      const auto size = rd.get<std::uint64_t>();
+      const inbox* in = nullptr;
+      {
+        std::lock_guard lock(s_.m);
+        auto it = s_.inboxes.find(ch);
+        if (it != s_.inboxes.end()) in = &it->second;  // entries are never erased
+      }
+      if (!in)
+        throw std::runtime_error("bus::mpi: rank " + std::to_string(st.MPI_SOURCE) + " sent to channel " +
+                                 std::to_string(ch) + ", which nothing on rank " + std::to_string(t_.rank()) +
+                                 " listens to (were the ranks wired alike?)");
+      std::span<std::byte> payload;
+      auto deliver = in->read(rd.in, payload);
+      if (payload.size() != size)
+        throw std::runtime_error("bus::mpi: channel " + std::to_string(ch) + ": rank " +
+                                 std::to_string(st.MPI_SOURCE) + " sent " + std::to_string(size) +
+                                 " payload bytes, its frame describes " + std::to_string(payload.size()));
+      auto a = std::make_shared<arrival>(arrival{std::move(deliver), size == 0});
+      arrivals_.push_back(a);
+      if (size > 0) {
+        MPI_Request r;
+        check_mpi(MPI_Irecv(payload.data(), byte_count(size, "a payload"), MPI_BYTE, st.MPI_SOURCE, payload_tag,
+                            s_.comm, &r),
+                  "MPI_Irecv");
+        requests_.push_back(r);
+        ops_.push_back(op{{}, false, std::move(a), {}});
+      }
+      s_.bytes_received.fetch_add(size, std::memory_order_relaxed);
+      progressed_ = true;
+    }
+  }
+
+  void complete() {
+    if (requests_.empty()) return;
+    int count = 0;
+    indices_.resize(requests_.size());
+    check_mpi(MPI_Testsome(int(requests_.size()), requests_.data(), &count, indices_.data(), MPI_STATUSES_IGNORE),
+              "MPI_Testsome");
+    if (count <= 0 || count == MPI_UNDEFINED) return;
+    std::uint64_t sends_done = 0;
+    for (int k = 0; k < count; ++k) {
+      auto& o = ops_[std::size_t(indices_[std::size_t(k)])];
+      if (o.arrived) o.arrived->complete = true;
+      if (o.done) o.done();
+      if (o.last_of_send) ++sends_done;
+      o = {};
+    }
+    // Completed requests became MPI_REQUEST_NULL: drop them, keeping the others' order.
+    std::size_t w = 0;
+    for (std::size_t r = 0; r < requests_.size(); ++r)
+      if (requests_[r] != MPI_REQUEST_NULL) {
+        requests_[w] = requests_[r];
+        ops_[w] = std::move(ops_[r]);
+        ++w;
+      }
+    requests_.resize(w);
+    ops_.resize(w);
+    if (sends_done) {
+      std::lock_guard lock(s_.m);
+      s_.unsent -= sends_done;
+      if (s_.unsent == 0) s_.changed.notify_all();
+    }
+    progressed_ = true;
+  }
+
+  // Into the subscribers' mailboxes in arrival order; a full one holds the line.
+  void deliver() {
+    while (!arrivals_.empty() && arrivals_.front()->complete) {
+      if (arrivals_.front()->deliver() == actors::send_status::full) {
+        s_.full_retries.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+      arrivals_.pop_front();  // ok, or closed: a stopped receiver's run is ending with its own error
+      s_.received.fetch_add(1, std::memory_order_relaxed);
+      progressed_ = true;
+    }
+  }
+
+  transport& t_;
+  impl& s_;
+  std::vector<MPI_Request> requests_;
+  std::vector<op> ops_;
+  std::deque<std::shared_ptr<arrival>> arrivals_;  // in the order their frames came
+  std::vector<std::byte> frame_;
+  std::vector<int> indices_;
+  std::unique_ptr<boost::asio::steady_timer> timer_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // the timer's handler may outlive us
+  std::chrono::steady_clock::time_point last_progress_{};
+  std::chrono::microseconds nap_{20};
+  bool progressed_ = false, tick_queued_ = false, napping_ = false, stopping_ = false;
+};
+
 transport::transport() : impl_(std::make_unique<impl>()) {
+  impl_->own_runtime = std::make_unique<actors::runtime>(actors::runtime_options{.loops = 1});
+  start(*impl_->own_runtime, 0);
+}
+
+transport::transport(actors::runtime& rt, unsigned loop) : impl_(std::make_unique<impl>()) { start(rt, loop); }
+
+void transport::start(actors::runtime& rt, unsigned loop) {
   int initialised = 0;
   check_mpi(MPI_Initialized(&initialised), "MPI_Initialized");
   if (!initialised) {
@@ -91,7 +325,7 @@ transport::transport() : impl_(std::make_unique<impl>()) {
     check_mpi(MPI_Query_thread(&provided), "MPI_Query_thread");
     if (provided < MPI_THREAD_SERIALIZED)
       throw std::runtime_error(
-          "bus::mpi: MPI was initialised below MPI_THREAD_SERIALIZED; the transport calls MPI from its own thread");
+          "bus::mpi: MPI was initialised below MPI_THREAD_SERIALIZED; the transport calls MPI from its own loop");
   }
   // A communicator of our own keeps the bus's tags apart from any MPI the program does,
   // and errors on it come back as codes instead of aborting in place.
@@ -99,7 +333,12 @@ transport::transport() : impl_(std::make_unique<impl>()) {
   check_mpi(MPI_Comm_set_errhandler(impl_->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   check_mpi(MPI_Comm_rank(impl_->comm, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(impl_->comm, &size_), "MPI_Comm_size");
-  thread_ = std::thread([this] { run(); });
+  impl_->rt = &rt;
+  // Its mailbox holds what every actor of the rank may send at once.
+  actors::spawn_options o;
+  o.loop = loop;
+  o.capacity = std::size_t{1} << 20;
+  impl_->poller = rt.spawn_with<poller>(std::move(o), *this);
 }
 
 transport::~transport() {
@@ -107,26 +346,34 @@ transport::~transport() {
     flush();
   } catch (...) {  // the error is the run's to report (check()); the destructor only tidies up
   }
-  {
-    std::lock_guard lock(impl_->m);
-    impl_->stop = true;
+  try {
+    impl_->rt->send(impl_->poller, stop_polling{});
+    std::unique_lock lock(impl_->m);
+    impl_->changed.wait(lock, [&] { return impl_->finished; });
+  } catch (...) {  // the poller stopped already (it failed)
   }
-  impl_->wake.notify_all();
-  thread_.join();
-  // The progress thread has ended: this thread may call MPI again (serialised).
+  if (impl_->own_runtime) impl_->own_runtime->shutdown();
+  // The poller has stopped: this thread may call MPI again (serialised).
   MPI_Comm_free(&impl_->comm);
   if (owns_mpi_) MPI_Finalize();
 }
 
-void transport::enqueue(outgoing o) {
+void transport::enqueue(actors::actor* from, outgoing o) {
   {
     std::lock_guard lock(impl_->m);
     if (impl_->error) std::rethrow_exception(impl_->error);
-    if (impl_->stop) throw std::logic_error("bus::mpi: send after the transport stopped");
-    impl_->queue.push_back(std::move(o));
     ++impl_->unsent;
   }
-  impl_->wake.notify_one();
+  try {
+    if (from)
+      from->send(impl_->poller, std::move(o));
+    else
+      impl_->rt->send(impl_->poller, std::move(o));
+  } catch (...) {
+    std::lock_guard lock(impl_->m);
+    --impl_->unsent;
+    throw;
+  }
 }
 
 void transport::add_inbox(channel ch, inbox in) {
@@ -147,186 +394,22 @@ transport_stats transport::stats() const {
 
 void transport::flush() {
   std::unique_lock lock(impl_->m);
-  impl_->drained.wait(lock, [&] { return impl_->unsent == 0 || impl_->error; });
+  impl_->changed.wait(lock, [&] { return impl_->unsent == 0 || impl_->error; });
   if (impl_->error) std::rethrow_exception(impl_->error);
 }
 
 void transport::barrier() {
-  std::promise<void> done;
-  auto f = done.get_future();
-  {
-    std::lock_guard lock(impl_->m);
-    if (impl_->error) std::rethrow_exception(impl_->error);
-    impl_->control.push_back([this, &done] {
-      MPI_Request r;
-      check_mpi(MPI_Ibarrier(impl_->comm, &r), "MPI_Ibarrier");
-      impl_->post(r, impl::op{{}, false, {}, [&done] { done.set_value(); }});
-    });
-  }
-  impl_->wake.notify_one();
-  // The progress thread either completes the barrier or stops with an error.
-  for (;;) {
-    if (f.wait_for(std::chrono::milliseconds(10)) == std::future_status::ready) return f.get();
-    check();
-  }
-}
-
-void transport::run() noexcept {
-  using clock = std::chrono::steady_clock;
-  auto& s = *impl_;
-  std::vector<outgoing> batch;
-  std::vector<std::function<void()>> controls;
-  std::vector<int> indices;
-  std::vector<std::byte> frame;
-  auto last_progress = clock::now();
-  auto nap = std::chrono::microseconds(50);
-  try {
-    for (;;) {
-      bool progressed = false;
-      {
-        std::lock_guard lock(s.m);
-        if (s.stop && s.queue.empty() && s.ops.empty()) break;
-        batch.swap(s.queue);
-        controls.swap(s.control);
-      }
-      for (auto& c : controls) c();
-      if (!controls.empty()) progressed = true;
-      controls.clear();
-
-      // Sends: the frame, then the payload from the value's own buffer.
-      for (auto& o : batch) {
-        auto rec = std::make_shared<outgoing>(std::move(o));
-        MPI_Request r;
-        check_mpi(MPI_Isend(rec->frame.data(), byte_count(rec->frame.size(), "a frame"), MPI_BYTE, rec->to,
-                            frame_tag, s.comm, &r),
-                  "MPI_Isend");
-        const bool has_payload = !rec->payload.empty();
-        s.post(r, impl::op{rec, !has_payload, {}, {}});
-        if (has_payload) {
-          check_mpi(MPI_Isend(rec->payload.data(), byte_count(rec->payload.size(), "a payload"), MPI_BYTE, rec->to,
-                              payload_tag, s.comm, &r),
-                    "MPI_Isend");
-          s.post(r, impl::op{rec, true, {}, {}});
-        }
-        s.bytes_sent.fetch_add(rec->payload.size(), std::memory_order_relaxed);
-        s.sent.fetch_add(1, std::memory_order_relaxed);
-        progressed = true;
-      }
-      batch.clear();
-
-      // Arrivals: take each frame, then post its payload's receive straight into the value.
-      for (;;) {
-        int flag = 0;
-        MPI_Message msg;
-        MPI_Status st;
-        check_mpi(MPI_Improbe(MPI_ANY_SOURCE, frame_tag, s.comm, &flag, &msg, &st), "MPI_Improbe");
-        if (!flag) break;
-        int n = 0;
-        check_mpi(MPI_Get_count(&st, MPI_BYTE, &n), "MPI_Get_count");
-        frame.resize(std::size_t(n));
-        check_mpi(MPI_Mrecv(frame.data(), n, MPI_BYTE, &msg, MPI_STATUS_IGNORE), "MPI_Mrecv");
-        frame_reader rd{frame};
-        const auto ch = rd.get<channel>();
-        const auto size = rd.get<std::uint64_t>();
-        std::function<std::function<actors::send_status()>(std::span<const std::byte>, std::span<std::byte>&)> read;
-        {
-          std::lock_guard lock(s.m);
-          auto it = s.inboxes.find(ch);
-          if (it == s.inboxes.end())
-            throw std::runtime_error("bus::mpi: rank " + std::to_string(st.MPI_SOURCE) + " sent to channel " +
-                                     std::to_string(ch) + ", which nothing on rank " + std::to_string(rank_) +
-                                     " listens to (were the ranks wired alike?)");
-          read = it->second.read;
-        }
-        std::span<std::byte> payload;
-        auto deliver = read(rd.in, payload);
-        if (payload.size() != size)
-          throw std::runtime_error("bus::mpi: channel " + std::to_string(ch) + ": rank " +
-                                   std::to_string(st.MPI_SOURCE) + " sent " + std::to_string(size) +
-                                   " payload bytes, the frame describes " + std::to_string(payload.size()));
-        auto a = std::make_shared<arrival>(arrival{std::move(deliver), size == 0});
-        s.arrivals.push_back(a);
-        if (size > 0) {
-          MPI_Request r;
-          check_mpi(MPI_Irecv(payload.data(), byte_count(size, "a payload"), MPI_BYTE, st.MPI_SOURCE, payload_tag,
-                              s.comm, &r),
-                    "MPI_Irecv");
-          s.post(r, impl::op{{}, false, std::move(a), {}});
-        }
-        s.bytes_received.fetch_add(size, std::memory_order_relaxed);
-        progressed = true;
-      }
-
-      // Completions.
-      if (!s.requests.empty()) {
-        int count = 0;
-        indices.resize(s.requests.size());
-        check_mpi(MPI_Testsome(int(s.requests.size()), s.requests.data(), &count, indices.data(), MPI_STATUSES_IGNORE),
-                  "MPI_Testsome");
-        if (count > 0 && count != MPI_UNDEFINED) {
-          std::uint64_t sends_done = 0;
-          for (int k = 0; k < count; ++k) {
-            auto& o = s.ops[std::size_t(indices[std::size_t(k)])];
-            if (o.arrived) o.arrived->complete = true;
-            if (o.done) o.done();
-            if (o.last_of_send) ++sends_done;
-            o = {};
-          }
-          // Completed requests became MPI_REQUEST_NULL: drop them, keeping the others' order.
-          std::size_t w = 0;
-          for (std::size_t r = 0; r < s.requests.size(); ++r)
-            if (s.requests[r] != MPI_REQUEST_NULL) {
-              s.requests[w] = s.requests[r];
-              s.ops[w] = std::move(s.ops[r]);
-              ++w;
-            }
-          s.requests.resize(w);
-          s.ops.resize(w);
-          if (sends_done) {
-            std::lock_guard lock(s.m);
-            s.unsent -= sends_done;
-            if (s.unsent == 0) s.drained.notify_all();
-          }
-          progressed = true;
-        }
-      }
-
-      // Deliveries, in arrival order; a full mailbox holds the line until it has room.
-      while (!s.arrivals.empty() && s.arrivals.front()->complete) {
-        const auto status = s.arrivals.front()->deliver();
-        if (status == actors::send_status::full) {
-          s.full_retries.fetch_add(1, std::memory_order_relaxed);
-          break;
-        }
-        s.arrivals.pop_front();  // ok, or closed: a stopped receiver's run is ending with its own error
-        s.received.fetch_add(1, std::memory_order_relaxed);
-        progressed = true;
-      }
-
-      // Back-off: spin while traffic flows, then yield, then nap (a send wakes the nap).
-      const auto now = clock::now();
-      if (progressed) {
-        last_progress = now;
-        nap = std::chrono::microseconds(50);
-        continue;
-      }
-      const auto quiet = now - last_progress;
-      if (quiet < std::chrono::microseconds(20)) continue;
-      if (quiet < std::chrono::milliseconds(2)) {
-        std::this_thread::yield();
-        continue;
-      }
-      std::unique_lock lock(s.m);
-      s.wake.wait_for(lock, nap, [&] { return s.stop || !s.queue.empty() || !s.control.empty(); });
-      // Nothing in flight: nap longer; something in flight keeps the naps short.
-      nap = s.requests.empty() && s.arrivals.empty() ? std::min(nap * 2, std::chrono::microseconds(1000))
-                                                  : std::chrono::microseconds(50);
-    }
-  } catch (...) {
-    std::lock_guard lock(s.m);
-    s.error = std::current_exception();
-    s.drained.notify_all();
-  }
+  auto done = std::make_shared<std::promise<void>>();
+  auto f = done->get_future();
+  auto* p = static_cast<poller*>(impl_->poller.get());
+  impl_->rt->send(impl_->poller, control{[p, done] {
+                    MPI_Request r;
+                    check_mpi(MPI_Ibarrier(p->comm(), &r), "MPI_Ibarrier");
+                    p->post_request(r, [done] { done->set_value(); });
+                  }});
+  // The poller either completes the barrier or stops with an error.
+  while (f.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) check();
+  f.get();
 }
 
 }  // namespace nerve::bus::mpi

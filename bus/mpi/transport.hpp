@@ -6,10 +6,10 @@
 ///
 /// ```
 ///   rank 0                                         rank 1
-///   fc2.out.emit(m) ─► remote<T>::deliver          progress thread
+///   fc2.out.emit(m) ─► remote<T>::deliver          poller (a task on a loop)
 ///        │ (moves m into a send record)              MPI_Improbe ─► frame (tag 0) ─► codec<T>::make
 ///        ▼                                           MPI_Irecv payload straight into m's tensor (tag 1)
-///   progress thread: MPI_Isend frame  (tag 0) ──────►      │ MPI_Testsome: complete
+///   poller:          MPI_Isend frame  (tag 0) ──────►      │ MPI_Testsome: complete
 ///                    MPI_Isend payload (tag 1) ─────►      ▼
 ///                    (from the tensor, no copy)      try_tell(fc3, m) ─► fc3's loop runs it
 /// ```
@@ -22,15 +22,21 @@
 /// rank is the k-th frame's. A *channel* names the receiving actor on that rank; both
 /// sides agree on channels by wiring the same graph in the same order.
 ///
-/// **Threads.** One progress thread per process makes every MPI call after `MPI_Init` (so
-/// the level asked for is `MPI_THREAD_SERIALIZED`: calls never overlap, but they come from
-/// a thread other than the one that initialised MPI; `MULTIPLE` would add locking inside
-/// Open MPI on every call for nothing). It polls — MPI has no event to wait on — with the
-/// GPU poller's back-off: spin while there is traffic, then yield, then sleep in growing
-/// steps (woken at once by a new send), so an idle job does not burn its cores.
-/// Completion comes back to the owning actor as a message in its mailbox (its loop runs
-/// it): the same shape as a GPU completion, no thread blocked per message. A mailbox that
-/// is full is retried on later turns (back-pressure), never dropped.
+/// **Where it polls.** MPI has no event to wait on, so the transport polls, and the
+/// poller is an actor: it posts MPI's sends, probes for frames, tests requests and hands
+/// what arrived to the subscribers' mailboxes. A `remote<T>` sends the value to the poller
+/// like any message (lock-free, and it wakes the poller's loop); while anything is in
+/// flight, or traffic moved under 50 µs ago, the poller sends itself the next turn, so
+/// other actors on its loop run in between; when quiet, it naps on a timer of its loop
+/// (20 µs, doubling to 200 µs) and the next message wakes it at once. Placed on the loop of
+/// the actors that talk to other ranks, a message crosses with no thread switch; the
+/// default constructor gives the poller a runtime of its own (one loop, one thread).
+/// Every MPI call after `MPI_Init` is made by the poller, one at a time, from a thread that
+/// did not initialise MPI: the level asked for is `MPI_THREAD_SERIALIZED` (`MULTIPLE`
+/// would add locking inside Open MPI on every call for nothing). Completion comes back to
+/// the owning actor as a message in its mailbox: the shape of a GPU completion, no thread
+/// blocked per message. A full mailbox is retried on later turns (back-pressure), never
+/// dropped; order is kept.
 ///
 /// **Failure.** An MPI error, a frame for an unknown channel, or a payload whose size the
 /// codec does not expect stops the transport with the error; `check()` rethrows it (and the
@@ -46,13 +52,17 @@
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <thread>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
 #include "actors/address.hpp"
 #include "actors/errors.hpp"
 #include "bus/signal.hpp"
+
+namespace nerve::actors {
+class runtime;
+}
 
 namespace nerve::bus::mpi {
 
@@ -105,11 +115,13 @@ class transport {
  public:
   using channel = std::uint32_t;
 
-  /// Initialises MPI (unless the program already did) and starts the progress thread.
-  /// With no `mpirun` around, MPI makes a world of one rank.
+  /// Initialises MPI (unless the program already did) and spawns the poller on a runtime
+  /// of its own. With no `mpirun` around, MPI makes a world of one rank.
   transport();
-  /// Waits until every send has been taken by MPI, stops the progress thread and finalises
-  /// MPI if this transport initialised it. Call after the runtime's traffic has stopped.
+  /// The same, with the poller on loop `loop` of `rt`, which must outlive the transport.
+  transport(actors::runtime& rt, unsigned loop);
+  /// Waits until every send has been taken by MPI, stops polling and finalises MPI if this
+  /// transport initialised it. Call after the traffic has stopped, from outside the loops.
   ~transport();
   transport(const transport&) = delete;
   transport& operator=(const transport&) = delete;
@@ -121,10 +133,11 @@ class transport {
   template <class T>
   void listen(channel ch, actors::address to);
 
-  /// Sends `value` to channel `ch` of rank `to` (any thread). Returns at once; the value is
-  /// kept until MPI has taken its bytes.
+  /// Sends `value` to channel `ch` of rank `to`: from actor `from`'s handler, or from
+  /// outside the loops with `from` null. Returns at once; the value is kept until MPI has
+  /// taken its bytes. A poller mailbox that is full fails the sender (`send_error`).
   template <class T>
-  void send(int to, channel ch, T value);
+  void send(actors::actor* from, int to, channel ch, T value);
 
   /// Rethrows the error that stopped the transport, if any.
   void check() const;
@@ -137,6 +150,7 @@ class transport {
 
  private:
   struct outgoing {
+    static constexpr std::string_view kind = "mpi_send";
     int to = 0;
     std::vector<std::byte> frame;
     std::span<const std::byte> payload;
@@ -147,15 +161,15 @@ class transport {
     std::function<std::function<actors::send_status()>(std::span<const std::byte>, std::span<std::byte>&)> read;
   };
   struct impl;
+  class poller;
 
-  void enqueue(outgoing o);
+  void start(actors::runtime& rt, unsigned loop);
+  void enqueue(actors::actor* from, outgoing o);
   void add_inbox(channel ch, inbox in);
-  void run() noexcept;
 
   int rank_ = 0, size_ = 1;
   bool owns_mpi_ = false;
   std::unique_ptr<impl> impl_;
-  std::thread thread_;
 };
 
 /// A subscriber of a signal that lives on another rank: `signal.subscribe(std::make_shared<
@@ -164,7 +178,7 @@ template <class T>
 class remote final : public bus::endpoint<T> {
  public:
   remote(transport& t, int rank, transport::channel ch) : t_(&t), rank_(rank), ch_(ch) {}
-  void deliver(actors::actor& /*from*/, T&& value) override { t_->send<T>(rank_, ch_, std::move(value)); }
+  void deliver(actors::actor& from, T&& value) override { t_->send<T>(&from, rank_, ch_, std::move(value)); }
   std::string name() const override {
     return "rank " + std::to_string(rank_) + " channel " + std::to_string(ch_);
   }
@@ -178,7 +192,7 @@ class remote final : public bus::endpoint<T> {
 // ---- templates ------------------------------------------------------------------------
 
 template <class T>
-void transport::send(int to, channel ch, T value) {
+void transport::send(actors::actor* from, int to, channel ch, T value) {
   if (to < 0 || to >= size_)
     throw std::invalid_argument("bus::mpi: send to rank " + std::to_string(to) + " of " + std::to_string(size_));
   auto keep = std::make_shared<T>(std::move(value));
@@ -189,7 +203,7 @@ void transport::send(int to, channel ch, T value) {
   codec<T>::write(*keep, o.frame);
   o.payload = payload;
   o.keep = std::move(keep);
-  enqueue(std::move(o));
+  enqueue(from, std::move(o));
 }
 
 template <class T>
