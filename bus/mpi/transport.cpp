@@ -398,6 +398,96 @@ void transport::flush() {
   if (impl_->error) std::rethrow_exception(impl_->error);
 }
 
+namespace {
+// Runs `f` on the poller (the one thread that calls MPI) and waits for it.
+template <class R, class F>
+R on_poller(actors::runtime& rt, const actors::address& poller, F f) {
+  auto done = std::make_shared<std::promise<R>>();
+  auto fut = done->get_future();
+  rt.send(poller, control{[f = std::move(f), done]() mutable {
+            try {
+              if constexpr (std::is_void_v<R>) {
+                f();
+                done->set_value();
+              } else {
+                done->set_value(f());
+              }
+            } catch (...) {
+              done->set_exception(std::current_exception());
+            }
+          }});
+  return fut.get();
+}
+}  // namespace
+
+std::vector<std::string> transport::all_gather(const std::string& mine) {
+  const MPI_Comm comm = impl_->comm;
+  const int n = size_;
+  return on_poller<std::vector<std::string>>(*impl_->rt, impl_->poller, [comm, n, mine] {
+    int len = int(mine.size());
+    std::vector<int> lens(static_cast<std::size_t>(n)), displs(static_cast<std::size_t>(n));
+    check_mpi(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm), "MPI_Allgather");
+    int total = 0;
+    for (int r = 0; r < n; ++r) {
+      displs[std::size_t(r)] = total;
+      total += lens[std::size_t(r)];
+    }
+    std::string all(std::size_t(total), '\0');
+    check_mpi(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, comm),
+              "MPI_Allgatherv");
+    std::vector<std::string> out;
+    for (int r = 0; r < n; ++r) out.push_back(all.substr(std::size_t(displs[std::size_t(r)]), std::size_t(lens[std::size_t(r)])));
+    return out;
+  });
+}
+
+void transport::agree(const std::string& what, const std::string& mine) {
+  const auto all = all_gather(mine);
+  std::string diff;
+  for (std::size_t r = 1; r < all.size(); ++r)
+    if (all[r] != all[0]) diff += (diff.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " has '" + all[r] + "'";
+  if (!diff.empty())
+    throw std::invalid_argument("the ranks disagree on " + what + ": rank 0 has '" + all[0] + "', " + diff +
+                                " (start every rank with the same arguments)");
+}
+
+std::vector<std::int64_t> transport::clock_offsets(int rounds) {
+  const MPI_Comm comm = impl_->comm;
+  const int n = size_, me = rank_;
+  return on_poller<std::vector<std::int64_t>>(*impl_->rt, impl_->poller, [comm, n, me, rounds] {
+    using clock = std::chrono::steady_clock;
+    auto now = [] { return std::int64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now().time_since_epoch()).count()); };
+    constexpr int tag = 7;  // blocking set-up traffic: no frames are in flight now
+    std::vector<std::int64_t> offsets(static_cast<std::size_t>(n), 0);
+    for (int r = 1; r < n; ++r) {
+      if (me == 0) {
+        std::int64_t best_rtt = INT64_MAX, best = 0;
+        for (int k = 0; k < rounds; ++k) {
+          const std::int64_t t0 = now();
+          std::int64_t remote = 0;
+          check_mpi(MPI_Send(&t0, 1, MPI_INT64_T, r, tag, comm), "MPI_Send");
+          check_mpi(MPI_Recv(&remote, 1, MPI_INT64_T, r, tag, comm, MPI_STATUS_IGNORE), "MPI_Recv");
+          const std::int64_t t2 = now();
+          if (t2 - t0 < best_rtt) {
+            best_rtt = t2 - t0;
+            best = remote - (t0 + (t2 - t0) / 2);
+          }
+        }
+        offsets[std::size_t(r)] = best;
+      } else if (me == r) {
+        for (int k = 0; k < rounds; ++k) {
+          std::int64_t t0 = 0;
+          check_mpi(MPI_Recv(&t0, 1, MPI_INT64_T, 0, tag, comm, MPI_STATUS_IGNORE), "MPI_Recv");
+          const std::int64_t t1 = now();
+          check_mpi(MPI_Send(&t1, 1, MPI_INT64_T, 0, tag, comm), "MPI_Send");
+        }
+      }
+    }
+    check_mpi(MPI_Bcast(offsets.data(), n, MPI_INT64_T, 0, comm), "MPI_Bcast");
+    return offsets;
+  });
+}
+
 void transport::barrier() {
   auto done = std::make_shared<std::promise<void>>();
   auto f = done->get_future();

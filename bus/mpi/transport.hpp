@@ -148,6 +148,21 @@ class transport {
   /// A barrier across the ranks, for set-up and tests (not on a loop).
   void barrier();
 
+  // ---- set-up collectives: every rank calls them, in the same order, from outside the
+  // loops; each blocks the poller's loop while it runs (milliseconds, before training).
+
+  /// Every rank's `mine`, indexed by rank.
+  std::vector<std::string> all_gather(const std::string& mine);
+  /// Checks that every rank passes the same `mine` (the model, the stage count: whatever
+  /// must match). Throws `std::invalid_argument` on every rank when they differ, naming
+  /// `what` and each rank whose value differs from rank 0's, with both values.
+  void agree(const std::string& what, const std::string& mine);
+  /// How far each rank's `std::chrono::steady_clock` is ahead of rank 0's, in nanoseconds,
+  /// indexed by rank (rank 0: 0), the same vector on every rank. Measured by `rounds`
+  /// ping-pongs between rank 0 and each rank; the round with the shortest round trip
+  /// gives the offset (the clock read mid-way), so the error is at most half of it.
+  std::vector<std::int64_t> clock_offsets(int rounds = 32);
+
  private:
   struct outgoing {
     static constexpr std::string_view kind = "mpi_send";

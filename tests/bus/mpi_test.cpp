@@ -3,6 +3,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <future>
 #include <map>
 #include <memory>
@@ -169,6 +170,34 @@ TEST_SUITE("bus.mpi") {
       CHECK(world->stats().full_retries > before.full_retries);
     }
     rt.shutdown();
+  }
+}
+
+TEST_SUITE("bus.mpi.setup") {
+  TEST_CASE("agree passes equal values and names every rank that differs") {
+    CHECK_NOTHROW(world->agree("the model", "mlp"));
+    if (world->size() < 2) return;
+    const std::string mine = world->rank() == 1 ? "lenet" : "mlp";
+    try {
+      world->agree("the model", mine);
+      FAIL("the ranks differ: agree must throw on every rank");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()) ==
+            "the ranks disagree on the model: rank 0 has 'mlp', rank 1 has 'lenet' (start every rank with the same "
+            "arguments)");
+    }
+  }
+
+  TEST_CASE("clock offsets: one vector on every rank, near zero on one host") {
+    const auto off = world->clock_offsets();
+    REQUIRE(off.size() == std::size_t(world->size()));
+    CHECK(off[0] == 0);
+    // steady_clock is the host's CLOCK_MONOTONIC: ranks of one host share it, so what is
+    // measured is the method's error, bounded by half the shortest round trip.
+    for (auto o : off) CHECK(std::abs(o) < 1'000'000);
+    std::string mine;
+    for (auto o : off) mine += std::to_string(o) + ",";
+    CHECK_NOTHROW(world->agree("the clock offsets", mine));
   }
 }
 
