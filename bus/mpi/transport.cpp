@@ -278,12 +278,14 @@ class transport::poller : public actors::actor {
   // Into the subscribers' mailboxes in arrival order; a full one holds the line.
   void deliver() {
     while (!arrivals_.empty() && arrivals_.front()->complete) {
+      // Counted before the push, so a receiver that has the message sees it counted.
+      s_.received.fetch_add(1, std::memory_order_relaxed);
       if (arrivals_.front()->deliver() == actors::send_status::full) {
+        s_.received.fetch_sub(1, std::memory_order_relaxed);
         s_.full_retries.fetch_add(1, std::memory_order_relaxed);
         return;
       }
       arrivals_.pop_front();  // ok, or closed: a stopped receiver's run is ending with its own error
-      s_.received.fetch_add(1, std::memory_order_relaxed);
       progressed_ = true;
     }
   }
@@ -451,14 +453,14 @@ void transport::agree(const std::string& what, const std::string& mine) {
                                 " (start every rank with the same arguments)");
 }
 
-std::vector<std::int64_t> transport::clock_offsets(int rounds) {
+std::vector<clock_offset> transport::clock_offsets(int rounds) {
   const MPI_Comm comm = impl_->comm;
   const int n = size_, me = rank_;
-  return on_poller<std::vector<std::int64_t>>(*impl_->rt, impl_->poller, [comm, n, me, rounds] {
+  return on_poller<std::vector<clock_offset>>(*impl_->rt, impl_->poller, [comm, n, me, rounds] {
     using clock = std::chrono::steady_clock;
     auto now = [] { return std::int64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now().time_since_epoch()).count()); };
     constexpr int tag = 7;  // blocking set-up traffic: no frames are in flight now
-    std::vector<std::int64_t> offsets(static_cast<std::size_t>(n), 0);
+    std::vector<std::int64_t> offsets(2 * static_cast<std::size_t>(n), 0);  // offset, round trip
     for (int r = 1; r < n; ++r) {
       if (me == 0) {
         std::int64_t best_rtt = INT64_MAX, best = 0;
@@ -473,7 +475,8 @@ std::vector<std::int64_t> transport::clock_offsets(int rounds) {
             best = remote - (t0 + (t2 - t0) / 2);
           }
         }
-        offsets[std::size_t(r)] = best;
+        offsets[2 * std::size_t(r)] = best;
+        offsets[2 * std::size_t(r) + 1] = best_rtt;
       } else if (me == r) {
         for (int k = 0; k < rounds; ++k) {
           std::int64_t t0 = 0;
@@ -483,8 +486,10 @@ std::vector<std::int64_t> transport::clock_offsets(int rounds) {
         }
       }
     }
-    check_mpi(MPI_Bcast(offsets.data(), n, MPI_INT64_T, 0, comm), "MPI_Bcast");
-    return offsets;
+    check_mpi(MPI_Bcast(offsets.data(), 2 * n, MPI_INT64_T, 0, comm), "MPI_Bcast");
+    std::vector<clock_offset> out;
+    for (int r = 0; r < n; ++r) out.push_back({offsets[2 * std::size_t(r)], offsets[2 * std::size_t(r) + 1]});
+    return out;
   });
 }
 

@@ -111,6 +111,12 @@ struct transport_stats {
   std::uint64_t full_retries = 0;  ///< deliveries retried because a mailbox was full
 };
 
+/// One rank's clock against rank 0's (`transport::clock_offsets`).
+struct clock_offset {
+  std::int64_t offset_ns = 0;  ///< its steady_clock minus rank 0's
+  std::int64_t rtt_ns = 0;     ///< the round trip it was measured in (error ≤ half of it)
+};
+
 class transport {
  public:
   using channel = std::uint32_t;
@@ -157,11 +163,12 @@ class transport {
   /// must match). Throws `std::invalid_argument` on every rank when they differ, naming
   /// `what` and each rank whose value differs from rank 0's, with both values.
   void agree(const std::string& what, const std::string& mine);
-  /// How far each rank's `std::chrono::steady_clock` is ahead of rank 0's, in nanoseconds,
-  /// indexed by rank (rank 0: 0), the same vector on every rank. Measured by `rounds`
-  /// ping-pongs between rank 0 and each rank; the round with the shortest round trip
-  /// gives the offset (the clock read mid-way), so the error is at most half of it.
-  std::vector<std::int64_t> clock_offsets(int rounds = 32);
+  /// How far each rank's `std::chrono::steady_clock` is ahead of rank 0's, indexed by rank
+  /// (rank 0: 0), the same on every rank. Measured by `rounds` ping-pongs between rank 0
+  /// and each rank; the round with the shortest round trip gives the offset (the far clock
+  /// read against the mid-point), so the error is at most half of that round trip, which
+  /// is reported beside it.
+  std::vector<clock_offset> clock_offsets(int rounds = 32);
 
  private:
   struct outgoing {

@@ -188,15 +188,19 @@ TEST_SUITE("bus.mpi.setup") {
     }
   }
 
-  TEST_CASE("clock offsets: one vector on every rank, near zero on one host") {
+  TEST_CASE("clock offsets: one vector on every rank, within half a round trip of the truth") {
     const auto off = world->clock_offsets();
     REQUIRE(off.size() == std::size_t(world->size()));
-    CHECK(off[0] == 0);
-    // steady_clock is the host's CLOCK_MONOTONIC: ranks of one host share it, so what is
-    // measured is the method's error, bounded by half the shortest round trip.
-    for (auto o : off) CHECK(std::abs(o) < 1'000'000);
+    CHECK(off[0].offset_ns == 0);
+    // steady_clock is the host's CLOCK_MONOTONIC, which every rank of one host shares (the
+    // namespaces of scripts/mpi-hosts too): the truth is 0, and what is measured is the
+    // method's error, which must stay within half the round trip it reports.
     std::string mine;
-    for (auto o : off) mine += std::to_string(o) + ",";
+    for (std::size_t r = 1; r < off.size(); ++r) {
+      CHECK(off[r].rtt_ns > 0);
+      CHECK(std::abs(off[r].offset_ns) <= off[r].rtt_ns / 2 + 1000);
+      mine += std::to_string(off[r].offset_ns) + "/" + std::to_string(off[r].rtt_ns) + ",";
+    }
     CHECK_NOTHROW(world->agree("the clock offsets", mine));
   }
 }
