@@ -85,9 +85,15 @@ actor::~actor() {
   }
 }
 
-unsigned actor::loop_index() const noexcept { return loop_ ? loop_->index : 0; }
+unsigned actor::loop_index() const noexcept {
+  auto* l = home();
+  return l ? l->index : 0;
+}
 
-boost::asio::any_io_executor actor::executor() const { return loop_->io.get_executor(); }
+boost::asio::any_io_executor actor::executor() const {
+  pinned_.store(true, std::memory_order_relaxed);  // what runs there expects this actor there
+  return home()->io.get_executor();
+}
 
 // ---- mailbox (any thread) -----------------------------------------------------------
 
@@ -97,8 +103,12 @@ send_status actor::enqueue(std::unique_ptr<envelope>& e) {
   // A stop racing with this send is fine: the drain drops what arrives after the close.
   // Counted as sent before it becomes visible, so synchronize() never sees it handled first.
   auto* here = detail::current_loop;
-  if (here && here->rt == rt_) here->count_sent();
-  else rt_->external_sent_.fetch_add(1, std::memory_order_acq_rel);
+  if (here && here->rt == rt_) {
+    here->count_sent();
+    e->src_loop = static_cast<std::uint16_t>(here->index);
+  } else {
+    rt_->external_sent_.fetch_add(1, std::memory_order_acq_rel);
+  }
 
   // Recording, the send costs a few stores into the envelope (and a clock read, unless the
   // sending handler's start stands in for it: recorder.hpp): the send becomes part of the
@@ -148,7 +158,7 @@ void actor::schedule() {
   // Once per wake-up (the scheduled bit went 0 -> 1, or a drain left work behind): the actor
   // is in its loop's ready queue at most once. The scheduled bit keeps it alive until it has
   // run: release() leaves a scheduled actor to its drain (doom).
-  loop_->schedule(&ready_link_);
+  home()->schedule(&ready_link_);
 }
 
 envelope* actor::pop() noexcept {
@@ -251,7 +261,7 @@ void actor::drain() {
 
 template <bool Recording>
 void actor::drain_runs() {
-  auto* loop = loop_;
+  auto* loop = home();
   auto* saved = detail::current_loop;
   detail::current_loop = loop;
   const auto saved_running = loop->running;
@@ -269,6 +279,16 @@ void actor::drain_runs() {
     loop->clock.shared = 0;
     loop->clock.stamps = false;
   }
+  // Migration (placement::automatic): an actor the runtime may move votes, message by
+  // message, for the loop its senders ran, and times one drain in 16 (sampled: two clock
+  // reads per 16 drains); the decision waits for the end of a drain (consider_move). A
+  // pinned actor pays one predictable branch per message.
+  const bool mobile = !pinned_.load(std::memory_order_relaxed) && saved_running == 0;
+  std::int64_t timed_from = 0;
+  if (mobile && timed_countdown_-- == 0) [[unlikely]] {
+    timed_countdown_ = 15;
+    timed_from = rt_->migration_clock();
+  }
   if (!started_) [[unlikely]] {
     // The start is reserved (urgent) and counted as sent by runtime::start like a message,
     // but carries no envelope: one allocation and one queue push less per spawn.
@@ -282,6 +302,17 @@ void actor::drain_runs() {
     envelope* raw = pop();
     if (!raw) break;  // empty, or a push half done: the pending count tells below
     ++taken;
+    if (mobile) {  // Boyer-Moore majority vote: a lead of half the window means 3/4 of it
+      const auto src = raw->src_loop;
+      if (src == vote_loop_) {
+        ++votes_;
+      } else if (votes_ == 0) {
+        vote_loop_ = src;
+        votes_ = 1;
+      } else {
+        --votes_;
+      }
+    }
     std::unique_ptr<envelope> e(raw);
     if (stop_done_ && closed_.load(std::memory_order_relaxed)) {  // the drain's own flag first: no read of the senders' line
       drop(*e, "closed");
@@ -319,6 +350,13 @@ void actor::drain_runs() {
   loop->running = saved_running;
   detail::current_loop = saved;
   rt_->notify_progress_fenced();
+  if (mobile) [[unlikely]] {
+    // Still holding the scheduled bit: nobody else schedules this actor, so it may change
+    // loops here, and its next drain runs there (its mailbox, and with it every sender's
+    // order, moves whole).
+    if (consider_move(loop, timed_from != 0 ? rt_->migration_clock() - timed_from : 0, static_cast<std::uint32_t>(taken)))
+      return;
+  }
   if (taken >= static_cast<std::int64_t>(batch_)) {
     schedule();  // more queued (or arriving): another turn, after the other actors'
     return;
@@ -328,6 +366,73 @@ void actor::drain_runs() {
     case idle_result::idle: break;
     case idle_result::doomed: detail::destroy_cell(cell_); break;  // the last thing: `this` is gone
   }
+}
+
+bool actor::consider_move(detail::loop_state* here, std::int64_t drain_ns, std::uint32_t taken) {
+  if (drain_ns != 0 && taken != 0) {
+    // The fastest timed drain of the window, per message: a light actor whose drain was
+    // slowed once (a wake-up system call, the host taking the core) still reads light.
+    const auto ns = static_cast<std::uint32_t>(std::clamp<std::int64_t>(drain_ns / taken, 1, 1'000'000'000));
+    window_min_ns_ = std::min(window_min_ns_, ns);
+  }
+  window_msgs_ += taken;
+  if (window_msgs_ < rt_->opts_.migration.window) return false;
+  return decide_move(here);
+}
+
+bool actor::decide_move(detail::loop_state* here) {
+  auto& rt = *rt_;
+  const auto epoch = rt.migration_epoch_.load(std::memory_order_acquire);
+  const bool stale = epoch != window_epoch_;
+  const auto msgs = window_msgs_, votes = votes_;
+  const auto candidate = vote_loop_;
+  if (window_min_ns_ != ~0u) run_ns_ = window_min_ns_;  // else the last window's stands
+  window_msgs_ = votes_ = 0;
+  window_min_ns_ = ~0u;
+  window_epoch_ = epoch;
+  // Something moved while this window was counted: the loops it saw are out of date. Two
+  // partners that would both move to the other's loop at once (and so stay apart) are
+  // kept from it this way: the first to move makes the other's window stale.
+  if (stale) return false;
+  if (hold_ != 0) {  // backoff after a move
+    --hold_;
+    return false;
+  }
+  if (run_ns_ == 0 || pinned_.load(std::memory_order_relaxed) || stop_requested_ || closed_.load(std::memory_order_relaxed) ||
+      (requests_ && !requests_->empty()))  // a pending request's timer is bound to this loop
+    return false;
+  const auto& mo = rt.opts_.migration;
+  const bool heavy = run_ns_ >= mo.heavy_ns;
+  detail::loop_state* to = nullptr;
+  bool balance = false;
+  if (!heavy) {
+    // Affinity: at least 3/4 of the window came from one other loop: a light actor's hops
+    // cost more than its work, so it goes where its senders are.
+    if (candidate != here->index && candidate < rt.loops_.size() && 2 * votes >= msgs) to = rt.loops_[candidate].get();
+  } else if (!here->ready.empty()) {
+    // Balance: others wait their turn behind this heavy actor while a loop has nothing to do.
+    for (auto& l : rt.loops_) {
+      if (l.get() != here && l->idle.load(std::memory_order_relaxed)) {
+        to = l.get();
+        balance = true;
+        break;
+      }
+    }
+  }
+  if (!to) return false;
+  // One move per window of the whole runtime: the epoch is the token.
+  auto expected = epoch;
+  if (!rt.migration_epoch_.compare_exchange_strong(expected, epoch + 1, std::memory_order_acq_rel)) return false;
+  window_epoch_ = epoch + 1;
+  const auto m = moves_.load(std::memory_order_relaxed) + 1;
+  moves_.store(m, std::memory_order_relaxed);
+  hold_ = (1u << std::min<std::uint32_t>(m, mo.max_backoff)) - 1;  // 1, 3, 7, ... windows before the next decision
+  auto& counter = balance ? here->moved_to_balance : here->moved_for_affinity;
+  counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  run_ns_ = 0;  // what a run costs there is measured there
+  loop_.store(to, std::memory_order_relaxed);  // published to `to` by the ready queue's push
+  to->schedule(&ready_link_);
+  return true;
 }
 
 void actor::run_start() {
@@ -367,7 +472,7 @@ void actor::fail_unanswered(envelope& e) {
 void actor::invoke_plain(envelope& e) {
   // A run not recorded (its message was sent before recording began) in a recording
   // drain: the group ends here, and the next recorded run reads the clock afresh.
-  if (loop_->clock.mark != 0) [[unlikely]] stop_clock();
+  if (home()->clock.mark != 0) [[unlikely]] stop_clock();
   if (auto err = run_handler(e)) [[unlikely]]
     fail(err);
 }
@@ -384,7 +489,7 @@ void actor::invoke_plain(envelope& e) {
 void actor::invoke_recorded(envelope& e, std::uint8_t mode) { record_run(e, mode); }
 
 [[gnu::always_inline]] inline void actor::record_run(envelope& e, std::uint8_t mode) {
-  auto& clock = loop_->clock;
+  auto& clock = home()->clock;
   const bool long_type = e.tag->long_runs.load(std::memory_order_relaxed);
   if (clock.mark == 0) {
     clock.mark = recorder::ticks();
@@ -409,7 +514,7 @@ void actor::invoke_recorded(envelope& e, std::uint8_t mode) { record_run(e, mode
 
 void actor::invoke_timed(envelope& e, bool long_type) {
   auto& rec = rt_->recorder_;
-  auto& clock = loop_->clock;
+  auto& clock = home()->clock;
   // Which normal message this is, counted by the drain (the recorder's depth; -1: urgent).
   const std::int64_t taken = e.where == lane::normal ? std::int64_t{normal_taken_} : -1;
   if (clock.shared != 0) close_group(recorder::ticks());  // the group ends where this run starts
@@ -437,18 +542,18 @@ void actor::invoke_timed(envelope& e, bool long_type) {
   if ((end - start >= rec.long_run()) != long_type) [[unlikely]]
     e.tag->long_runs.store(!long_type, std::memory_order_relaxed);
   detail::packed_message* p = nullptr;
-  if (detail::fits(end - start, start - e.sent_ticks, e.bytes, e.micro_batch, loop_->index) &&
+  if (detail::fits(end - start, start - e.sent_ticks, e.bytes, e.micro_batch, home()->index) &&
       (p = recorder::slot(clock.cursor))) [[likely]]
     detail::pack_timed(*p, e.sent_ticks, start, end,
                        {e.tag, e.sender, id_, e.bytes, e.micro_batch,
-                        e.sent_counted ? std::int64_t{e.sent_reserved} : -1, taken, loop_->index, e.sent_run});
+                        e.sent_counted ? std::int64_t{e.sent_reserved} : -1, taken, home()->index, e.sent_run});
   else
     record_slow(e, taken, start, end);
 }
 
 void actor::record_failure(const envelope& e, std::exception_ptr err) {
   // The failed run, recorded as its send and a failure at its end; any open group ends there.
-  auto& clock = loop_->clock;
+  auto& clock = home()->clock;
   const auto now = recorder::ticks();
   if (clock.shared != 0) close_group(now);
   clock.mark = now;
@@ -474,13 +579,13 @@ void actor::record_slow(const envelope& e, std::int64_t taken, std::int64_t star
   m.receiver = id_;
   m.reserved = e.sent_counted ? std::int64_t{e.sent_reserved} : -1;
   m.taken = taken;
-  m.loop = loop_->index;
+  m.loop = home()->index;
   m.sent_run = e.sent_run;
   rt_->recorder_.write_slow(m);
 }
 
 void actor::stop_clock() noexcept {
-  auto& clock = loop_->clock;
+  auto& clock = home()->clock;
   if (clock.shared != 0) close_group(recorder::ticks());
   clock.mark = 0;
   clock.stamps = false;  // sends read the clock again
@@ -489,8 +594,8 @@ void actor::stop_clock() noexcept {
 void actor::close_group(std::int64_t now) noexcept {
   // Only with a group open (every caller checks `shared`): a grouped run of this drain,
   // on this thread, set the cursor.
-  auto& clock = loop_->clock;
-  rt_->recorder_.write_group(clock.cursor, id_, clock.shared, {loop_->index, clock.mark, now, clock.taken});
+  auto& clock = home()->clock;
+  rt_->recorder_.write_group(clock.cursor, id_, clock.shared, {home()->index, clock.mark, now, clock.taken});
   // One of the runs may have been long when the span is, less what a short run takes here
   // for each of the others: with one run, that is its type's flag; with more, the loop
   // times its next runs one by one, and those set their types' flags (and measure the
@@ -661,7 +766,7 @@ void actor::begin_request(const address& to, std::unique_ptr<envelope> e, std::u
   if (!requests_) requests_ = std::make_unique<std::unordered_map<std::uint64_t, pending_request>>();
   pending_request p{std::move(cb), nullptr};
   if (timeout != std::chrono::nanoseconds::max()) {
-    p.timer = std::make_unique<boost::asio::steady_timer>(loop_->io, timeout);
+    p.timer = std::make_unique<boost::asio::steady_timer>(home()->io, timeout);
     p.timer->async_wait([self = self(), id, to_name = std::string(to.name())](const boost::system::error_code& ec) {
       if (ec) return;
       // Runs on our loop, between handlers: deliver the timeout through the mailbox so it

@@ -123,8 +123,14 @@ class actor {
   actor_id id() const noexcept { return id_; }
   /// Any thread.
   const std::string& name() const noexcept { return name_; }
-  /// Any thread: the index of the loop this actor lives on.
+  /// Any thread: the index of the loop this actor lives on now (a snapshot: an actor the
+  /// runtime may move, see `runtime_options::policy`, can be elsewhere by the time it is read).
   unsigned loop_index() const noexcept;
+  /// Any thread: true when the runtime never moves this actor to another loop (spawned on
+  /// an explicit loop, by a policy other than `placement::automatic`, or `pin()`ned).
+  bool pinned() const noexcept { return pinned_.load(std::memory_order_relaxed); }
+  /// Any thread: how many times the runtime moved this actor to another loop.
+  std::uint32_t moves() const noexcept { return moves_.load(std::memory_order_relaxed); }
   /// Any thread: true once stopped or failed.
   bool stopped() const noexcept { return closed_.load(std::memory_order_acquire); }
   /// Any thread: messages queued in the normal lane (reserved by senders, not yet taken by
@@ -176,7 +182,8 @@ class actor {
   /// The runtime this actor belongs to.
   runtime& system() const noexcept { return *rt_; }
   /// The executor of this actor's loop (for timers, GPU completions). Handlers posted
-  /// directly to it run outside the mailbox; prefer `post`.
+  /// directly to it run outside the mailbox; prefer `post`. Taking it pins the actor
+  /// (`pin`): what runs on that executor must keep finding the actor on that loop.
   boost::asio::any_io_executor executor() const;
 
  protected:
@@ -196,6 +203,9 @@ class actor {
   void stop();
   /// Fails this actor with `error` as if a handler had thrown it.
   void fail(std::exception_ptr error);
+  /// Keeps this actor on the loop it is on now, for good: the runtime no longer moves it
+  /// (see `runtime_options::policy`). From the constructor or a handler.
+  void pin() noexcept { pinned_.store(true, std::memory_order_relaxed); }
 
   /// In a handler: takes over the answer to the request being handled, to give it later.
   /// Empty when the message is not a request. Throws `wiring_error` if the requester
@@ -270,6 +280,11 @@ class actor {
   }
   void schedule();
   void drain();
+  // Migration (placement::automatic): at the end of a drain, every `window` messages, whether
+  // to move to another loop; true when it moved (the actor is then scheduled on the new loop).
+  bool consider_move(detail::loop_state* here, std::int64_t drain_ns, std::uint32_t taken);
+  [[gnu::noinline, gnu::cold]] bool decide_move(detail::loop_state* here);
+  detail::loop_state* home() const noexcept { return loop_.load(std::memory_order_relaxed); }
   // The drain's loop, made twice (drain picks): recording when the drain began, with each
   // run's recording inlined (record_run), or not, as lean as with no recorder.
   template <bool Recording>
@@ -359,10 +374,22 @@ class actor {
   detail::mpsc_node urgent_stub_;
   detail::mpsc_head urgent_in_;
   envelope* current_ = nullptr;
-  // -- line 2, read by senders, written at spawn only.
+  // Migration's sampled counters (drain only; see runtime.hpp, "Placement and migration"):
+  // a majority vote over the senders' loops of the window's messages, and the window.
+  std::uint16_t vote_loop_ = 0;       // the loop leading the vote (Boyer-Moore majority)
+  std::uint16_t timed_countdown_ = 3; // drains until the next timed one (not the start's)
+  std::uint32_t votes_ = 0;           // its lead
+  std::uint32_t window_msgs_ = 0;     // messages handled in this window
+  std::uint32_t window_epoch_ = 0;    // the runtime's migration epoch when the window began
+  std::uint32_t hold_ = 0;            // windows to skip before deciding again (backoff after a move)
+  std::uint32_t run_ns_ = 0;          // the last window's fastest timed run per message (0: none timed here yet)
+  std::uint32_t window_min_ns_ = ~0u; // this window's fastest timed run per message
+  // -- line 2, read by senders, written at spawn only (and by a move: loop_).
   alignas(64) std::size_t capacity_ = 0;
   runtime* rt_ = nullptr;
-  detail::loop_state* loop_ = nullptr;
+  std::atomic<detail::loop_state*> loop_{nullptr};  // changes only while the drain holds the scheduled bit
+  mutable std::atomic<bool> pinned_{false};  // runtime::start sets it for actors it may not move
+  std::atomic<std::uint32_t> moves_{0};
   detail::actor_cell* cell_;  // the reference count addresses share (outlives the actor when they do)
   actor_id id_ = 0;
   std::uint32_t arena_bytes_ = 0;  // the size it was placed with in its runtime's arena; 0: operator new

@@ -99,6 +99,10 @@ struct envelope : detail::mpsc_node {
   /// Recorded and stamped by a run in a group (recorder.hpp): which run of the group sent
   /// it (0: the first, or not in a group); `sent_ticks` is then the group's start.
   std::uint8_t sent_run = 0;
+  /// The loop the sender's thread ran (`no_loop`: a thread outside the runtime). Migration
+  /// votes with it (runtime.hpp, "Placement and migration"). Fits the padding before micro_batch.
+  std::uint16_t src_loop = no_loop;
+  static constexpr std::uint16_t no_loop = 0xffff;
   std::int64_t micro_batch = -1;
   std::uint64_t bytes = 0;
   std::int64_t sent_ticks = 0;    ///< recorder ticks at the enqueue; 0 when not recorded

@@ -34,11 +34,15 @@ void run_loop(detail::loop_state& l) {
   auto& io = l.io;
   unsigned busy_turns = 0;
   for (;;) {
-    std::size_t ran = l.run_ready(drains_per_turn);
+    std::size_t ran = l.run_ready(drains_per_turn);  // clears l.idle when it runs something
     if (ran != 0 && ++busy_turns % busy_turns_per_poll != 0) continue;
     ran += io.poll();
     if (io.stopped()) return;
     if (ran) continue;
+    if (!l.idle_seen) {  // nothing to run: idle until run_ready finds work (stored on changes only)
+      l.idle_seen = true;
+      l.idle.store(true, std::memory_order_relaxed);
+    }
     bool work = false;
     for (int i = 1; i <= spin_rounds && !work; ++i) {
       if (i < yield_after) cpu_relax();
@@ -161,8 +165,11 @@ address runtime::start(actor* raw, std::size_t arena_bytes, const spawn_options&
     // (the per-loop counts used to share a cache line with the loop's own counters).
     std::lock_guard lk(table_mu_);
     unsigned loop;
+    auto* spawner = detail::current_loop;
     if (opts.loop) {
       loop = *opts.loop;
+    } else if (opts_.policy == placement::automatic && spawner && spawner->rt == this) {
+      loop = spawner->index;  // near its spawner: the first messages are likely between them
     } else if (opts_.policy == placement::least_actors) {
       loop = 0;
       for (unsigned i = 1; i < loops_.size(); ++i)
@@ -172,7 +179,9 @@ address runtime::start(actor* raw, std::size_t arena_bytes, const spawn_options&
       next_loop_ = next_loop_ + 1 == loops_.size() ? 0 : next_loop_ + 1;
     }
     ++loop_actors_[loop];
-    raw->loop_ = loops_[loop].get();  // before stop_all (any thread) can find it in live_
+    if (opts.loop || opts.pinned || opts_.policy != placement::automatic || !opts_.migration.enabled || opts_.manual)
+      raw->pinned_.store(true, std::memory_order_relaxed);  // (an actor may also have pinned itself in its constructor)
+    raw->loop_.store(loops_[loop].get(), std::memory_order_relaxed);  // before stop_all (any thread) can find it in live_
     raw->id_ = static_cast<actor_id>(live_.size() + 1);
     if (raw->name_.empty()) raw->name_ = "actor-" + std::to_string(raw->id_);
     live_.push_back(addr);
@@ -209,6 +218,15 @@ void runtime::forget(actor_id id) {
 std::size_t runtime::spawned() const noexcept {
   std::lock_guard lk(table_mu_);
   return live_.size();
+}
+
+migration_counts runtime::migrations() const noexcept {
+  migration_counts c;
+  for (auto& l : loops_) {
+    c.affinity += l->moved_for_affinity.load(std::memory_order_relaxed);
+    c.balance += l->moved_to_balance.load(std::memory_order_relaxed);
+  }
+  return c;
 }
 
 void runtime::annotate(actor_id id, int stage, std::string group) {

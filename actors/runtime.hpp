@@ -30,10 +30,49 @@
 
 namespace nerve::actors {
 
-/// Where `spawn` puts an actor when no loop is named.
+/// Where `spawn` puts an actor when no loop is named, and whether it stays there.
+///
+/// ## Placement and migration
+/// With `automatic` (the default) an actor spawned from a handler starts on its spawner's
+/// loop, one spawned from outside the runtime on the loops in turn; then the runtime may
+/// move it. Each such actor votes, message by message, for the loop its senders ran
+/// (a Boyer-Moore majority: a few instructions per message) and times one drain in 16.
+/// At the end of a drain, once a window of `migration_options::window` messages is
+/// counted, it decides (a cold function, once per window):
+/// - affinity: a light actor (sampled mean handler run under `heavy_ns`) that got at least
+///   3/4 of its window from one other loop moves there: its hops then stay on one core;
+/// - balance: a heavy actor whose loop has other actors waiting, while another loop is
+///   idle, moves to the idle loop: heavy work spreads, light chatter packs.
+/// A move happens only between the actor's drains, while it holds its scheduled bit: it
+/// runs on one loop at a time, its handlers never overlap, and its mailbox (one FIFO per
+/// lane) moves whole, so every sender's order is kept. One move per window in the whole
+/// runtime (an epoch that a move increments makes every other window stale, so two
+/// partners never swap loops at once), and after its k-th move an actor waits 2^k - 1
+/// windows before deciding again: moves die out when the load stops changing.
+///
+/// Never moved: actors spawned on an explicit loop (`spawn_on`, `spawn_options::loop`) or
+/// with `spawn_options::pinned`, actors that `pin()` themselves or take their `executor()`,
+/// actors with a request in flight (its timer is bound to the loop) at decision time, and
+/// every actor of a manual-mode runtime or of the other policies.
 enum class placement {
-  round_robin,   ///< loops in turn
-  least_actors,  ///< the loop with the fewest live actors
+  automatic,     ///< spawner's loop (from outside: loops in turn), then migration (see above)
+  round_robin,   ///< loops in turn; never moved
+  least_actors,  ///< the loop with the fewest live actors; never moved
+};
+
+/// Tuning of `placement::automatic`'s migration.
+struct migration_options {
+  bool enabled = true;       ///< false: automatic placement, no moves
+  unsigned window = 256;     ///< messages an actor handles between two decisions
+  unsigned heavy_ns = 2000;  ///< mean handler run at or above which an actor is heavy (balanced, never packed): a few cross-core hops
+  unsigned max_backoff = 12; ///< after k moves an actor skips 2^min(k, this) - 1 windows
+};
+
+/// Moves so far (`runtime::migrations`).
+struct migration_counts {
+  std::uint64_t affinity = 0;  ///< light actors moved to their senders' loop
+  std::uint64_t balance = 0;   ///< heavy actors moved to an idle loop
+  std::uint64_t total() const noexcept { return affinity + balance; }
 };
 
 struct runtime_options {
@@ -45,7 +84,8 @@ struct runtime_options {
   std::size_t mailbox_capacity = 1024;
   /// Messages an actor handles per turn before yielding its loop to the next actor.
   unsigned batch = 64;
-  placement policy = placement::round_robin;
+  placement policy = placement::automatic;
+  migration_options migration;
   /// Start with the recorder on.
   bool record = false;
   /// How the recorder times handler runs (`recorder::timing`; `trace().set_timing` later).
@@ -59,7 +99,8 @@ enum class shutdown_mode {
 };
 
 struct spawn_options {
-  std::optional<unsigned> loop;  ///< place on this loop; otherwise the runtime's policy
+  std::optional<unsigned> loop;  ///< place on this loop (and never move it); otherwise the runtime's policy
+  bool pinned = false;           ///< never move it (placement::automatic still picks where it starts)
   std::size_t capacity = 0;      ///< 0: the runtime's default
   address supervisor;            ///< gets `failure` messages; empty: the runtime
 };
@@ -158,6 +199,8 @@ class runtime {
   boost::asio::io_context& loop(unsigned i) { return loops_.at(i)->io; }
   /// Actors spawned so far (including stopped ones).
   std::size_t spawned() const noexcept;
+  /// Any thread: how many actors `placement::automatic` moved so far, by reason (a snapshot).
+  migration_counts migrations() const noexcept;
   const runtime_options& options() const noexcept { return opts_; }
 
   /// The message recorder (off unless `runtime_options::record` or `trace().enable()`).
@@ -224,6 +267,14 @@ class runtime {
   std::vector<std::size_t> loop_actors_;       // live actors per loop (placement::least_actors)
   unsigned next_loop_ = 0;                     // placement::round_robin
   detail::actor_cell* cells_ = nullptr;        // every actor spawned here and not yet destroyed
+
+  // Migration: incremented by every move (actor::decide_move); a window counted under an
+  // older value is stale. Read once per window per mobile actor, written once per move.
+  alignas(64) std::atomic<std::uint32_t> migration_epoch_{0};
+  /// The clock of migration's sampled drain timing (steady clock, ns).
+  static std::int64_t migration_clock() noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
 
   alignas(64) std::atomic<std::uint64_t> external_sent_{0};
   std::atomic<std::uint64_t> external_done_{0};  // begin_work/end_work from outside loops

@@ -57,7 +57,14 @@ struct loop_state {
   std::atomic<std::uint64_t> handled{0};
   alignas(64) mpsc_queue ready;           ///< actors to drain; pushed from any thread
   alignas(64) std::atomic<bool> sleeping{false};  ///< the loop thread blocks (or is about to) in io.run_one()
+  /// Written by this loop's thread when it changes: true while the loop found nothing to run
+  /// (spinning or asleep). Read by migration's balance decisions (rare).
+  alignas(64) std::atomic<bool> idle{false};
+  /// Moves decided on this loop (placement::automatic), by reason; written by this loop's thread.
+  std::atomic<std::uint64_t> moved_for_affinity{0};
+  std::atomic<std::uint64_t> moved_to_balance{0};
   // -- loop thread only
+  bool idle_seen = false;                 ///< `idle` as this loop's thread last stored it
   alignas(64) std::uint32_t running = 0;  ///< the actor whose drain runs now (0: none)
   /// Recording: how the drain running now times its handler runs (actor.cpp, invoke).
   /// Sends from the running handler read their stamp here (recorder.hpp, "Send times"):
@@ -97,6 +104,10 @@ struct loop_state {
     while (n < max) {
       auto* node = ready.pop();
       if (!node) break;
+      if (idle_seen) [[unlikely]] {  // busy from now on, before the first drain (which may be long)
+        idle_seen = false;
+        idle.store(false, std::memory_order_relaxed);
+      }
       auto* l = static_cast<ready_link*>(node);
       l->run(l->owner);
       ++n;
