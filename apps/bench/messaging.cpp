@@ -46,6 +46,20 @@ double proc_status_mib(const char* field) {
   return 0;
 }
 
+double burn_iters_per_us() {
+  // The fastest of a few 2 ms runs: the rate of an undisturbed core.
+  constexpr std::uint64_t iters = 400'000;
+  double best = 0;
+  for (int r = 0; r < 7; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    volatile double sink = burn(iters);
+    (void)sink;
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    if (us > 0) best = std::max(best, static_cast<double>(iters) / us);
+  }
+  return best;
+}
+
 namespace {
 
 /// The machine's cross-core latency right now: nanoseconds per round trip of one cache line
@@ -104,6 +118,7 @@ struct messaging_options {
   double scale = 1.0;
   std::uint64_t count = 0;
   std::string placement;
+  double work_us = 0;     // fan: real work per message in each worker
   unsigned timeout_s = 60;
   bool json = false;
   bool record = false;
@@ -131,7 +146,7 @@ std::uint64_t default_count(const std::string& w, unsigned inflight) {
   if (w == "oneway") return 2'000'000;
   if (w == "payload") return 50'000;
   if (w == "chain") return inflight <= 1 ? 400'000 : 1'600'000;
-  if (w == "fan") return 50'000;
+  if (w == "fan") return 50'000;  // heavy (--work-us): scaled down in add()
   if (w == "many") return 100'000;
   throw std::invalid_argument("unknown workload '" + w + "'");
 }
@@ -236,6 +251,7 @@ nlohmann::json run_job(const messaging_options& o, const job& jb, unsigned threa
   p.count = jb.count;
   p.placement = o.placement.empty() ? be.placements.front() : o.placement;
   p.record_exact = o.record_timing == "exact";
+  if (jb.workload == "fan" && o.work_us > 0) p.work_iters = static_cast<std::uint64_t>(std::llround(o.work_us * burn_iters_per_us()));
   const bool in_child = jb.workload == "many";
   const bool compare_record = o.record;
 
@@ -252,6 +268,7 @@ nlohmann::json run_job(const messaging_options& o, const job& jb, unsigned threa
   nlohmann::json extra = nlohmann::json::object();
   bool timed_out = false;
   std::string label = jb.workload + (jb.workload == "chain" || jb.workload == "fan" ? " inflight=" + std::to_string(jb.inflight) : "") +
+                      (jb.workload == "fan" && o.work_us > 0 ? " work-us=" + std::to_string(o.work_us) : "") +
                       " threads=" + std::to_string(threads);
   const double rtt_before = core_round_trip_ns();
   for (unsigned r = 0; r < o.repeats; ++r) {
@@ -295,6 +312,10 @@ nlohmann::json run_job(const messaging_options& o, const job& jb, unsigned threa
                    {"validated", !per_s.empty()}};
   j["core_round_trip_ns"] = {rtt_before, core_round_trip_ns()};
   if (jb.workload == "chain" || jb.workload == "fan") j["inflight"] = jb.inflight;
+  if (jb.workload == "fan" && o.work_us > 0) {
+    j["work_us"] = o.work_us;
+    j["work_iters"] = p.work_iters;
+  }
   if (jb.workload == "chain") j["end_to_end_per_s"] = median(per_s) / chain_length;
   if (!be.placements.empty()) j["placement"] = p.placement;
   if (in_child) {
@@ -328,6 +349,7 @@ nlohmann::json run_job(const messaging_options& o, const job& jb, unsigned threa
 void print_text(const nlohmann::json& j) {
   std::string w = j["workload"];
   if (j.contains("inflight")) w += "/" + std::to_string(j["inflight"].get<unsigned>());
+  if (j.contains("work_us")) w += " work-us=" + std::to_string(j["work_us"].get<double>()).substr(0, 4);
   std::printf("%-6s %-12s threads=%-2u ", j["framework"].get<std::string>().c_str(), w.c_str(), j["threads"].get<unsigned>());
   if (j.value("timed_out", false) && j["repeats"].get<unsigned>() == 0) {
     std::printf("timed out after %u s\n", j["timeout_s"].get<unsigned>());
@@ -354,6 +376,8 @@ void run_messaging(const messaging_options& o) {
   std::vector<job> jobs;
   auto add = [&](const std::string& w, unsigned inflight) {
     auto n = o.count ? o.count : static_cast<std::uint64_t>(std::llround(static_cast<double>(default_count(w, inflight)) * o.scale));
+    if (w == "fan" && o.work_us > 0 && !o.count)  // 8 x work_us per round on one loop: about 1 s
+      n = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(std::llround(o.scale * 1e6 / (fan_width * o.work_us))));
     if (w == "chain") n = std::max<std::uint64_t>(n - n % chain_length, std::uint64_t{chain_length} * inflight);
     n = std::max<std::uint64_t>(n, inflight);
     jobs.push_back({w, inflight, n});
@@ -376,7 +400,7 @@ void run_messaging(const messaging_options& o) {
   if (o.child) {
     if (jobs.size() != 1) throw std::invalid_argument("--child runs one workload");
     run_params p{jobs[0].workload, threads, jobs[0].inflight, jobs[0].count, o.record, o.record_timing == "exact",
-                 o.placement.empty() ? be.placements.front() : o.placement};
+                 o.placement.empty() ? be.placements.front() : o.placement, 0};
     run_as_child(o, p);
     return;
   }
@@ -415,9 +439,13 @@ void add_messaging(CLI::App& app) {
     for (auto& p : be.placements) ps += (ps.empty() ? "" : ", ") + p;
     sub->add_option("--placement", opts->placement,
                     "Actors on loops: " + ps + " (default " + be.placements.front() +
-                        "; spread = round robin, every hop crosses loops; packed = neighbours share a loop: chain and fan in "
+                        "; auto = the runtime's default placement and migration, no hint; spread = round robin, every hop crosses loops; packed = neighbours share a loop: chain and fan in "
                         "contiguous blocks, the pingpong/oneway/payload pair on one loop)");
   }
+  sub->add_option("--work-us", opts->work_us,
+                  "fan: microseconds of real work (a calibrated compute loop) per message in each worker (default 0); "
+                  "the default size becomes about 1 s of work on one loop")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--timeout", opts->timeout_s, "many: a repeat running longer is killed and reported as timed out (0: never)")->capture_default_str();
   sub->add_flag("--json", opts->json, "Print one JSON object (with 'all': an object holding the list 'results')");
   sub->add_flag("--record", opts->record,

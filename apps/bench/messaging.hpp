@@ -41,8 +41,20 @@ struct run_params {
   std::uint64_t count = 0;     ///< round trips, messages, deliveries, rounds or actors
   bool record = false;         ///< nerve: the recorder on
   bool record_exact = false;   ///< nerve: recorder::timing::exact (a clock read after every run)
-  std::string placement;       ///< nerve: "spread" (round robin over loops) or "packed"
+  std::string placement;       ///< nerve: "auto" (the runtime's default), "spread" or "packed"
+  std::uint64_t work_iters = 0;  ///< fan: iterations of `burn` each worker runs per message (--work-us)
 };
+
+/// Real work for the heavy fan: a dependent chain of multiply-adds the compiler cannot
+/// drop (`--work-us` is turned into iterations once per process, `burn_iters_per_us`).
+inline double burn(std::uint64_t iters, double seed = 1.0) {
+  double x = seed;
+  for (std::uint64_t i = 0; i < iters; ++i) x = x * 0.999999 + 1e-7;
+  asm volatile("" : "+x"(x));
+  return x;
+}
+/// Iterations of `burn` per microsecond on this machine (measured once, ~20 ms).
+double burn_iters_per_us();
 
 /// What one repeat measured. The backend validates its own counts and throws on a mismatch.
 struct sample {

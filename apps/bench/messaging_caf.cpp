@@ -206,6 +206,8 @@ struct fan_state {
   std::uint64_t rounds = 0, started = 0, completed = 0, sink_handled = 0;
   unsigned inflight = 1;
   std::vector<std::uint64_t> worker_handled = std::vector<std::uint64_t>(fan_width, 0);
+  std::uint64_t work_iters = 0;
+  std::vector<double> work_sum = std::vector<double>(fan_width, 0.0);
   std::vector<std::uint8_t> arrived;
   std::promise<void> done;
 };
@@ -224,6 +226,7 @@ caf::behavior sink_fn(caf::event_based_actor* self, fan_state* st) {
 caf::behavior worker_fn(caf::event_based_actor* self, caf::actor sink, unsigned index, fan_state* st) {
   return {[=](work_atom, std::uint32_t r) {
     ++st->worker_handled[index];
+    if (st->work_iters) st->work_sum[index] += burn(st->work_iters, r);
     self->send(sink, work_atom::value, r);
   }};
 }
@@ -249,6 +252,7 @@ sample run_fan(const run_params& p) {
   fan_state st;
   st.rounds = p.count;
   st.inflight = p.inflight;
+  st.work_iters = p.work_iters;
   st.arrived.assign(p.count, 0);
   sample s;
   {

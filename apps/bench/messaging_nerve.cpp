@@ -5,6 +5,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -31,17 +32,32 @@ double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
-/// Which loop actor `i` of `n` goes on: spread = round robin, packed = contiguous blocks.
-unsigned loop_for(const run_params& p, unsigned i, unsigned n) {
+/// Which loop actor `i` of `n` goes on: auto = none named (the runtime's default placement,
+/// which moves actors), spread = round robin, packed = contiguous blocks. A named loop pins.
+std::optional<unsigned> loop_for(const run_params& p, unsigned i, unsigned n) {
+  if (p.placement == "auto") return std::nullopt;
   if (p.placement == "packed") return static_cast<unsigned>(static_cast<std::uint64_t>(i) * p.threads / n);
   return i % p.threads;
+}
+
+template <class A, class... Args>
+na::address spawn_at(na::runtime& rt, std::optional<unsigned> loop, Args&&... args) {
+  return rt.spawn_with<A>({.loop = loop, .capacity = 0, .supervisor = {}}, std::forward<Args>(args)...);
+}
+
+nlohmann::json migration_notes(na::runtime& rt) {
+  const auto m = rt.migrations();
+  return {{"affinity", m.affinity}, {"balance", m.balance}};
 }
 
 /// The loop of actor `i` of a communicating pair (pingpong, oneway, payload): spread = one
 /// per loop, every message crosses loops; packed = the pair shares loop 0 (what a placement
 /// that co-locates chatty partners does; a work-stealing scheduler such as CAF's ends up
 /// running such a pair on one thread too).
-unsigned pair_loop(const run_params& p, unsigned i) { return p.placement == "packed" ? 0 : i % p.threads; }
+std::optional<unsigned> pair_loop(const run_params& p, unsigned i) {
+  if (p.placement == "auto") return std::nullopt;
+  return p.placement == "packed" ? 0 : i % p.threads;
+}
 
 na::runtime_options options_for(const run_params& p) {
   return {.loops = p.threads,
@@ -91,8 +107,8 @@ struct ping_actor : na::actor {
 sample run_pingpong(const run_params& p) {
   na::runtime rt(options_for(p));
   std::promise<void> done;
-  auto pong = rt.spawn_on<pong_actor>(pair_loop(p, 1));
-  auto ping = rt.spawn_on<ping_actor>(pair_loop(p, 0), pong, p.count, &done);
+  auto pong = spawn_at<pong_actor>(rt, pair_loop(p, 1));
+  auto ping = spawn_at<ping_actor>(rt, pair_loop(p, 0), pong, p.count, &done);
   rt.send(pong, peer{ping});
   rt.synchronize();
   auto t0 = clock_type::now();
@@ -100,6 +116,7 @@ sample run_pingpong(const run_params& p) {
   done.get_future().wait();
   sample s{.seconds = seconds_since(t0), .units = p.count};
   s.extra = recorder_notes(rt);
+  s.extra["migrations"] = migration_notes(rt);
   rt.shutdown();
   if (auto e = rt.error()) std::rethrow_exception(e);
   check(static_cast<ping_actor*>(ping.get())->handled == p.count, "ping handled every round trip");
@@ -166,14 +183,15 @@ template <class M>
 sample run_oneway(const run_params& p) {
   na::runtime rt(options_for(p));
   std::promise<void> done;
-  auto consumer = rt.spawn_on<consumer_actor<M>>(pair_loop(p, 1), p.count, &done);
-  auto producer = rt.spawn_on<producer_actor<M>>(pair_loop(p, 0), consumer, p.count);
+  auto consumer = spawn_at<consumer_actor<M>>(rt, pair_loop(p, 1), p.count, &done);
+  auto producer = spawn_at<producer_actor<M>>(rt, pair_loop(p, 0), consumer, p.count);
   rt.synchronize();
   auto t0 = clock_type::now();
   rt.send(producer, go{});
   done.get_future().wait();
   sample s{.seconds = seconds_since(t0), .units = p.count};
   s.extra = recorder_notes(rt);
+  s.extra["migrations"] = migration_notes(rt);
   s.extra["producer_stalls"] = static_cast<producer_actor<M>*>(producer.get())->stalls;
   rt.shutdown();
   if (auto e = rt.error()) std::rethrow_exception(e);
@@ -226,7 +244,7 @@ sample run_chain(const run_params& p) {
   std::vector<na::address> links(chain_length);
   for (unsigned i = chain_length; i-- > 0;) {
     const bool last = i == chain_length - 1;
-    links[i] = rt.spawn_on<link_actor>(loop_for(p, i, chain_length), last ? na::address{} : links[i + 1], last,
+    links[i] = spawn_at<link_actor>(rt, loop_for(p, i, chain_length), last ? na::address{} : links[i + 1], last,
                                        circuits, std::uint64_t{k}, &done);
   }
   rt.send(links.back(), peer{links.front()});
@@ -236,6 +254,7 @@ sample run_chain(const run_params& p) {
   done.get_future().wait();
   sample s{.seconds = seconds_since(t0), .units = circuits * chain_length};
   s.extra = recorder_notes(rt);
+  s.extra["migrations"] = migration_notes(rt);
   rt.shutdown();
   if (auto e = rt.error()) std::rethrow_exception(e);
   for (auto& l : links) check(static_cast<link_actor*>(l.get())->handled == circuits, "every link handled every circuit");
@@ -253,10 +272,12 @@ struct round_done {
 
 struct worker_actor : na::actor {
   na::address sink;
-  std::uint64_t handled = 0;
-  explicit worker_actor(na::address s) : actor("worker"), sink(std::move(s)) {
+  std::uint64_t handled = 0, work_iters;
+  double work_sum = 0;
+  worker_actor(na::address s, std::uint64_t iters) : actor("worker"), sink(std::move(s)), work_iters(iters) {
     on<work>([this](work& w) {
       ++handled;
+      if (work_iters) work_sum += burn(work_iters, w.round);
       send(sink, w);
     });
   }
@@ -305,8 +326,8 @@ sample run_fan(const run_params& p) {
   auto sink = rt.spawn_with<sink_actor>({.loop = loop_for(p, n - 1, n), .capacity = std::size_t{fan_width} * p.inflight + 64, .supervisor = {}},
                                         p.count);
   std::vector<na::address> workers;
-  for (unsigned i = 0; i < fan_width; ++i) workers.push_back(rt.spawn_on<worker_actor>(loop_for(p, i + 1, n), sink));
-  auto source = rt.spawn_on<source_actor>(loop_for(p, 0, n), workers, p.count, p.inflight, &done);
+  for (unsigned i = 0; i < fan_width; ++i) workers.push_back(spawn_at<worker_actor>(rt, loop_for(p, i + 1, n), sink, p.work_iters));
+  auto source = spawn_at<source_actor>(rt, loop_for(p, 0, n), workers, p.count, p.inflight, &done);
   rt.send(sink, peer{source});
   rt.synchronize();
   auto t0 = clock_type::now();
@@ -314,6 +335,7 @@ sample run_fan(const run_params& p) {
   done.get_future().wait();
   sample s{.seconds = seconds_since(t0), .units = p.count};
   s.extra = recorder_notes(rt);
+  s.extra["migrations"] = migration_notes(rt);
   rt.shutdown();
   if (auto e = rt.error()) std::rethrow_exception(e);
   for (auto& w : workers) check(static_cast<worker_actor*>(w.get())->handled == p.count, "every worker handled every round");
@@ -381,7 +403,7 @@ sample run(const run_params& p) {
 }  // namespace
 
 const messaging_backend& backend() {
-  static const messaging_backend b{"nerve", true, {"spread", "packed"}, &run};
+  static const messaging_backend b{"nerve", true, {"auto", "spread", "packed"}, &run};
   return b;
 }
 
