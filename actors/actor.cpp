@@ -105,7 +105,7 @@ send_status actor::enqueue(std::unique_ptr<envelope>& e) {
   auto* here = detail::current_loop;
   if (here && here->rt == rt_) {
     here->count_sent();
-    e->src_loop = static_cast<std::uint16_t>(here->index);
+    e->src_loop = here->running_heavy ? envelope::heavy_sender : static_cast<std::uint16_t>(here->index);
   } else {
     rt_->external_sent_.fetch_add(1, std::memory_order_acq_rel);
   }
@@ -284,10 +284,14 @@ void actor::drain_runs() {
   // reads per 16 drains); the decision waits for the end of a drain (consider_move). A
   // pinned actor pays one predictable branch per message.
   const bool mobile = !pinned_.load(std::memory_order_relaxed) && saved_running == 0;
+  const bool saved_heavy = loop->running_heavy;
+  loop->running_heavy = heavy_;  // what this drain sends pulls nobody when heavy
   std::int64_t timed_from = 0;
+  std::uint64_t sent_before = 0;
   if (mobile && timed_countdown_-- == 0) [[unlikely]] {
     timed_countdown_ = 15;
     timed_from = rt_->migration_clock();
+    sent_before = loop->sent.load(std::memory_order_relaxed);
   }
   if (!started_) [[unlikely]] {
     // The start is reserved (urgent) and counted as sent by runtime::start like a message,
@@ -348,14 +352,22 @@ void actor::drain_runs() {
   detail::full_fence();
   if (has_space_waiters_.load(std::memory_order_relaxed)) fire_space_waiters();
   loop->running = saved_running;
+  loop->running_heavy = saved_heavy;
   detail::current_loop = saved;
   rt_->notify_progress_fenced();
   if (mobile) [[unlikely]] {
     // Still holding the scheduled bit: nobody else schedules this actor, so it may change
     // loops here, and its next drain runs there (its mailbox, and with it every sender's
     // order, moves whole).
-    if (consider_move(loop, timed_from != 0 ? rt_->migration_clock() - timed_from : 0, static_cast<std::uint32_t>(taken)))
-      return;
+    // A timed drain's cost is per message handled or sent: a producer whose one run sends
+    // a thousand cheap messages is as light as its consumer.
+    std::int64_t drain_ns = 0;
+    std::uint64_t units = 0;
+    if (timed_from != 0) {
+      drain_ns = rt_->migration_clock() - timed_from;
+      units = static_cast<std::uint64_t>(taken) + (loop->sent.load(std::memory_order_relaxed) - sent_before);
+    }
+    if (consider_move(loop, drain_ns, units, static_cast<std::uint32_t>(taken))) return;
   }
   if (taken >= static_cast<std::int64_t>(batch_)) {
     schedule();  // more queued (or arriving): another turn, after the other actors'
@@ -368,11 +380,11 @@ void actor::drain_runs() {
   }
 }
 
-bool actor::consider_move(detail::loop_state* here, std::int64_t drain_ns, std::uint32_t taken) {
-  if (drain_ns != 0 && taken != 0) {
+bool actor::consider_move(detail::loop_state* here, std::int64_t drain_ns, std::uint64_t units, std::uint32_t taken) {
+  if (drain_ns != 0 && units != 0) {
     // The fastest timed drain of the window, per message: a light actor whose drain was
     // slowed once (a wake-up system call, the host taking the core) still reads light.
-    const auto ns = static_cast<std::uint32_t>(std::clamp<std::int64_t>(drain_ns / taken, 1, 1'000'000'000));
+    const auto ns = static_cast<std::uint32_t>(std::clamp<std::int64_t>(drain_ns / static_cast<std::int64_t>(units), 1, 1'000'000'000));
     window_min_ns_ = std::min(window_min_ns_, ns);
   }
   window_msgs_ += taken;
@@ -387,6 +399,7 @@ bool actor::decide_move(detail::loop_state* here) {
   const auto msgs = window_msgs_, votes = votes_;
   const auto candidate = vote_loop_;
   if (window_min_ns_ != ~0u) run_ns_ = window_min_ns_;  // else the last window's stands
+  heavy_ = run_ns_ >= rt.opts_.migration.heavy_ns;
   window_msgs_ = votes_ = 0;
   window_min_ns_ = ~0u;
   window_epoch_ = epoch;
@@ -402,7 +415,7 @@ bool actor::decide_move(detail::loop_state* here) {
       (requests_ && !requests_->empty()))  // a pending request's timer is bound to this loop
     return false;
   const auto& mo = rt.opts_.migration;
-  const bool heavy = run_ns_ >= mo.heavy_ns;
+  const bool heavy = heavy_;
   detail::loop_state* to = nullptr;
   bool balance = false;
   if (!heavy) {
@@ -429,7 +442,7 @@ bool actor::decide_move(detail::loop_state* here) {
   hold_ = (1u << std::min<std::uint32_t>(m, mo.max_backoff)) - 1;  // 1, 3, 7, ... windows before the next decision
   auto& counter = balance ? here->moved_to_balance : here->moved_for_affinity;
   counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  run_ns_ = 0;  // what a run costs there is measured there
+  run_ns_ = 0;  // what a run costs there is measured there (heavy_ stays until then)
   loop_.store(to, std::memory_order_relaxed);  // published to `to` by the ready queue's push
   to->schedule(&ready_link_);
   return true;

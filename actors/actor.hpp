@@ -282,7 +282,7 @@ class actor {
   void drain();
   // Migration (placement::automatic): at the end of a drain, every `window` messages, whether
   // to move to another loop; true when it moved (the actor is then scheduled on the new loop).
-  bool consider_move(detail::loop_state* here, std::int64_t drain_ns, std::uint32_t taken);
+  bool consider_move(detail::loop_state* here, std::int64_t drain_ns, std::uint64_t units, std::uint32_t taken);
   [[gnu::noinline, gnu::cold]] bool decide_move(detail::loop_state* here);
   detail::loop_state* home() const noexcept { return loop_.load(std::memory_order_relaxed); }
   // The drain's loop, made twice (drain picks): recording when the drain began, with each
@@ -377,7 +377,8 @@ class actor {
   // Migration's sampled counters (drain only; see runtime.hpp, "Placement and migration"):
   // a majority vote over the senders' loops of the window's messages, and the window.
   std::uint16_t vote_loop_ = 0;       // the loop leading the vote (Boyer-Moore majority)
-  std::uint16_t timed_countdown_ = 3; // drains until the next timed one (not the start's)
+  std::uint16_t timed_countdown_ = 1; // drains until the next timed one (the one after the start's)
+  bool heavy_ = false;                // run_ns_ at or above migration_options::heavy_ns
   std::uint32_t votes_ = 0;           // its lead
   std::uint32_t window_msgs_ = 0;     // messages handled in this window
   std::uint32_t window_epoch_ = 0;    // the runtime's migration epoch when the window began

@@ -103,6 +103,7 @@ struct envelope : detail::mpsc_node {
   /// votes with it (runtime.hpp, "Placement and migration"). Fits the padding before micro_batch.
   std::uint16_t src_loop = no_loop;
   static constexpr std::uint16_t no_loop = 0xffff;
+  static constexpr std::uint16_t heavy_sender = 0xfffe;  ///< sent by a heavy actor: pulls nobody
   std::int64_t micro_batch = -1;
   std::uint64_t bytes = 0;
   std::int64_t sent_ticks = 0;    ///< recorder ticks at the enqueue; 0 when not recorded

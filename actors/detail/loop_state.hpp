@@ -66,6 +66,7 @@ struct loop_state {
   // -- loop thread only
   bool idle_seen = false;                 ///< `idle` as this loop's thread last stored it
   alignas(64) std::uint32_t running = 0;  ///< the actor whose drain runs now (0: none)
+  bool running_heavy = false;             ///< that actor is heavy (migration): what it sends pulls nobody
   /// Recording: how the drain running now times its handler runs (actor.cpp, invoke).
   /// Sends from the running handler read their stamp here (recorder.hpp, "Send times"):
   /// `mark` and `shared` are its run's start, or its group's start and its place in it.

@@ -17,12 +17,14 @@ using namespace nerve::actors;
 namespace {
 
 /// A runtime of 2 loops whose migration decides often (small windows, short backoff),
-/// so a test of 10^5..10^6 messages sees many moves.
+/// so a test of 10^5..10^6 messages sees many moves. Heavy means 50 µs here, not 2: under
+/// a sanitizer every run is 10-20x slower, and the light actors must stay light.
 runtime_options eager(unsigned window = 32, unsigned max_backoff = 3) {
   runtime_options o;
   o.loops = 2;
   o.migration.window = window;
   o.migration.max_backoff = max_backoff;
+  o.migration.heavy_ns = 50'000;
   return o;
 }
 
@@ -158,7 +160,7 @@ struct heavy_worker : actor {
     on<job>([this](job& j) {
       in_handler h(inside, guards, *this);
       ++handled;
-      busy_for(std::chrono::microseconds(20));
+      busy_for(std::chrono::microseconds(200));  // heavy: 4x eager()'s threshold
       send(sink, j);
     });
   }
@@ -357,11 +359,12 @@ TEST_SUITE("actors.migration") {
   TEST_CASE("heavy actors started on one loop spread to the idle one; light chatter does not pull them back") {
     auto opts = eager(16, 3);
     opts.mailbox_capacity = 1 << 14;  // the boss queues every job at once
+    opts.batch = 2;  // a decision comes at the end of a drain: short drains, early decisions
     runtime rt(opts);
     guard_counts guards;
     nerve::test::event done;
     constexpr unsigned workers = 6;
-    const auto per_worker = static_cast<std::uint32_t>(std::max(200.0, 1500 * nerve::test::scale()));
+    constexpr std::uint32_t per_worker = 200;  // 6 x 200 x 200 us: 0.24 s on one loop
     spawn_options so;
     so.loop = 0;
     so.capacity = std::size_t{workers} * per_worker + 16;
