@@ -285,7 +285,7 @@ void actor::drain_runs() {
   // pinned actor pays one predictable branch per message.
   const bool mobile = !pinned_.load(std::memory_order_relaxed) && saved_running == 0;
   const bool saved_heavy = loop->running_heavy;
-  loop->running_heavy = heavy_;  // what this drain sends pulls nobody when heavy
+  loop->running_heavy = mobile && heavy_;  // what a heavy (or not yet timed) mobile actor sends pulls nobody
   std::int64_t timed_from = 0;
   std::uint64_t sent_before = 0;
   if (mobile && timed_countdown_-- == 0) [[unlikely]] {
@@ -386,6 +386,9 @@ bool actor::consider_move(detail::loop_state* here, std::int64_t drain_ns, std::
     // slowed once (a wake-up system call, the host taking the core) still reads light.
     const auto ns = static_cast<std::uint32_t>(std::clamp<std::int64_t>(drain_ns / static_cast<std::int64_t>(units), 1, 1'000'000'000));
     window_min_ns_ = std::min(window_min_ns_, ns);
+    // At once, not at the next decision: a producer's sends stop pulling its consumer from
+    // its second timed drain on, though it handles few messages and decides rarely.
+    heavy_ = window_min_ns_ >= rt_->opts_.migration.heavy_ns;
   }
   window_msgs_ += taken;
   if (window_msgs_ < rt_->opts_.migration.window) return false;
@@ -406,7 +409,10 @@ bool actor::decide_move(detail::loop_state* here) {
   // Something moved while this window was counted: the loops it saw are out of date. Two
   // partners that would both move to the other's loop at once (and so stay apart) are
   // kept from it this way: the first to move makes the other's window stale.
-  if (stale) return false;
+  if (stale) {
+    pull_candidate_ = envelope::no_loop;
+    return false;
+  }
   if (hold_ != 0) {  // backoff after a move
     --hold_;
     return false;
@@ -420,8 +426,13 @@ bool actor::decide_move(detail::loop_state* here) {
   bool balance = false;
   if (!heavy) {
     // Affinity: at least 3/4 of the window came from one other loop: a light actor's hops
-    // cost more than its work, so it goes where its senders are.
-    if (candidate != here->index && candidate < rt.loops_.size() && 2 * votes >= msgs) to = rt.loops_[candidate].get();
+    // cost more than its work, so it goes where its senders are. Two windows in a row must
+    // say so: the first window of a pair can hold messages from a sender not yet known to
+    // be heavy (its first drain sends before it is timed).
+    const bool pulled = candidate != here->index && candidate < rt.loops_.size() && 2 * votes >= msgs;
+    const auto previous = pull_candidate_;
+    pull_candidate_ = pulled ? candidate : envelope::no_loop;
+    if (pulled && previous == candidate) to = rt.loops_[candidate].get();
   } else if (!here->ready.empty()) {
     // Balance: others wait their turn behind this heavy actor while a loop has nothing to do.
     for (auto& l : rt.loops_) {
@@ -437,6 +448,7 @@ bool actor::decide_move(detail::loop_state* here) {
   auto expected = epoch;
   if (!rt.migration_epoch_.compare_exchange_strong(expected, epoch + 1, std::memory_order_acq_rel)) return false;
   window_epoch_ = epoch + 1;
+  pull_candidate_ = envelope::no_loop;
   const auto m = moves_.load(std::memory_order_relaxed) + 1;
   moves_.store(m, std::memory_order_relaxed);
   hold_ = (1u << std::min<std::uint32_t>(m, mo.max_backoff)) - 1;  // 1, 3, 7, ... windows before the next decision

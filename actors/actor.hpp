@@ -377,8 +377,9 @@ class actor {
   // Migration's sampled counters (drain only; see runtime.hpp, "Placement and migration"):
   // a majority vote over the senders' loops of the window's messages, and the window.
   std::uint16_t vote_loop_ = 0;       // the loop leading the vote (Boyer-Moore majority)
+  std::uint16_t pull_candidate_ = 0xffff;  // the loop the last window would have moved to (affinity), or none
   std::uint16_t timed_countdown_ = 1; // drains until the next timed one (the one after the start's)
-  bool heavy_ = false;                // run_ns_ at or above migration_options::heavy_ns
+  bool heavy_ = true;                 // the window's fastest run at or above heavy_ns; until a drain is timed, unknown counts as heavy
   std::uint32_t votes_ = 0;           // its lead
   std::uint32_t window_msgs_ = 0;     // messages handled in this window
   std::uint32_t window_epoch_ = 0;    // the runtime's migration epoch when the window began
