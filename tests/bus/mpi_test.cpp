@@ -148,8 +148,8 @@ TEST_SUITE("bus.mpi") {
     world->listen<blob>(2, c);
     auto& out = static_cast<sender*>(s.get())->out;
     if (me == 0) out.subscribe(std::make_shared<mpi::remote<blob>>(*world, 1, 2));
+    const auto before = world->stats();  // before the barrier: rank 0 sends right after it
     world->barrier();
-    const auto before = world->stats();
     if (me == 0) {
       for (std::int64_t k = 0; k < count; ++k) rt.send_wait(s, k);
       world->flush();
