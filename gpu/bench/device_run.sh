@@ -3,7 +3,7 @@
 # Run from the repository root there, with the binaries in .carry/ and the
 # Fashion-MNIST files in .data/. Writes under ${OUT:-out}/: device.log (every
 # step's output, each under a "== name" line with its exit status), bench1.json and
-# bench2.json (nerve-bench gpu's object, two runs) and trace.json (a short traced nerve-train run).
+# bench2.json (nerve-bench gpu's object, two runs; old1/old2.json from .carry-old/ if carried) and trace.json (a short traced nerve-train run).
 # The device tool brings back at most 8 files, so the steps share one log.
 #
 # Here, before carrying (no OpenBLAS: its 37 MB do not fit beside the data):
@@ -55,11 +55,17 @@ run fault_poller 30 env NERVE_GPU_FAULT_MODE=poller .carry/gpu_fault_test
 run fault_blocking 30 env NERVE_GPU_FAULT_MODE=blocking NERVE_GPU_FAULT_KIND=trap .carry/gpu_fault_test
 run fault_shared 30 env NERVE_GPU_FAULT_MODE=poller NERVE_GPU_FAULT_KIND=shared .carry/gpu_fault_test
 run fault_eager 30 env CUDA_MODULE_LOADING=EAGER NERVE_GPU_FAULT_MODE=poller .carry/gpu_fault_test
+# A baseline build carried in .carry-old/ (its nerve-bench and its CUDA module) runs
+# after each run of this one, so old and new are compared on the same machine and minute.
 for k in 1 2; do   # twice: the spread between two runs is part of the figure
   want bench || break
-  echo "== bench $k" | tee -a "$log"; t0=$SECONDS
-  timeout -k 5 150 .carry/nerve-bench gpu --steps 200 > "$out/bench$k.json" 2>> "$log"
-  echo "-- bench $k rc=$? ($((SECONDS - t0)) s)" | tee -a "$log"
+  for side in bench old; do
+    dir=.carry; [ $side = old ] && dir=.carry-old
+    [ -x $dir/nerve-bench ] || continue
+    echo "== $side $k" | tee -a "$log"; t0=$SECONDS
+    timeout -k 5 150 $dir/nerve-bench gpu --steps 200 > "$out/$side$k.json" 2>> "$log"
+    echo "-- $side $k rc=$? ($((SECONDS - t0)) s)" | tee -a "$log"
+  done
 done
 run conv 120 .carry/nerve-bench conv --json   # im2col + cuBLAS against cuDNN (needs libcudnn.so.9 there)
 run train_mlp 90 .carry/nerve-train --model mlp --device cuda --epochs 10 --data .data --json --quiet
