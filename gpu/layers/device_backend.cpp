@@ -6,6 +6,8 @@
 #include "layers/graph.hpp"
 
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 
 namespace nerve::gpu {
@@ -50,6 +52,51 @@ shape_t with_batch(std::int64_t n, const layers::shape& sample) {
   return s;
 }
 
+/// Pinned blocks for downloads (hooks, predicted outputs), kept and reused. A copy into
+/// pageable memory would block the loop until the stream reaches it, and freeing pinned
+/// memory waits for the whole device: either stalls a loop behind a busy stream.
+/// Shared with the completions that hand their blocks back. Any thread.
+class staging {
+ public:
+  explicit staging(device& d) : dev_(d) {}
+  pinned_buffer take(std::size_t bytes) {
+    {
+      std::lock_guard lk(m_);
+      if (auto it = spare_.lower_bound(bytes); it != spare_.end()) {
+        auto b = std::move(it->second);
+        spare_.erase(it);
+        return b;
+      }
+    }
+    return pinned_buffer(dev_, bytes);
+  }
+  void give(pinned_buffer b) {
+    std::lock_guard lk(m_);
+    spare_.emplace(b.bytes(), std::move(b));
+  }
+
+ private:
+  device& dev_;
+  std::mutex m_;
+  std::multimap<std::size_t, pinned_buffer> spare_;  // guarded by m_
+};
+
+/// Downloads `t` into `into` (allocated to its size) through a staging block: the copy is
+/// enqueued now, `finish` (in the completion) moves it into place and returns the block.
+struct staged_copy {
+  pinned_buffer block;
+  layers::tensor* into = nullptr;
+  void finish(staging& pool) {
+    std::memcpy(into->data(), block.data(), std::size_t(into->size()) * sizeof(float));
+    pool.give(std::move(block));
+  }
+};
+staged_copy start_download(stream& s, staging& pool, const device_tensor& t, layers::tensor& into) {
+  staged_copy d{pool.take(t.bytes()), &into};
+  copy_async(s, d.block.data(), t.data(), t.bytes());
+  return d;
+}
+
 /// One layer node on the device: its twin and its optimizer.
 struct node_entry {
   layers::graph::node_type* node;
@@ -67,8 +114,10 @@ struct device_backend::impl {
   std::int64_t features = 0;
   layers::shape output_sample;
   pinned_buffer in, labels, figures;  // max_batch rows of inputs, labels, (loss sum, correct)
+  std::shared_ptr<staging> pool;
 
-  impl(device& d, device_backend_options o) : dev(d), s(d.create_stream(o.stream)), options(std::move(o)) {}
+  impl(device& d, device_backend_options o)
+      : dev(d), s(d.create_stream(o.stream)), options(std::move(o)), pool(std::make_shared<staging>(d)) {}
 
   /// `then` as a `backend_done` in `owner`'s mailbox once the work enqueued so far is done;
   /// `what` names the wait's span in the trace.
@@ -138,18 +187,19 @@ class device_kernels final : public layers::layer_kernels {
   void with_host(actors::actor& owner, std::vector<layers::value*> vs,
                  std::function<void(std::vector<layers::tensor>&)> fn) override {
     // Downloads only for hooks: the host tensors live in the completion until it runs.
-    auto host = std::make_shared<std::vector<layers::tensor>>();
-    for (auto* v : vs) {
-      if (v->empty()) {
-        host->emplace_back();
-        continue;
-      }
-      auto& t = *tensor_of(*v);
+    auto host = std::make_shared<std::vector<layers::tensor>>(vs.size());
+    auto copies = std::make_shared<std::vector<staged_copy>>();
+    for (std::size_t i = 0; i < vs.size(); ++i) {
+      if (vs[i]->empty()) continue;
+      auto& t = *tensor_of(*vs[i]);
       std::vector<std::int64_t> dims(t.shape().begin() + 1, t.shape().end());
-      host->emplace_back(std::int64_t(t.rows()), layers::shape(dims));
-      copy_async(b_.s, host->back().data(), t.data(), t.bytes());
+      (*host)[i] = layers::tensor(std::int64_t(t.rows()), layers::shape(dims));
+      copies->push_back(start_download(b_.s, *b_.pool, t, (*host)[i]));
     }
-    b_.when_done(owner, [host, fn = std::move(fn)] { fn(*host); }, "hooks");
+    b_.when_done(owner, [host, copies, pool = b_.pool, fn = std::move(fn)] {
+      for (auto& d : *copies) d.finish(*pool);
+      fn(*host);
+    }, "hooks");
   }
 
  private:
@@ -265,11 +315,13 @@ void device_backend::loss(actors::actor& owner, const layers::loss&, layers::val
     copy_async(s, sum, figures.data(), sizeof(float) + sizeof(std::int32_t));
   }
   auto out = std::make_shared<layers::tensor>();
+  auto copy = std::make_shared<staged_copy>();
   if (want_output) {
     *out = layers::tensor(std::int64_t(n), m.output_sample);
-    copy_async(s, out->data(), logits->data(), logits->bytes());
+    *copy = start_download(s, *m.pool, *logits, *out);
   }
-  m.when_done(owner, [sum, right, n, labelled, out, report = std::move(report)] {
+  m.when_done(owner, [sum, right, n, labelled, out, copy, pool = m.pool, report = std::move(report)] {
+    if (copy->into) copy->finish(*pool);
     layers::loss_figures f;
     if (labelled) {
       f.loss = double(*sum) / double(n);

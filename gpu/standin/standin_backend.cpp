@@ -4,11 +4,13 @@
 #include "gpu/standin/cpu_kernels.hpp"
 #include "gpu/status.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -95,6 +97,25 @@ class standin final : public backend {
   int ordinal() const noexcept override { return 0; }
 
   void set_completion_hook(std::function<void()> hook) override { hook_ = std::move(hook); }
+
+  // Device and pinned allocations, by start: a copy's destination outside all of them is
+  // pageable host memory.
+  void remember(void* p, std::size_t bytes) {
+    std::lock_guard lk(mem_m_);
+    blocks_[reinterpret_cast<std::uintptr_t>(p)] = bytes;
+  }
+  void forget(void* p) noexcept {
+    std::lock_guard lk(mem_m_);
+    blocks_.erase(reinterpret_cast<std::uintptr_t>(p));
+  }
+  bool known(const void* p) {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    std::lock_guard lk(mem_m_);
+    auto it = blocks_.upper_bound(a);
+    if (it == blocks_.begin()) return false;
+    --it;
+    return a < it->first + std::max<std::size_t>(it->second, 1);
+  }
 
   void interrupt_waits() noexcept override {
     std::vector<fake_event*> events;
@@ -191,9 +212,11 @@ class standin final : public backend {
   void* allocate(std::size_t bytes, stream_impl&) override {
     void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
     if (!p) throw error(std::make_error_code(std::errc::not_enough_memory), "stand-in allocate");
+    remember(p, bytes);
     return p;
   }
   void deallocate(void* p, stream_impl& s) noexcept override {
+    forget(p);
     try {
       as_fake(s).push({[p] { std::free(p); }, nullptr, 0, true});
     } catch (...) {
@@ -203,11 +226,19 @@ class standin final : public backend {
   void* allocate_pinned(std::size_t bytes) override {
     void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
     if (!p) throw error(std::make_error_code(std::errc::not_enough_memory), "stand-in allocate_pinned");
+    remember(p, bytes);
     return p;
   }
-  void deallocate_pinned(void* p) noexcept override { std::free(p); }
+  void deallocate_pinned(void* p) noexcept override {
+    forget(p);
+    std::free(p);
+  }
   void copy(void* dst, const void* src, std::size_t bytes, stream_impl& s) override {
     run_on(s, [=] { std::memcpy(dst, src, bytes); });
+    // CUDA returns from a copy into pageable host memory only once it is done, which
+    // waits for all the stream's earlier work: the stand-in blocks the same way, so code
+    // that would stall a loop behind a busy GPU stalls in the CPU tests too.
+    if (!known(dst)) synchronize(s);
   }
   void fill_zero(void* dst, std::size_t bytes, stream_impl& s) override {
     run_on(s, [=] { std::memset(dst, 0, bytes); });
@@ -310,6 +341,8 @@ class standin final : public backend {
   }
 
  private:
+  std::mutex mem_m_;
+  std::map<std::uintptr_t, std::size_t> blocks_;  // guarded by mem_m_
   static fake_stream& as_fake(stream_impl& s) { return static_cast<fake_stream&>(s); }
   template <class F>
   void run_on(stream_impl& s, F&& f) {

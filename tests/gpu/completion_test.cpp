@@ -268,8 +268,8 @@ TEST_SUITE("gpu.completion") {
     CHECK_FALSE(m.ready.ready());
     auto& x = m.accept(consumer);
     gpu::scale(consumer, x.size(), 3.0f, x.data());
-    std::vector<float> out(x.size());
-    gpu::copy_async(consumer, out.data(), x.data(), x.bytes());
+    gpu::pinned_buffer staged(dev, x.bytes());  // pinned: a copy into pageable memory would block here
+    gpu::copy_async(consumer, staged.data(), x.data(), x.bytes());
     std::latch done(1);
     std::error_code got;
     consumer.async_wait(loop.executor(), [&](std::error_code ec) {
@@ -279,6 +279,7 @@ TEST_SUITE("gpu.completion") {
     gate.open();
     done.wait();
     CHECK(!got);
+    auto out = staged.as<float>();
     CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 6.0f; }));
     m = {};  // freed in order on the consumer
     consumer.synchronize();
