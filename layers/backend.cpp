@@ -91,12 +91,12 @@ class cpu_backend final : public backend {
   std::unique_ptr<layer_kernels> kernels_for(graph::node_type& node) override {
     return std::make_unique<cpu_kernels>(node, make_());
   }
-  value feed(tensor& batch, std::int64_t first, std::int64_t count) override {
+  value feed(tensor& batch, std::int64_t first, std::int64_t count, std::uint64_t) override {
     if (first == 0 && count == batch.batch()) return value(std::move(batch));
     return value(batch.slice(first, count));
   }
-  void loss(actors::actor&, const layers::loss& criterion, value output, const targets& t, std::int64_t, double share,
-            bool train, bool want_output, const std::function<void(value)>& gradient,
+  void loss(actors::actor&, const layers::loss& criterion, value output, const targets& t, std::int64_t, std::uint64_t,
+            double share, bool train, bool want_output, const std::function<void(value)>& gradient,
             std::function<void(loss_figures&)> report) override {
     loss_figures f;
     if (!t.labels.empty() || !t.values.empty()) {

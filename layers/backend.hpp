@@ -113,12 +113,17 @@ class backend {
   /// Throws `std::invalid_argument` for a loss it cannot run.
   virtual void check_loss(const loss&) const {}
   virtual std::unique_ptr<layer_kernels> kernels_for(graph::node_type& node) = 0;
-  /// Rows `[first, first + count)` of `batch` into the graph (moved when it is all of it).
-  virtual value feed(tensor& batch, std::int64_t first, std::int64_t count) = 0;
-  /// One micro-batch's loss: `gradient` (training; scaled by `share`) is called at once,
-  /// `report` with the figures on `owner`'s loop.
+  /// How many training steps a network may run at once on this backend. Above 1, a
+  /// layer takes the next step's forwards once it has issued its update (a device's stream
+  /// orders them), so the host enqueues step k+1 while the device runs step k.
+  virtual std::size_t steps_in_flight() const noexcept { return 1; }
+  /// Rows `[first, first + count)` of `batch` into the graph (moved when it is all of it),
+  /// for step `step` (steps in flight at once stage apart).
+  virtual value feed(tensor& batch, std::int64_t first, std::int64_t count, std::uint64_t step) = 0;
+  /// One micro-batch's loss in step `step`: `gradient` (training; scaled by `share`) is
+  /// called at once, `report` with the figures on `owner`'s loop.
   virtual void loss(actors::actor& owner, const layers::loss& criterion, value output, const targets& t,
-                    std::int64_t first, double share, bool train, bool want_output,
+                    std::int64_t first, std::uint64_t step, double share, bool train, bool want_output,
                     const std::function<void(value)>& gradient, std::function<void(loss_figures&)> report) = 0;
 };
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <utility>
 
 namespace nerve::layers {
 
@@ -101,11 +102,13 @@ void layer_actor::on_forward(forward_msg& m, bool admitted) {
     return;
   }
   if (m.train && m.step != step_) {  // first micro-batch of a new step
-    if (backwards_done_ != 0 || !pending_w_.empty())
-      throw std::logic_error("layer '" + node_.name + "': step " + std::to_string(m.step) + " began before step " +
-                             std::to_string(step_) + " finished its backward");
+    if (step_open_) {  // this layer has not issued step_'s update yet: the next step waits
+      next_step_.push_back(std::move(m));
+      return;
+    }
     step_ = m.step;
   }
+  if (m.train) step_open_ = true;
   if (m.train) {
     step_micro_batches_ = m.micro_batches;
     kernels_->set_lr(m.lr);
@@ -228,8 +231,11 @@ void layer_actor::maybe_step() {
   kernels_->update(step_, allow_nonfinite_);
   backwards_done_ = 0;
   next_w_ = 0;
+  step_open_ = false;
   // On a device the update is enqueued: the coordinator hears of the step once it is done.
   kernels_->when_done(*this, [this, done = node_done{step_, index_}] { send(coordinator_, done); });
+  // The next step's forwards that waited for the update (in stream order after it).
+  for (auto& m : std::exchange(next_step_, {})) on_forward(m, true);
 }
 
 }  // namespace nerve::layers

@@ -159,6 +159,10 @@ class layer_actor : public actors::actor {
   std::uint64_t step_ = 0;
   std::uint32_t step_micro_batches_ = 0;
   std::uint32_t backwards_done_ = 0;
+  // The next step's forwards that came before this layer issued step_'s update (a backend
+  // with several steps in flight): run once it has.
+  bool step_open_ = false;
+  std::vector<forward_msg> next_step_;
   std::size_t peak_stashed_ = 0, peak_bytes_ = 0, bytes_ = 0;
   bool allow_nonfinite_ = false;
   // Pipeline stages (layer_gating): held messages by micro-batch, admitted Ws, step state.

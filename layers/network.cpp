@@ -38,16 +38,18 @@ class loss_actor : public actors::actor {
       : actor("loss"), criterion_(std::move(criterion)), backend_(std::move(be)) {
     on<backend_done>([](backend_done& d) { handle_backend_done(d); });
     on<forward_msg>([this](forward_msg& m) {
-      auto& s = pending_[m.micro_batch];
+      const key k{m.step, m.micro_batch};
+      auto& s = pending_[k];
       s.output = std::move(m.x);
       s.have_output = true;
-      try_finish(m.micro_batch);
+      try_finish(k);
     });
     on<targets_msg>([this](targets_msg& m) {
-      auto& s = pending_[m.micro_batch];
+      const key k{m.step, m.micro_batch};
+      auto& s = pending_[k];
       s.target = std::move(m);
       s.have_target = true;
-      try_finish(m.micro_batch);
+      try_finish(k);
     });
   }
   /// The gradient of the network's output, back along the output's edge into the loss.
@@ -60,14 +62,16 @@ class loss_actor : public actors::actor {
     targets_msg target;
     bool have_output = false, have_target = false;
   };
-  void try_finish(std::int64_t mb) {
-    auto it = pending_.find(mb);
+  using key = std::pair<std::uint64_t, std::int64_t>;  // (step, micro-batch): steps may overlap
+  void try_finish(key k) {
+    const auto mb = k.second;
+    auto it = pending_.find(k);
     if (!it->second.have_output || !it->second.have_target) return;
     auto s = std::move(it->second);
     pending_.erase(it);
     const auto& tm = s.target;
     backend_->loss(
-        *this, *criterion_, std::move(s.output), tm.t, tm.first, tm.share, tm.train, tm.want_output,
+        *this, *criterion_, std::move(s.output), tm.t, tm.first, tm.step, tm.share, tm.train, tm.want_output,
         [&](value g) { grad_.emit(backward_msg{mb, tm.step, 0, std::move(g)}); },
         [this, mb, step = tm.step, share = tm.share, rows = tm.t.size()](loss_figures& f) {
           send(coordinator_, loss_report{mb, step, f.loss, share, f.correct, rows, std::move(f.output)});
@@ -78,29 +82,33 @@ class loss_actor : public actors::actor {
   std::shared_ptr<backend> backend_;
   bus::signal<backward_msg> grad_{*this, "grad"};
   actors::address coordinator_;
-  std::map<std::int64_t, slot> pending_;
+  std::map<key, slot> pending_;
 };
 
 /// Splits batches into micro-batches, feeds the network, and answers when a step is done.
+/// Training steps overlap up to the backend's `steps_in_flight` (a layer runs the next
+/// step's forwards once it issued its update); any other request runs alone. Answers go
+/// out in request order.
 class coordinator_actor : public actors::actor {
  public:
   coordinator_actor(std::size_t layer_nodes, std::shared_ptr<backend> be)
-      : actor("coordinator"), layer_nodes_(layer_nodes), backend_(std::move(be)) {
+      : actor("coordinator"), layer_nodes_(layer_nodes), depth_(std::max<std::size_t>(1, be->steps_in_flight())),
+        backend_(std::move(be)) {
     on<step_request>([this](step_request& r) {
       queue_.push_back({std::move(r), defer_reply<step_outcome>()});
-      if (queue_.size() == 1) start_front();
+      start_more();
     });
     on<loss_report>([this](loss_report& r) {
-      auto& cur = queue_.front();
-      result_.loss += r.share * r.loss;
-      result_.correct += r.correct;
-      if (cur.req.want_output) outputs_[r.micro_batch] = std::move(r.output);
-      ++reports_;
-      maybe_finish();
+      auto& j = running(r.step);
+      j.result.loss += r.share * r.loss;
+      j.result.correct += r.correct;
+      if (j.req.want_output) j.outputs[r.micro_batch] = std::move(r.output);
+      ++j.reports;
+      finish_done();
     });
-    on<node_done>([this](node_done&) {
-      ++nodes_done_;
-      maybe_finish();
+    on<node_done>([this](node_done& d) {
+      ++running(d.step).nodes_done;
+      finish_done();
     });
   }
   /// Stopped (the run failed, or the network is going away): whoever waits hears of it.
@@ -109,6 +117,7 @@ class coordinator_actor : public actors::actor {
     if (!err) err = std::make_exception_ptr(std::runtime_error("network stopped before the step finished"));
     for (auto& j : queue_) j.reply.fail(err);
     queue_.clear();
+    running_ = 0;
   }
   /// One signal per graph input: the batch's micro-batches go out on them.
   void add_input(const std::string& name) { inputs_.push_back(std::make_unique<bus::signal<forward_msg>>(*this, name)); }
@@ -120,81 +129,101 @@ class coordinator_actor : public actors::actor {
   struct job {
     step_request req;
     actors::deferred_reply<step_outcome> reply;
+    step_result result{};
+    std::int64_t start_ns = -1;  // recorder time the step began (-1: not recording)
+    std::size_t reports = 0, nodes_done = 0;
+    std::map<std::int64_t, tensor> outputs{};
   };
 
-  void start_front() {
-    auto& r = queue_.front().req;
+  job& running(std::uint64_t step) {
+    for (std::size_t k = 0; k < running_; ++k)
+      if (queue_[k].req.step == step) return queue_[k];
+    throw std::logic_error("network: a report of step " + std::to_string(step) + ", which is not running");
+  }
+
+  /// Starts the queued requests that may run beside the ones running.
+  void start_more() {
+    while (running_ < queue_.size()) {
+      const auto& r = queue_[running_].req;
+      if (running_ > 0) {
+        if (running_ >= depth_ || !r.train) return;
+        for (std::size_t k = 0; k < running_; ++k)
+          if (!queue_[k].req.train || queue_[k].req.step == r.step) return;
+      }
+      if (start(queue_[running_])) ++running_;
+      else queue_.erase(queue_.begin() + std::ptrdiff_t(running_));
+    }
+  }
+
+  bool start(job& j) {
+    auto& r = j.req;
     const std::int64_t n = r.input.batch();
     std::vector<micro_batch_rows> split;
     try {
       split = split_micro_batches(n, r.micro_batches);
     } catch (const std::invalid_argument& e) {
-      auto j = std::move(queue_.front());
-      queue_.pop_front();
       j.reply.fail(std::make_exception_ptr(std::invalid_argument(std::string("network: ") + e.what())));
-      if (!queue_.empty()) start_front();
-      return;
+      return false;
     }
     const auto m = static_cast<std::int64_t>(split.size());
-    result_ = step_result{};
-    result_.samples = n;
-    step_start_ns_ = system().trace().enabled() ? system().trace().now() : -1;
-    reports_ = 0;
-    nodes_done_ = 0;
-    outputs_.clear();
+    j.result.samples = n;
+    j.start_ns = system().trace().enabled() ? system().trace().now() : -1;
     for (std::int64_t k = 0; k < m; ++k) {
       const auto [first, count] = split[static_cast<std::size_t>(k)];
       targets_msg tm{k, r.step, r.train, r.want_output, double(count) / double(n), first,
                      m == 1 ? std::move(r.t) : r.t.slice(first, count)};
       send(loss_, std::move(tm));
-      value x = backend_->feed(r.input, first, count);
+      value x = backend_->feed(r.input, first, count, r.step);
       for (std::size_t e = 0; e < inputs_.size(); ++e) {
         forward_msg f{k, r.step, 0, static_cast<std::uint32_t>(m), r.train, r.lr,
                       e + 1 == inputs_.size() ? std::move(x) : x.clone()};
         inputs_[e]->emit(std::move(f));
       }
     }
+    return true;
   }
 
-  void maybe_finish() {
-    auto& cur = queue_.front();
-    if (reports_ < cur.req.micro_batches) return;
-    if (cur.req.train && nodes_done_ < layer_nodes_) return;
-    step_outcome out{result_, {}};
-    if (cur.req.train && step_start_ns_ >= 0) {  // the step's slice on track 0 (docs/trace-format.md)
-      auto& rec = system().trace();
-      rec.span(0, "step", "step", step_start_ns_, rec.now(), -1, nullptr, -1, -1,
-               static_cast<std::int64_t>(cur.req.step));
-    }
-    if (cur.req.want_output) {
-      if (outputs_.size() == 1) {
-        out.output = std::move(outputs_.begin()->second);
-      } else {  // stitch the micro-batches back together, in order
-        std::int64_t rows = 0;
-        for (auto& [k, t] : outputs_) rows += t.batch();
-        out.output = tensor(rows, outputs_.begin()->second.sample_shape());
-        std::int64_t at = 0;
-        for (auto& [k, t] : outputs_) {
-          out.output.matrix().middleRows(at, t.batch()) = t.matrix();
-          at += t.batch();
+  bool done(const job& j) const {
+    return j.reports >= j.req.micro_batches && (!j.req.train || j.nodes_done >= layer_nodes_);
+  }
+
+  /// Answers the finished steps at the front, in order, and starts what may follow.
+  void finish_done() {
+    while (running_ > 0 && done(queue_.front())) {
+      auto j = std::move(queue_.front());
+      queue_.pop_front();
+      --running_;
+      step_outcome out{j.result, {}};
+      if (j.req.train && j.start_ns >= 0) {  // the step's slice on track 0 (docs/trace-format.md)
+        auto& rec = system().trace();
+        rec.span(0, "step", "step", j.start_ns, rec.now(), -1, nullptr, -1, -1, static_cast<std::int64_t>(j.req.step));
+      }
+      if (j.req.want_output) {
+        if (j.outputs.size() == 1) {
+          out.output = std::move(j.outputs.begin()->second);
+        } else {  // stitch the micro-batches back together, in order
+          std::int64_t rows = 0;
+          for (auto& [k, t] : j.outputs) rows += t.batch();
+          out.output = tensor(rows, j.outputs.begin()->second.sample_shape());
+          std::int64_t at = 0;
+          for (auto& [k, t] : j.outputs) {
+            out.output.matrix().middleRows(at, t.batch()) = t.matrix();
+            at += t.batch();
+          }
         }
       }
+      j.reply.deliver(std::move(out));
     }
-    auto j = std::move(queue_.front());
-    queue_.pop_front();
-    j.reply.deliver(std::move(out));
-    if (!queue_.empty()) start_front();
+    start_more();
   }
 
   std::size_t layer_nodes_;
+  std::size_t depth_;
   std::shared_ptr<backend> backend_;
   std::vector<std::unique_ptr<bus::signal<forward_msg>>> inputs_;
   actors::address loss_;
-  std::deque<job> queue_;
-  step_result result_;
-  std::int64_t step_start_ns_ = -1;  // recorder time the current step began (-1: not recording)
-  std::size_t reports_ = 0, nodes_done_ = 0;
-  std::map<std::int64_t, tensor> outputs_;
+  std::deque<job> queue_;  // the first running_ are running
+  std::size_t running_ = 0;
 };
 
 }  // namespace

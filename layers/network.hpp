@@ -107,6 +107,8 @@ class network {
   std::vector<actors::address> layer_actors() const;
   graph& model() noexcept { return graph_; }
   actors::runtime& system() noexcept { return rt_; }
+  /// Training steps that run at once when asked for back to back (the backend's).
+  std::size_t steps_in_flight() const noexcept { return backend_->steps_in_flight(); }
 
  private:
   actors::runtime& rt_;

@@ -3,12 +3,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <tuple>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -551,28 +553,27 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
     std::future<prepared_batch> next;
     if (first_batch < batches)
       next = rt.ask<prepared_batch>(loader, load_batch{std::uint64_t(epoch), first_batch}, std::chrono::nanoseconds::max());
-    for (std::size_t b = first_batch; b < batches && step < total_steps; ++b) {
-      if (stop_requested()) {
-        st.interrupted = report.interrupted = true;
-        stopped_at = b;
-        break;
-      }
-      auto cur = next.get();
-      if (b + 1 < batches)  // prefetch: the loader copies the next batch while this one trains
-        next = rt.ask<prepared_batch>(loader, load_batch{std::uint64_t(epoch), b + 1}, std::chrono::nanoseconds::max());
-      const auto rows = static_cast<std::size_t>(cur.x.batch());
-      if (rows < engine->min_rows()) continue;  // a last batch too small to split as the engine must
-      const double lr = lr_at(step);
-      auto r = engine->train_step(std::move(cur.x), std::move(cur.y), std::min(o.micro_batches, rows),
-                                  std::uint64_t(step), lr)
-                   .get();
+    // Up to `depth` steps run at once (a device enqueues the next while it runs one); their
+    // figures are read in order. Nothing is in flight at a checkpoint or a stop.
+    struct flying_step {
+      std::future<step_result> result;
+      std::size_t batch;
+      double lr;
+    };
+    std::deque<flying_step> flying;
+    const std::size_t depth = std::max<std::size_t>(1, engine->steps_in_flight());
+    auto settle = [&] {
+      auto f = std::move(flying.front());
+      flying.pop_front();
+      const std::size_t b = f.batch;
+      auto r = f.result.get();
       if (metrics) {  // before the loss check: the curve of a diverged run shows its last step
         const auto now = std::chrono::steady_clock::now();
         const double s = std::chrono::duration<double>(now - step_began).count();
         step_began = now;
         metrics->write({{"kind", "step"}, {"step", step}, {"epoch", epoch + 1}, {"batch", b + 1},
                         {"loss", finite_or_null(r.loss)},
-                        {"accuracy", r.samples ? double(r.correct) / double(r.samples) : 0.0}, {"lr", lr},
+                        {"accuracy", r.samples ? double(r.correct) / double(r.samples) : 0.0}, {"lr", f.lr},
                         {"samples", r.samples}, {"seconds", s},
                         {"samples_per_s", s > 0 ? double(r.samples) / s : 0.0}});
       }
@@ -590,7 +591,29 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
         on_progress({epoch + 1, b + 1, batches, loss_sum / double(seen), double(seen - seen_before) / seconds_since(t0)});
       if (!o.checkpoint.empty() && o.checkpoint_every > 0 && step % o.checkpoint_every == 0)
         save_state({step, epoch, b + 1, loss_sum, correct, seen, st.steps, report.epochs});
+    };
+    for (std::size_t b = first_batch; b < batches && step + std::int64_t(flying.size()) < total_steps; ++b) {
+      if (stop_requested()) {
+        while (!flying.empty()) settle();
+        st.interrupted = report.interrupted = true;
+        stopped_at = b;
+        break;
+      }
+      auto cur = next.get();
+      if (b + 1 < batches)  // prefetch: the loader copies the next batch while this one trains
+        next = rt.ask<prepared_batch>(loader, load_batch{std::uint64_t(epoch), b + 1}, std::chrono::nanoseconds::max());
+      const auto rows = static_cast<std::size_t>(cur.x.batch());
+      if (rows < engine->min_rows()) continue;  // a last batch too small to split as the engine must
+      const std::int64_t n = step + std::int64_t(flying.size());  // this step's number
+      // A checkpoint after the step before this one sees no later step begun.
+      if (!o.checkpoint.empty() && o.checkpoint_every > 0 && n % o.checkpoint_every == 0)
+        while (!flying.empty()) settle();
+      const double lr = lr_at(n);
+      flying.push_back({engine->train_step(std::move(cur.x), std::move(cur.y), std::min(o.micro_batches, rows), std::uint64_t(n), lr),
+                        b, lr});
+      if (flying.size() >= depth) settle();
     }
+    while (!flying.empty()) settle();
     if (next.valid()) next.wait();  // a prefetched batch nobody needs
     if (!report.interrupted && stop_requested()) st.interrupted = report.interrupted = true;
     if (st.interrupted && st.steps == 0) break;  // nothing of this epoch to report

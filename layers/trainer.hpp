@@ -149,6 +149,9 @@ class train_engine {
   virtual std::future<step_result> evaluate(tensor x, targets y) = 0;
   /// The fewest rows a training batch must have (a smaller last batch is skipped).
   virtual std::size_t min_rows() const { return 1; }
+  /// Steps the trainer may ask for before the first of them answers (a device's
+  /// network enqueues the next step while the device runs one).
+  virtual std::size_t steps_in_flight() const { return 1; }
   /// Everything started has run and the graph holds the trained weights (a device
   /// engine downloads them). Between steps, never on a loop.
   virtual void finish() {}

@@ -233,7 +233,7 @@ device_backend::device_backend(device& dev, layers::graph& g, device_backend_opt
   if (g.inputs().size() != 1) throw error(errc::not_supported, "device backend: graphs with one input only");
   m.features = g.nodes()[g.inputs()[0]].output_shape.numel();
   m.output_sample = g.nodes()[g.output()].output_shape;
-  const auto rows = m.options.max_batch;
+  const auto rows = m.options.max_batch * kSlots;
   m.in = pinned_buffer(dev, rows * std::size_t(m.features) * sizeof(float));
   m.labels = pinned_buffer(dev, rows * sizeof(std::int32_t));
   m.figures = pinned_buffer(dev, rows * (sizeof(float) + sizeof(std::int32_t)));
@@ -263,15 +263,16 @@ std::unique_ptr<layers::layer_kernels> device_backend::kernels_for(layers::graph
   throw std::invalid_argument("device backend: node '" + node.name + "' is not in its graph");
 }
 
-layers::value device_backend::feed(layers::tensor& batch, std::int64_t first, std::int64_t count) {
+layers::value device_backend::feed(layers::tensor& batch, std::int64_t first, std::int64_t count, std::uint64_t step) {
   auto& m = *impl_;
   if (batch.features() != m.features || std::size_t(batch.batch()) > m.options.max_batch)
     throw error(errc::invalid_argument, "device backend: a batch of " + batch.shape_string() + " (at most " +
                                             std::to_string(m.options.max_batch) + " rows of " +
                                             std::to_string(m.features) + " features)");
-  // Each micro-batch stages at its own rows: a step's copies never overlap, and the
-  // next step begins after this one's completion.
-  auto* px = m.in.as<float>().data() + first * m.features;
+  // Each micro-batch stages at its own rows of its step's slot: a step's copies never
+  // overlap, and a slot is written again only after the step before last completed.
+  const auto row = std::int64_t(step % kSlots * m.options.max_batch) + first;
+  auto* px = m.in.as<float>().data() + row * m.features;
   const auto bytes = std::size_t(count * m.features) * sizeof(float);
   std::memcpy(px, batch.row(first), bytes);
   auto t = std::make_shared<device_tensor>(m.s, with_batch(count, batch.sample_shape()));
@@ -280,11 +281,12 @@ layers::value device_backend::feed(layers::tensor& batch, std::int64_t first, st
 }
 
 void device_backend::loss(actors::actor& owner, const layers::loss&, layers::value output, const layers::targets& t,
-                          std::int64_t first, double share, bool train, bool want_output,
+                          std::int64_t first, std::uint64_t step, double share, bool train, bool want_output,
                           const std::function<void(layers::value)>& gradient,
                           std::function<void(layers::loss_figures&)> report) {
   auto& m = *impl_;
   auto& s = m.s;
+  first += std::int64_t(step % kSlots * m.options.max_batch);  // the step's slot of the staging
   const auto logits = tensor_of(output);
   const std::size_t n = logits->rows(), classes = logits->cols();
   auto* sum = reinterpret_cast<float*>(static_cast<char*>(m.figures.data()) + first * 8);

@@ -43,9 +43,11 @@ class device_backend final : public layers::backend {
   bool on_device() const noexcept override { return true; }
   void check_loss(const layers::loss& criterion) const override;
   std::unique_ptr<layers::layer_kernels> kernels_for(layers::graph::node_type& node) override;
-  layers::value feed(layers::tensor& batch, std::int64_t first, std::int64_t count) override;
+  /// Two: the host enqueues a step while the stream runs the one before.
+  std::size_t steps_in_flight() const noexcept override { return kSlots; }
+  layers::value feed(layers::tensor& batch, std::int64_t first, std::int64_t count, std::uint64_t step) override;
   void loss(actors::actor& owner, const layers::loss& criterion, layers::value output, const layers::targets& t,
-            std::int64_t first, double share, bool train, bool want_output,
+            std::int64_t first, std::uint64_t step, double share, bool train, bool want_output,
             const std::function<void(layers::value)>& gradient,
             std::function<void(layers::loss_figures&)> report) override;
 
@@ -60,6 +62,9 @@ class device_backend final : public layers::backend {
   gpu::stream& stream() noexcept;
 
   struct impl;  // the stream, the twins, the staging (device_backend.cpp; its kernels share it)
+
+  /// Steps in flight, each with its own pinned staging (inputs, labels, figures).
+  static constexpr std::size_t kSlots = 2;
 
  private:
   std::unique_ptr<impl> impl_;

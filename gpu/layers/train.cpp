@@ -59,6 +59,7 @@ class device_engine : public layers::train_engine {
   std::future<layers::step_result> evaluate(layers::tensor x, layers::targets y) override {
     return net_.evaluate(std::move(x), std::move(y));
   }
+  std::size_t steps_in_flight() const override { return net_.steps_in_flight(); }
   void finish() override {
     rt_.synchronize();  // the completions are counted work (with_runtime)
     backend_->download();

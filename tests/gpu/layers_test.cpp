@@ -435,6 +435,49 @@ TEST_SUITE("gpu.layers") {
     CHECK(backwards == int(2 * m));
   }
 
+  TEST_CASE("two steps asked back to back are enqueued together and give the bits of one step at a time") {
+    auto g_seq = layers::make_preset("mlp", 5), g_two = layers::make_preset("mlp", 5);
+    layer_fixture fx;
+    const std::size_t m = 2;
+    std::vector<layers::tensor> xs;
+    for (int k = 0; k < 3; ++k) xs.push_back(fx.random(8, {784}));
+    auto labels = [](int k) {
+      layers::targets y;
+      for (int i = 0; i < 8; ++i) y.labels.push_back((i + k) % 10);
+      return y;
+    };
+    std::vector<double> want_loss;
+    {
+      device_net seq(g_seq, {"sgd", 0.1, 0.9});
+      for (int k = 0; k < 3; ++k)
+        want_loss.push_back(seq.net.train_step(xs[std::size_t(k)].clone(), labels(k), m, std::uint64_t(k)).get().loss);
+      seq.be->download();
+    }
+    device_net two(g_two, {"sgd", 0.1, 0.9}, 64, /*count_completions=*/false);
+    REQUIRE(two.net.steps_in_flight() == 2);
+    two.net.train_step(xs[0].clone(), labels(0), m, 0).get();  // kernels loaded before the gate
+    gpu::testing::gate gate(two.dev);
+    gate.enqueue(two.be->stream());
+    auto f1 = two.net.train_step(xs[1].clone(), labels(1), m, 1);
+    auto f2 = two.net.train_step(xs[2].clone(), labels(2), m, 2);
+    two.rt.synchronize();  // every actor handled every message it had
+    // Both steps are on the stream behind the gate: step 2 did not wait for step 1's end.
+    const auto e = two.net.plan().gradient_edges;
+    CHECK(two.net.traffic().forward == 3 * e * m);
+    CHECK(two.net.traffic().backward == 3 * e * m);
+    gate.open();
+    CHECK(f1.get().loss == want_loss[1]);
+    CHECK(f2.get().loss == want_loss[2]);
+    two.rt.synchronize();
+    two.be->download();
+    auto pa = g_seq.parameters(), pb = g_two.parameters();
+    REQUIRE(pa.size() == pb.size());
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+      INFO(pa[i].name);
+      CHECK(std::equal(pa[i].value->data(), pa[i].value->data() + pa[i].value->size(), pb[i].value->data()));
+    }
+  }
+
   TEST_CASE("predict on the device gives the direct executor's output (downloaded from the loss actor)") {
     auto cpu_graph = layers::make_preset("resmlp", 3);
     auto dev_graph = layers::make_preset("resmlp", 3);
