@@ -1,4 +1,4 @@
-// nerve-bench distributed: the bus across processes against bare MPI, in one command
+// nerve-bench-mpi distributed: the bus across processes against bare MPI, in one command
 // (run under `mpirun -np 2`).
 //
 //   latency:    a tensor of --size-kib goes rank 0 → rank 1 → rank 0, --iterations times:
@@ -227,7 +227,7 @@ void run(const options& o) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size < 2) {
     if (owns) MPI_Finalize();
-    throw std::runtime_error("distributed: run it under mpirun with 2 ranks (mpirun -np 2 nerve-bench distributed)");
+    throw std::runtime_error("distributed: run it under mpirun with 2 ranks (mpirun -np 2 nerve-bench-mpi distributed)");
   }
   const std::size_t small = o.size_kib * 1024, large = o.stream_mib * 1024 * 1024;
   std::vector<double> bare_lat, bus_lat, bare_bw, bus_bw;
@@ -256,7 +256,7 @@ void run(const options& o) {
     if (o.json) {
       std::printf("%s\n", j.dump(2).c_str());
     } else {
-      std::printf("nerve-bench distributed: %d ranks on %s, median of %d repeats\n", size, host, o.repeats);
+      std::printf("nerve-bench-mpi distributed: %d ranks on %s, median of %d repeats\n", size, host, o.repeats);
       std::printf("  round trip of %zu KiB:  bare MPI %8.2f us   bus %8.2f us   bus/bare %.2fx\n", o.size_kib,
                   bl * 1e6, ul * 1e6, ul / bl);
       std::printf("  stream of %zu MiB:      bare MPI %8.2f GiB/s bus %8.2f GiB/s bus/bare %.2f\n", o.stream_mib,
