@@ -3,12 +3,18 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <random>
 #include <future>
 #include <map>
 #include <memory>
 
 #include "actors/runtime.hpp"
+#include "bus/all_reduce.hpp"
+#include "bus/group.hpp"
+#include "bus/mpi/all_reduce.hpp"
 #include "bus/mpi/transport.hpp"
 #include "bus/signal.hpp"
 
@@ -186,6 +192,72 @@ TEST_SUITE("bus.mpi.setup") {
             "the ranks disagree on the model: rank 0 has 'mlp', rank 1 has 'lenet' (start every rank with the same "
             "arguments)");
     }
+  }
+
+  TEST_CASE("all-reduce across ranks: the bits of the in-process one, rounds interleaved") {
+    const int n = world->size(), me = world->rank();
+    constexpr std::uint64_t rounds = 12;
+    // Member m lives on rank (m + 1) % n, so member order is not rank order.
+    std::vector<int> ranks(std::size_t(n), 0);
+    for (int m = 0; m < n; ++m) ranks[std::size_t(m)] = (m + 1) % n;
+    const auto mine = std::uint32_t((me + n - 1) % n);
+    // Member m's part of round k: floats over many magnitudes, so the order of the sum shows.
+    auto part = [](int m, std::uint64_t k) {
+      std::mt19937 rng(std::uint32_t(1000 * m + k));
+      std::uniform_real_distribution<float> u(-1.f, 1.f);
+      std::vector<float> v(3 + 4099 * (k % 3));
+      for (auto& x : v) x = u(rng) * std::pow(10.f, float(int(rng() % 9) - 4));
+      return v;
+    };
+    struct member : actor {
+      std::map<std::uint64_t, std::vector<float>> sums;
+      std::promise<void> done;
+      std::uint64_t want;
+      explicit member(std::uint64_t w) : actor("member"), want(w) {
+        on<nerve::bus::reduced>([this](nerve::bus::reduced& r) {
+          if (!sums.emplace(r.key, *r.sum).second) FAIL("round " << r.key << " reduced twice");
+          if (sums.size() == want) done.set_value();
+        });
+      }
+    };
+    // In process: every member here, summed by bus::all_reduce.
+    std::map<std::uint64_t, std::vector<float>> want;
+    {
+      runtime rt({.loops = 1});
+      nerve::bus::group g("replicas");
+      for (int m = 0; m < n; ++m) g.add(rt.spawn<member>(rounds));
+      auto red = rt.spawn<nerve::bus::all_reduce>("in process", g);
+      for (std::uint64_t k = 0; k < rounds; ++k)
+        for (int m = n - 1; m >= 0; --m) rt.send(red, nerve::bus::contribution{k, unsigned(m), part(m, k)});
+      rt.synchronize();
+      want = static_cast<member*>(g[0].get())->sums;
+      rt.shutdown();
+    }
+    REQUIRE(want.size() == rounds);
+    // Across ranks: one member per rank, rounds sent in an order that differs by rank.
+    runtime rt({.loops = 1});
+    auto local = rt.spawn<member>(rounds);
+    auto& mem = *static_cast<member*>(local.get());
+    auto f = mem.done.get_future();
+    auto red = mpi::spawn_all_reduce(rt, 0, *world, /*channel*/ 40, ranks, mine, local, "grads");
+    world->barrier();  // every rank listens before any part leaves
+    std::vector<std::uint64_t> order(rounds);
+    for (std::uint64_t k = 0; k < rounds; ++k) order[k] = k;
+    std::shuffle(order.begin(), order.end(), std::mt19937(std::uint32_t(me + 7)));
+    for (auto k : order) rt.send(red, nerve::bus::contribution{k, mine, part(int(mine), k)});
+    while (f.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) world->check();
+    world->flush();
+    world->barrier();
+    CHECK(static_cast<mpi::all_reduce*>(red.get())->rounds() == rounds);
+    for (std::uint64_t k = 0; k < rounds; ++k) CHECK(mem.sums.at(k) == want.at(k));  // bitwise
+    // Wiring this rank as another rank's member, or a member that does not exist, is refused.
+    if (n > 1)
+      CHECK_THROWS_WITH_AS(mpi::all_reduce("bad", *world, 41, ranks, mine == 0 ? 1u : 0u, local),
+                           doctest::Contains("not on this rank"), nerve::actors::wiring_error);
+    const auto beyond = "member " + std::to_string(n) + " of " + std::to_string(n);
+    CHECK_THROWS_WITH_AS(mpi::all_reduce("bad", *world, 41, ranks, std::uint32_t(n), local),
+                         doctest::Contains(beyond.c_str()), nerve::actors::wiring_error);
+    rt.shutdown();
   }
 
   TEST_CASE("clock offsets: one vector on every rank, within half a round trip of the truth") {
