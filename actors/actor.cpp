@@ -283,15 +283,18 @@ void actor::drain_runs() {
   // message, for the loop its senders ran, and times one drain in 16 (sampled: two clock
   // reads per 16 drains); the decision waits for the end of a drain (consider_move). A
   // pinned actor pays one predictable branch per message.
+  // A mobile drain is never nested (saved_running == 0), so the loop's heavy flag is false
+  // outside mobile drains and needs no saving: a pinned actor's drain leaves it alone.
   const bool mobile = !pinned_.load(std::memory_order_relaxed) && saved_running == 0;
-  const bool saved_heavy = loop->running_heavy;
-  loop->running_heavy = mobile && heavy_;  // what a heavy (or not yet timed) mobile actor sends pulls nobody
   std::int64_t timed_from = 0;
   std::uint64_t sent_before = 0;
-  if (mobile && timed_countdown_-- == 0) [[unlikely]] {
-    timed_countdown_ = 15;
-    timed_from = rt_->migration_clock();
-    sent_before = loop->sent.load(std::memory_order_relaxed);
+  if (mobile) {
+    loop->running_heavy = heavy_;  // what a heavy (or not yet timed) mobile actor sends pulls nobody
+    if (timed_countdown_-- == 0) [[unlikely]] {
+      timed_countdown_ = 15;
+      timed_from = rt_->migration_clock();
+      sent_before = loop->sent.load(std::memory_order_relaxed);
+    }
   }
   if (!started_) [[unlikely]] {
     // The start is reserved (urgent) and counted as sent by runtime::start like a message,
@@ -352,22 +355,17 @@ void actor::drain_runs() {
   detail::full_fence();
   if (has_space_waiters_.load(std::memory_order_relaxed)) fire_space_waiters();
   loop->running = saved_running;
-  loop->running_heavy = saved_heavy;
   detail::current_loop = saved;
   rt_->notify_progress_fenced();
-  if (mobile) [[unlikely]] {
+  if (mobile) {
+    loop->running_heavy = false;
     // Still holding the scheduled bit: nobody else schedules this actor, so it may change
     // loops here, and its next drain runs there (its mailbox, and with it every sender's
-    // order, moves whole).
-    // A timed drain's cost is per message handled or sent: a producer whose one run sends
-    // a thousand cheap messages is as light as its consumer.
-    std::int64_t drain_ns = 0;
-    std::uint64_t units = 0;
-    if (timed_from != 0) {
-      drain_ns = rt_->migration_clock() - timed_from;
-      units = static_cast<std::uint64_t>(taken) + (loop->sent.load(std::memory_order_relaxed) - sent_before);
-    }
-    if (consider_move(loop, drain_ns, units, static_cast<std::uint32_t>(taken))) return;
+    // order, moves whole). Inline only the count: a drain that is neither timed nor ends
+    // a window costs an add and a compare.
+    window_msgs_ += static_cast<std::uint32_t>(taken);
+    if ((timed_from != 0) | (window_msgs_ >= window_target_)) [[unlikely]]
+      if (consider_move(loop, timed_from, sent_before, static_cast<std::uint32_t>(taken))) return;
   }
   if (taken >= static_cast<std::int64_t>(batch_)) {
     schedule();  // more queued (or arriving): another turn, after the other actors'
@@ -380,8 +378,12 @@ void actor::drain_runs() {
   }
 }
 
-bool actor::consider_move(detail::loop_state* here, std::int64_t drain_ns, std::uint64_t units, std::uint32_t taken) {
-  if (drain_ns != 0 && units != 0) {
+bool actor::consider_move(detail::loop_state* here, std::int64_t timed_from, std::uint64_t sent_before, std::uint32_t taken) {
+  // A timed drain's cost is per message handled or sent: a producer whose one run sends a
+  // thousand cheap messages is as light as its consumer. (None: woken for a push not yet done.)
+  const auto units = timed_from != 0 ? std::uint64_t{taken} + (here->sent.load(std::memory_order_relaxed) - sent_before) : 0;
+  if (units != 0) {
+    const auto drain_ns = rt_->migration_clock() - timed_from;
     // The fastest timed drain of the window, per message: a light actor whose drain was
     // slowed once (a wake-up system call, the host taking the core) still reads light.
     const auto ns = static_cast<std::uint32_t>(std::clamp<std::int64_t>(drain_ns / static_cast<std::int64_t>(units), 1, 1'000'000'000));
@@ -390,8 +392,7 @@ bool actor::consider_move(detail::loop_state* here, std::int64_t drain_ns, std::
     // its second timed drain on, though it handles few messages and decides rarely.
     heavy_ = window_min_ns_ >= rt_->opts_.migration.heavy_ns;
   }
-  window_msgs_ += taken;
-  if (window_msgs_ < rt_->opts_.migration.window) return false;
+  if (window_msgs_ < window_target_) return false;
   return decide_move(here);
 }
 
