@@ -406,6 +406,7 @@ bool actor::decide_move(detail::loop_state* here) {
   heavy_ = run_ns_ >= rt.opts_.migration.heavy_ns;
   window_msgs_ = votes_ = 0;
   window_min_ns_ = ~0u;
+  window_target_ = std::min(2 * window_target_, std::max(1u, rt.opts_.migration.window));  // short first windows, then the full one
   window_epoch_ = epoch;
   // Something moved while this window was counted: the loops it saw are out of date. Two
   // partners that would both move to the other's loop at once (and so stay apart) are

@@ -38,7 +38,9 @@ namespace nerve::actors {
 /// move it. Each such actor votes, message by message, for the loop its senders ran
 /// (a Boyer-Moore majority: a few instructions per message) and times one drain in 16.
 /// At the end of a drain, once a window of `migration_options::window` messages is
-/// counted, it decides (a cold function, once per window):
+/// counted, it decides (a cold function, once per window; a new actor's first windows are
+/// short, `first_window` messages, and double up to `window`, so a pair settles and heavy
+/// work spreads after about a hundred messages):
 /// - affinity: a light actor (sampled mean handler run under `heavy_ns`) that got at least
 ///   3/4 of its window from one other loop moves there: its hops then stay on one core;
 /// - balance: a heavy actor whose loop has other actors waiting, while another loop is
@@ -63,7 +65,8 @@ enum class placement {
 /// Tuning of `placement::automatic`'s migration.
 struct migration_options {
   bool enabled = true;       ///< false: automatic placement, no moves
-  unsigned window = 256;     ///< messages an actor handles between two decisions
+  unsigned window = 256;     ///< messages an actor handles between two decisions (once ramped up)
+  unsigned first_window = 32;  ///< the first decision's window; each later one doubles, up to `window`
   unsigned heavy_ns = 2000;  ///< mean handler run at or above which an actor is heavy (balanced, never packed): a few cross-core hops
   unsigned max_backoff = 12; ///< after k moves an actor skips 2^min(k, this) - 1 windows
 };
