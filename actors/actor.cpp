@@ -391,6 +391,10 @@ bool actor::consider_move(detail::loop_state* here, std::int64_t timed_from, std
     // At once, not at the next decision: a producer's sends stop pulling its consumer from
     // its second timed drain on, though it handles few messages and decides rarely.
     heavy_ = window_min_ns_ >= rt_->opts_.migration.heavy_ns;
+    if (heavy_ && load_ns_ == 0) {  // its loop's heavy load counts it from its first timed drain on
+      load_ns_ = ns;
+      here->heavy_ns.fetch_add(ns, std::memory_order_relaxed);
+    }
   }
   if (window_msgs_ < window_target_) return false;
   return decide_move(here);
@@ -408,12 +412,22 @@ bool actor::decide_move(detail::loop_state* here) {
   window_min_ns_ = ~0u;
   window_target_ = std::min(2 * window_target_, std::max(1u, rt.opts_.migration.window));  // short first windows, then the full one
   window_epoch_ = epoch;
+  // What this actor adds to its loop's heavy load, which balance decisions weigh: its
+  // fastest run per message while heavy, none while light (kept until a run is timed here).
+  if (run_ns_ != 0) {
+    const std::uint32_t load = heavy_ ? run_ns_ : 0;
+    if (load != load_ns_) {
+      here->heavy_ns.fetch_add(std::uint64_t{load} - load_ns_, std::memory_order_relaxed);  // wraps to a subtraction
+      load_ns_ = load;
+    }
+  }
   // Something moved while this window was counted: the loops it saw are out of date. Two
   // partners that would both move to the other's loop at once (and so stay apart) are
-  // kept from it this way: the first to move makes the other's window stale.
+  // kept from it this way: the first to move makes the other's window stale. A heavy
+  // actor's decision reads the loops' loads as they are now, so it goes on.
   if (stale) {
     pull_candidate_ = envelope::no_loop;
-    return false;
+    if (!heavy_) return false;
   }
   if (hold_ != 0) {  // backoff after a move
     --hold_;
@@ -436,14 +450,26 @@ bool actor::decide_move(detail::loop_state* here) {
     pull_candidate_ = pulled ? candidate : envelope::no_loop;
     if (pulled && previous == candidate) to = rt.loops_[candidate].get();
   } else if (!here->ready.empty()) {
-    // Balance: others wait their turn behind this heavy actor while a loop has nothing to do.
+    // Balance: others wait their turn behind this heavy actor. It goes to a loop that sits
+    // idle with no heavy work, or to one where nobody waits for a turn (idle, or running
+    // actors that each get theirs at once) if the heavier of the two loops gets lighter by
+    // the move: that loop's heavy load plus this actor's stays under this loop's. An even
+    // split stays put, and every move shrinks the larger load, so moves cannot cycle while
+    // the loads hold. The least loaded such loop wins. (Pinned and light actors' work is
+    // not weighed, beyond the queue it leaves there.)
+    const std::uint64_t mine = load_ns_, here_load = here->heavy_ns.load(std::memory_order_relaxed);
+    std::uint64_t best = ~std::uint64_t{0};
     for (auto& l : rt.loops_) {
-      if (l.get() != here && l->idle.load(std::memory_order_relaxed)) {
+      if (l.get() == here) continue;
+      const bool idle = l->idle.load(std::memory_order_relaxed);
+      if (!idle && !l->ready.seems_empty()) continue;
+      const auto there = l->heavy_ns.load(std::memory_order_relaxed);
+      if (there < best && ((there == 0 && idle) || there + mine < here_load)) {
         to = l.get();
-        balance = true;
-        break;
+        best = there;
       }
     }
+    balance = to != nullptr;
   }
   if (!to) return false;
   // One move per window of the whole runtime: the epoch is the token.
@@ -456,7 +482,11 @@ bool actor::decide_move(detail::loop_state* here) {
   hold_ = (1u << std::min<std::uint32_t>(m, mo.max_backoff)) - 1;  // 1, 3, 7, ... windows before the next decision
   auto& counter = balance ? here->moved_to_balance : here->moved_for_affinity;
   counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  run_ns_ = 0;  // what a run costs there is measured there (heavy_ stays until then)
+  run_ns_ = 0;  // what a run costs there is measured there (heavy_ and load_ns_ stay until then)
+  if (load_ns_ != 0) {
+    here->heavy_ns.fetch_sub(load_ns_, std::memory_order_relaxed);
+    to->heavy_ns.fetch_add(load_ns_, std::memory_order_relaxed);
+  }
   loop_.store(to, std::memory_order_relaxed);  // published to `to` by the ready queue's push
   to->schedule(&ready_link_);
   return true;
@@ -736,6 +766,10 @@ void actor::fail(std::exception_ptr error) {
 void actor::close_and_stop() {
   if (stop_done_) return;
   stop_done_ = true;
+  if (load_ns_ != 0) {  // runs on its loop: no move in between
+    home()->heavy_ns.fetch_sub(load_ns_, std::memory_order_relaxed);
+    load_ns_ = 0;
+  }
   closed_.store(true, std::memory_order_release);
   // Pending requests of ours will never be answered here: cancel their timers.
   if (requests_) {

@@ -387,6 +387,7 @@ class actor {
   std::uint32_t window_epoch_ = 0;    // the runtime's migration epoch when the window began
   std::uint32_t hold_ = 0;            // windows to skip before deciding again (backoff after a move)
   std::uint32_t run_ns_ = 0;          // the last window's fastest timed run per message (0: none timed here yet)
+  std::uint32_t load_ns_ = 0;         // what it adds to its loop's heavy_ns: run_ns_ while heavy, else 0
   std::uint32_t window_min_ns_ = ~0u; // this window's fastest timed run per message
   // -- line 2, read by senders, written at spawn only (and by a move: loop_).
   alignas(64) std::size_t capacity_ = 0;
