@@ -281,8 +281,9 @@ void actor::drain_runs() {
   }
   // Migration (placement::automatic): an actor the runtime may move votes, message by
   // message, for the loop its senders ran, and times one drain in 16 (sampled: two clock
-  // reads per 16 drains); the decision waits for the end of a drain (consider_move). A
-  // pinned actor pays one predictable branch per message.
+  // reads per 16 drains; a heavy actor every drain, so that its window's fastest run is not
+  // one sample that the host happened to slow); the decision waits for the end of a drain
+  // (consider_move). A pinned actor pays one predictable branch per message.
   // A mobile drain is never nested (saved_running == 0), so the loop's heavy flag is false
   // outside mobile drains and needs no saving: a pinned actor's drain leaves it alone.
   const bool mobile = !pinned_.load(std::memory_order_relaxed) && saved_running == 0;
@@ -291,7 +292,7 @@ void actor::drain_runs() {
   if (mobile) {
     loop->running_heavy = heavy_;  // what a heavy (or not yet timed) mobile actor sends pulls nobody
     if (timed_countdown_-- == 0) [[unlikely]] {
-      timed_countdown_ = 15;
+      timed_countdown_ = heavy_ ? 0 : 15;  // a heavy actor's every drain: two clock reads are nothing beside its runs
       timed_from = rt_->migration_clock();
       sent_before = loop->sent.load(std::memory_order_relaxed);
     }
