@@ -403,7 +403,9 @@ TEST_SUITE("actors.migration") {
     // Rounds of one job per worker: loop 0 runs a (800 us) then b (200 us), loop 1 runs
     // c (400 us) and idles while b waits behind a. Moving a would make loop 1 the heavier
     // (1200 against 1000 us a round): it stays. (A rule that moved to any idle loop did,
-    // and then moved a back and forth.)
+    // and then moved a back and forth.) Moving b makes both lighter (800 and 600 us): it
+    // may, once, when someone waits behind it at the end of its run (the driver, woken
+    // by the round's end, if that comes first).
     runtime rt(eager(16, 3));
     struct round_done {};
     struct driver : actor {
@@ -457,9 +459,11 @@ TEST_SUITE("actors.migration") {
     done.wait();
     rt.synchronize();
     MESSAGE("moves: " << rt.migrations().balance << " balance, " << rt.migrations().affinity << " affinity");
-    CHECK(rt.migrations().total() == 0);
+    CHECK(a.get()->moves() == 0);
+    CHECK(c.get()->moves() == 0);
+    CHECK(b.get()->moves() <= 1);
+    CHECK(rt.migrations().affinity == 0);
     CHECK(a.loop() == 0);
-    CHECK(b.loop() == 0);
     CHECK(c.loop() == 1);
     rt.shutdown();
   }
