@@ -281,17 +281,21 @@ void actor::drain_runs() {
   }
   // Migration (placement::automatic): an actor the runtime may move votes, message by
   // message, for the loop its senders ran, and times one drain in 16 (sampled: two clock
-  // reads per 16 drains); the decision waits for the end of a drain (consider_move). A
-  // pinned actor pays one predictable branch per message.
+  // reads per 16 drains; a heavy actor every drain, so that its window's fastest run is not
+  // one sample that the host happened to slow); the decision waits for the end of a drain
+  // (consider_move). A pinned actor pays one predictable branch per message.
+  // A mobile drain is never nested (saved_running == 0), so the loop's heavy flag is false
+  // outside mobile drains and needs no saving: a pinned actor's drain leaves it alone.
   const bool mobile = !pinned_.load(std::memory_order_relaxed) && saved_running == 0;
-  const bool saved_heavy = loop->running_heavy;
-  loop->running_heavy = mobile && heavy_;  // what a heavy (or not yet timed) mobile actor sends pulls nobody
   std::int64_t timed_from = 0;
   std::uint64_t sent_before = 0;
-  if (mobile && timed_countdown_-- == 0) [[unlikely]] {
-    timed_countdown_ = 15;
-    timed_from = rt_->migration_clock();
-    sent_before = loop->sent.load(std::memory_order_relaxed);
+  if (mobile) {
+    loop->running_heavy = heavy_;  // what a heavy (or not yet timed) mobile actor sends pulls nobody
+    if (timed_countdown_-- == 0) [[unlikely]] {
+      timed_countdown_ = heavy_ ? 0 : 15;  // a heavy actor's every drain: two clock reads are nothing beside its runs
+      timed_from = rt_->migration_clock();
+      sent_before = loop->sent.load(std::memory_order_relaxed);
+    }
   }
   if (!started_) [[unlikely]] {
     // The start is reserved (urgent) and counted as sent by runtime::start like a message,
@@ -352,22 +356,17 @@ void actor::drain_runs() {
   detail::full_fence();
   if (has_space_waiters_.load(std::memory_order_relaxed)) fire_space_waiters();
   loop->running = saved_running;
-  loop->running_heavy = saved_heavy;
   detail::current_loop = saved;
   rt_->notify_progress_fenced();
-  if (mobile) [[unlikely]] {
+  if (mobile) {
+    loop->running_heavy = false;
     // Still holding the scheduled bit: nobody else schedules this actor, so it may change
     // loops here, and its next drain runs there (its mailbox, and with it every sender's
-    // order, moves whole).
-    // A timed drain's cost is per message handled or sent: a producer whose one run sends
-    // a thousand cheap messages is as light as its consumer.
-    std::int64_t drain_ns = 0;
-    std::uint64_t units = 0;
-    if (timed_from != 0) {
-      drain_ns = rt_->migration_clock() - timed_from;
-      units = static_cast<std::uint64_t>(taken) + (loop->sent.load(std::memory_order_relaxed) - sent_before);
-    }
-    if (consider_move(loop, drain_ns, units, static_cast<std::uint32_t>(taken))) return;
+    // order, moves whole). Inline only the count: a drain that is neither timed nor ends
+    // a window costs an add and a compare.
+    window_msgs_ += static_cast<std::uint32_t>(taken);
+    if ((timed_from != 0) | (window_msgs_ >= window_target_)) [[unlikely]]
+      if (consider_move(loop, timed_from, sent_before, static_cast<std::uint32_t>(taken))) return;
   }
   if (taken >= static_cast<std::int64_t>(batch_)) {
     schedule();  // more queued (or arriving): another turn, after the other actors'
@@ -380,8 +379,12 @@ void actor::drain_runs() {
   }
 }
 
-bool actor::consider_move(detail::loop_state* here, std::int64_t drain_ns, std::uint64_t units, std::uint32_t taken) {
-  if (drain_ns != 0 && units != 0) {
+bool actor::consider_move(detail::loop_state* here, std::int64_t timed_from, std::uint64_t sent_before, std::uint32_t taken) {
+  // A timed drain's cost is per message handled or sent: a producer whose one run sends a
+  // thousand cheap messages is as light as its consumer. (None: woken for a push not yet done.)
+  const auto units = timed_from != 0 ? std::uint64_t{taken} + (here->sent.load(std::memory_order_relaxed) - sent_before) : 0;
+  if (units != 0) {
+    const auto drain_ns = rt_->migration_clock() - timed_from;
     // The fastest timed drain of the window, per message: a light actor whose drain was
     // slowed once (a wake-up system call, the host taking the core) still reads light.
     const auto ns = static_cast<std::uint32_t>(std::clamp<std::int64_t>(drain_ns / static_cast<std::int64_t>(units), 1, 1'000'000'000));
@@ -389,9 +392,12 @@ bool actor::consider_move(detail::loop_state* here, std::int64_t drain_ns, std::
     // At once, not at the next decision: a producer's sends stop pulling its consumer from
     // its second timed drain on, though it handles few messages and decides rarely.
     heavy_ = window_min_ns_ >= rt_->opts_.migration.heavy_ns;
+    if (heavy_ && load_ns_ == 0) {  // its loop's heavy load counts it from its first timed drain on
+      load_ns_ = ns;
+      here->heavy_ns.fetch_add(ns, std::memory_order_relaxed);
+    }
   }
-  window_msgs_ += taken;
-  if (window_msgs_ < rt_->opts_.migration.window) return false;
+  if (window_msgs_ < window_target_) return false;
   return decide_move(here);
 }
 
@@ -405,13 +411,24 @@ bool actor::decide_move(detail::loop_state* here) {
   heavy_ = run_ns_ >= rt.opts_.migration.heavy_ns;
   window_msgs_ = votes_ = 0;
   window_min_ns_ = ~0u;
+  window_target_ = std::min(2 * window_target_, std::max(1u, rt.opts_.migration.window));  // short first windows, then the full one
   window_epoch_ = epoch;
+  // What this actor adds to its loop's heavy load, which balance decisions weigh: its
+  // fastest run per message while heavy, none while light (kept until a run is timed here).
+  if (run_ns_ != 0) {
+    const std::uint32_t load = heavy_ ? run_ns_ : 0;
+    if (load != load_ns_) {
+      here->heavy_ns.fetch_add(std::uint64_t{load} - load_ns_, std::memory_order_relaxed);  // wraps to a subtraction
+      load_ns_ = load;
+    }
+  }
   // Something moved while this window was counted: the loops it saw are out of date. Two
   // partners that would both move to the other's loop at once (and so stay apart) are
-  // kept from it this way: the first to move makes the other's window stale.
+  // kept from it this way: the first to move makes the other's window stale. A heavy
+  // actor's decision reads the loops' loads as they are now, so it goes on.
   if (stale) {
     pull_candidate_ = envelope::no_loop;
-    return false;
+    if (!heavy_) return false;
   }
   if (hold_ != 0) {  // backoff after a move
     --hold_;
@@ -434,14 +451,26 @@ bool actor::decide_move(detail::loop_state* here) {
     pull_candidate_ = pulled ? candidate : envelope::no_loop;
     if (pulled && previous == candidate) to = rt.loops_[candidate].get();
   } else if (!here->ready.empty()) {
-    // Balance: others wait their turn behind this heavy actor while a loop has nothing to do.
+    // Balance: others wait their turn behind this heavy actor. It goes to a loop that sits
+    // idle with no heavy work, or to one where nobody waits for a turn (idle, or running
+    // actors that each get theirs at once) if the heavier of the two loops gets lighter by
+    // the move: that loop's heavy load plus this actor's stays under this loop's. An even
+    // split stays put, and every move shrinks the larger load, so moves cannot cycle while
+    // the loads hold. The least loaded such loop wins. (Pinned and light actors' work is
+    // not weighed, beyond the queue it leaves there.)
+    const std::uint64_t mine = load_ns_, here_load = here->heavy_ns.load(std::memory_order_relaxed);
+    std::uint64_t best = ~std::uint64_t{0};
     for (auto& l : rt.loops_) {
-      if (l.get() != here && l->idle.load(std::memory_order_relaxed)) {
+      if (l.get() == here) continue;
+      const bool idle = l->idle.load(std::memory_order_relaxed);
+      if (!idle && !l->ready.seems_empty()) continue;
+      const auto there = l->heavy_ns.load(std::memory_order_relaxed);
+      if (there < best && ((there == 0 && idle) || there + mine < here_load)) {
         to = l.get();
-        balance = true;
-        break;
+        best = there;
       }
     }
+    balance = to != nullptr;
   }
   if (!to) return false;
   // One move per window of the whole runtime: the epoch is the token.
@@ -454,7 +483,11 @@ bool actor::decide_move(detail::loop_state* here) {
   hold_ = (1u << std::min<std::uint32_t>(m, mo.max_backoff)) - 1;  // 1, 3, 7, ... windows before the next decision
   auto& counter = balance ? here->moved_to_balance : here->moved_for_affinity;
   counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  run_ns_ = 0;  // what a run costs there is measured there (heavy_ stays until then)
+  run_ns_ = 0;  // what a run costs there is measured there (heavy_ and load_ns_ stay until then)
+  if (load_ns_ != 0) {
+    here->heavy_ns.fetch_sub(load_ns_, std::memory_order_relaxed);
+    to->heavy_ns.fetch_add(load_ns_, std::memory_order_relaxed);
+  }
   loop_.store(to, std::memory_order_relaxed);  // published to `to` by the ready queue's push
   to->schedule(&ready_link_);
   return true;
@@ -734,6 +767,10 @@ void actor::fail(std::exception_ptr error) {
 void actor::close_and_stop() {
   if (stop_done_) return;
   stop_done_ = true;
+  if (load_ns_ != 0) {  // runs on its loop: no move in between
+    home()->heavy_ns.fetch_sub(load_ns_, std::memory_order_relaxed);
+    load_ns_ = 0;
+  }
   closed_.store(true, std::memory_order_release);
   // Pending requests of ours will never be answered here: cancel their timers.
   if (requests_) {

@@ -280,9 +280,10 @@ class actor {
   }
   void schedule();
   void drain();
-  // Migration (placement::automatic): at the end of a drain, every `window` messages, whether
-  // to move to another loop; true when it moved (the actor is then scheduled on the new loop).
-  bool consider_move(detail::loop_state* here, std::int64_t drain_ns, std::uint64_t units, std::uint32_t taken);
+  // Migration (placement::automatic), at the end of a drain that was timed or ends a window
+  // (the drain inlines only the window's count): the timing taken, then whether to move to
+  // another loop; true when it moved (the actor is then scheduled on the new loop).
+  [[gnu::noinline]] bool consider_move(detail::loop_state* here, std::int64_t timed_from, std::uint64_t sent_before, std::uint32_t taken);
   [[gnu::noinline, gnu::cold]] bool decide_move(detail::loop_state* here);
   detail::loop_state* home() const noexcept { return loop_.load(std::memory_order_relaxed); }
   // The drain's loop, made twice (drain picks): recording when the drain began, with each
@@ -382,9 +383,11 @@ class actor {
   bool heavy_ = true;                 // the window's fastest run at or above heavy_ns; until a drain is timed, unknown counts as heavy
   std::uint32_t votes_ = 0;           // its lead
   std::uint32_t window_msgs_ = 0;     // messages handled in this window
+  std::uint32_t window_target_ = ~0u; // messages in this window (runtime::start sets it for mobile actors)
   std::uint32_t window_epoch_ = 0;    // the runtime's migration epoch when the window began
   std::uint32_t hold_ = 0;            // windows to skip before deciding again (backoff after a move)
   std::uint32_t run_ns_ = 0;          // the last window's fastest timed run per message (0: none timed here yet)
+  std::uint32_t load_ns_ = 0;         // what it adds to its loop's heavy_ns: run_ns_ while heavy, else 0
   std::uint32_t window_min_ns_ = ~0u; // this window's fastest timed run per message
   // -- line 2, read by senders, written at spawn only (and by a move: loop_).
   alignas(64) std::size_t capacity_ = 0;

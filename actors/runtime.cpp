@@ -181,6 +181,7 @@ address runtime::start(actor* raw, std::size_t arena_bytes, const spawn_options&
     ++loop_actors_[loop];
     if (opts.loop || opts.pinned || opts_.policy != placement::automatic || !opts_.migration.enabled || opts_.manual)
       raw->pinned_.store(true, std::memory_order_relaxed);  // (an actor may also have pinned itself in its constructor)
+    raw->window_target_ = std::max(1u, std::min(opts_.migration.first_window, opts_.migration.window));
     raw->loop_.store(loops_[loop].get(), std::memory_order_relaxed);  // before stop_all (any thread) can find it in live_
     raw->id_ = static_cast<actor_id>(live_.size() + 1);
     if (raw->name_.empty()) raw->name_ = "actor-" + std::to_string(raw->id_);

@@ -36,19 +36,25 @@ namespace nerve::actors {
 /// With `automatic` (the default) an actor spawned from a handler starts on its spawner's
 /// loop, one spawned from outside the runtime on the loops in turn; then the runtime may
 /// move it. Each such actor votes, message by message, for the loop its senders ran
-/// (a Boyer-Moore majority: a few instructions per message) and times one drain in 16.
+/// (a Boyer-Moore majority: a few instructions per message) and times one drain in 16
+/// (a heavy actor, every drain).
 /// At the end of a drain, once a window of `migration_options::window` messages is
-/// counted, it decides (a cold function, once per window):
+/// counted, it decides (a cold function, once per window; a new actor's first windows are
+/// short, `first_window` messages, and double up to `window`, so a pair settles and heavy
+/// work spreads after about a hundred messages):
 /// - affinity: a light actor (sampled mean handler run under `heavy_ns`) that got at least
 ///   3/4 of its window from one other loop moves there: its hops then stay on one core;
-/// - balance: a heavy actor whose loop has other actors waiting, while another loop is
-///   idle, moves to the idle loop: heavy work spreads, light chatter packs.
+/// - balance: a heavy actor whose loop has other actors waiting moves to a loop that is
+///   idle with no heavy work, or to one where nobody waits if the heavier of the two
+///   loops gets lighter by it (the loops' heavy loads: the run times per message of their
+///   heavy mobile actors): heavy work spreads evenly, light chatter packs.
 /// A move happens only between the actor's drains, while it holds its scheduled bit: it
 /// runs on one loop at a time, its handlers never overlap, and its mailbox (one FIFO per
-/// lane) moves whole, so every sender's order is kept. One move per window in the whole
-/// runtime (an epoch that a move increments makes every other window stale, so two
-/// partners never swap loops at once), and after its k-th move an actor waits 2^k - 1
-/// windows before deciding again: moves die out when the load stops changing.
+/// lane) moves whole, so every sender's order is kept. Moves take turns (an epoch that a
+/// move increments makes every light actor's window stale, so two partners never swap
+/// loops at once; a heavy actor's decision reads the loads as they are now), and after its
+/// k-th move an actor waits 2^k - 1 windows before deciding again: moves die out when the
+/// load stops changing.
 ///
 /// Never moved: actors spawned on an explicit loop (`spawn_on`, `spawn_options::loop`) or
 /// with `spawn_options::pinned`, actors that `pin()` themselves or take their `executor()`,
@@ -63,7 +69,8 @@ enum class placement {
 /// Tuning of `placement::automatic`'s migration.
 struct migration_options {
   bool enabled = true;       ///< false: automatic placement, no moves
-  unsigned window = 256;     ///< messages an actor handles between two decisions
+  unsigned window = 256;     ///< messages an actor handles between two decisions (once ramped up)
+  unsigned first_window = 32;  ///< the first decision's window; each later one doubles, up to `window`
   unsigned heavy_ns = 2000;  ///< mean handler run at or above which an actor is heavy (balanced, never packed): a few cross-core hops
   unsigned max_backoff = 12; ///< after k moves an actor skips 2^min(k, this) - 1 windows
 };

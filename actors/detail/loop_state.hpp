@@ -63,6 +63,10 @@ struct loop_state {
   /// Moves decided on this loop (placement::automatic), by reason; written by this loop's thread.
   std::atomic<std::uint64_t> moved_for_affinity{0};
   std::atomic<std::uint64_t> moved_to_balance{0};
+  /// The heavy mobile actors living here: the sum of their run times per message (ns), which
+  /// migration's balance decisions compare across loops. Added to by each such actor at its
+  /// decisions, moved with it, taken off when it stops; any thread (read-modify-writes, rare).
+  std::atomic<std::uint64_t> heavy_ns{0};
   // -- loop thread only
   bool idle_seen = false;                 ///< `idle` as this loop's thread last stored it
   alignas(64) std::uint32_t running = 0;  ///< the actor whose drain runs now (0: none)

@@ -96,6 +96,9 @@ class mpsc_queue {
   bool empty() const noexcept { return mpsc_empty(h_, t_, stub_); }
   /// Consumer only. Returns nullptr when empty or while a push is half done.
   mpsc_node* pop() noexcept { return mpsc_pop(h_, t_, stub_); }
+  /// Any thread, a hint: true when the last node pushed is the stub, which the consumer
+  /// pushes back as it takes the last node (nothing queued then, unless a push is under way).
+  bool seems_empty() const noexcept { return h_.head.load(std::memory_order_relaxed) == &stub_; }
 
  private:
   alignas(64) mpsc_head h_;

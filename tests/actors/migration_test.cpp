@@ -389,9 +389,82 @@ TEST_SUITE("actors.migration") {
     CHECK(on0 + on1 == static_cast<long>(handled));
     CHECK(rt.migrations().balance >= 1);
     CHECK(rt.migrations().affinity == 0);  // heavy actors are never packed
+    // Equal workers end in an even split (4 / 2 still moves one; 3 / 3 does not).
+    unsigned on_loop1 = 0;
+    for (auto& w : ws) on_loop1 += w.loop();
+    CHECK(on_loop1 == workers / 2);
     // Both loops worked: a fifth of the jobs at least on each (an even split is half).
     CHECK(on1 * 5 >= static_cast<long>(handled));
     CHECK(on0 * 5 >= static_cast<long>(handled));
+    rt.shutdown();
+  }
+
+  TEST_CASE("a heavy actor does not move where the heavier loop would get heavier, though that loop idles") {
+    // Rounds of one job per worker: loop 0 runs a (800 us) then b (200 us), loop 1 runs
+    // c (400 us) and idles while b waits behind a. Moving a would make loop 1 the heavier
+    // (1200 against 1000 us a round): it stays. (A rule that moved to any idle loop did,
+    // and then moved a back and forth.) Moving b makes both lighter (800 and 600 us): it
+    // may, once, when someone waits behind it at the end of its run (the driver, woken
+    // by the round's end, if that comes first).
+    runtime rt(eager(16, 3));
+    struct round_done {};
+    struct driver : actor {
+      std::vector<address> workers;
+      std::uint32_t rounds = 0, total;
+      nerve::test::event* done;
+      driver(std::uint32_t n, nerve::test::event* d) : actor("driver"), total(n), done(d) {
+        on<round_done>([this](round_done&) {
+          if (++rounds == total) return done->set();
+          for (auto& w : workers) send(w, job{rounds});
+        });
+      }
+      void on_stop() override { workers.clear(); }
+    };
+    struct timed_worker : actor {
+      address to;
+      std::chrono::microseconds cost;
+      timed_worker(address t, std::chrono::microseconds c) : actor("timed"), to(std::move(t)), cost(c) {
+        on<job>([this](job& j) {
+          busy_for(cost);
+          send(to, j);
+        });
+      }
+    };
+    struct gather : actor {
+      address driver_at;
+      unsigned per_round, got = 0;
+      explicit gather(unsigned n) : actor("gather"), per_round(n) {
+        on<partner>([this](partner& p) { driver_at = std::move(p.to); });
+        on<job>([this](job&) {
+          if (++got % per_round == 0) send(driver_at, round_done{});
+        });
+      }
+      void on_stop() override { driver_at = {}; }
+    };
+    nerve::test::event done;
+    const auto rounds = static_cast<std::uint32_t>(std::max(60.0, 150 * nerve::test::scale()));
+    auto d = rt.spawn_on<driver>(0, rounds, &done);
+    auto g = rt.spawn_on<gather>(1, 3u);
+    rt.send(g, partner{d});
+    // From outside, mobile actors go to the loops in turn: a on 0, c on 1, b on 0.
+    auto a = rt.spawn<timed_worker>(g, std::chrono::microseconds(800));
+    auto c = rt.spawn<timed_worker>(g, std::chrono::microseconds(400));
+    auto b = rt.spawn<timed_worker>(g, std::chrono::microseconds(200));
+    REQUIRE(a.loop() == 0);
+    REQUIRE(b.loop() == 0);
+    REQUIRE(c.loop() == 1);
+    static_cast<driver*>(d.get())->workers = {a, b, c};
+    rt.synchronize();
+    rt.send(d, round_done{});  // round 1
+    done.wait();
+    rt.synchronize();
+    MESSAGE("moves: " << rt.migrations().balance << " balance, " << rt.migrations().affinity << " affinity");
+    CHECK(a.get()->moves() == 0);
+    CHECK(c.get()->moves() == 0);
+    CHECK(b.get()->moves() <= 1);
+    CHECK(rt.migrations().affinity == 0);
+    CHECK(a.loop() == 0);
+    CHECK(c.loop() == 1);
     rt.shutdown();
   }
 
