@@ -70,6 +70,10 @@ class cpu_kernels final : public layer_kernels {
       src += p.grad->size();
     }
   }
+  void adopt(actors::actor&, value& v) override {
+    if (v.device) throw std::logic_error("layer '" + node_.name + "': a device value reached a CPU layer");
+  }
+  void hand_over(actors::actor&, value v, bool, std::function<void(value)> then) override { then(std::move(v)); }
   optimizer_state save_state() override {
     optimizer_state st;
     if (opt_) opt_->save_state(st);

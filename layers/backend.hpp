@@ -94,6 +94,14 @@ class layer_kernels {
   /// The optimizer's state (checkpoints), parameters as the layer names them.
   virtual optimizer_state save_state() { return {}; }
   virtual void load_state(const optimizer_state&) {}
+  /// A value from another pipeline stage (or its gate), before this node uses it: a device
+  /// uploads a host tensor and makes its stream wait for another stream's value. The CPU
+  /// takes host tensors only.
+  virtual void adopt(actors::actor& owner, value& v) = 0;
+  /// `then(v)` on `owner`'s loop once `v` may leave for another stage: on the host
+  /// (`to_host`: a download), else as a device copy that another stream of the same
+  /// device waits for. Host values leave as they are.
+  virtual void hand_over(actors::actor& owner, value v, bool to_host, std::function<void(value)> then) = 0;
 };
 
 /// Figures of one micro-batch's loss.
@@ -125,6 +133,14 @@ class backend {
   virtual void loss(actors::actor& owner, const layers::loss& criterion, value output, const targets& t,
                     std::int64_t first, std::uint64_t step, double share, bool train, bool want_output,
                     const std::function<void(value)>& gradient, std::function<void(loss_figures&)> report) = 0;
+  /// Backends whose values share a non-null domain (one device) pass them device-resident.
+  virtual const void* domain() const noexcept { return nullptr; }
+  /// A device's weights into the graph's layers, and its optimizer state (named as in the
+  /// graph) out and in: off the loops, between steps (they wait for the stream). The CPU
+  /// trains the graph in place and keeps its state in the layer actors: nothing to do.
+  virtual void download() {}
+  virtual optimizer_state save_optimizer_state() { return {}; }
+  virtual void load_optimizer_state(const optimizer_state&) {}
 };
 
 /// Runs a `backend_done`: rethrows its error (failing the actor) or runs `then`.

@@ -8,6 +8,17 @@
 
 namespace nerve::layers {
 
+template <class Msg>
+void layer_actor::emit_across(bus::signal<Msg>& sig, crossing c, Msg m, value Msg::*field) {
+  if (c == crossing::none) return sig.emit(std::move(m));
+  auto v = std::move(m.*field);
+  auto held = std::make_shared<Msg>(std::move(m));  // std::function wants a copyable handler
+  kernels_->hand_over(*this, std::move(v), c == crossing::host, [&sig, held, field](value out) {
+    (*held).*field = std::move(out);
+    sig.emit(std::move(*held));
+  });
+}
+
 layer_actor::layer_actor(graph::node_type& n, std::uint32_t index, const node_plan& plan,
                          std::unique_ptr<layer_kernels> kernels)
     : actor(n.name), node_(n), index_(index), plan_(plan), kernels_(std::move(kernels)) {
@@ -122,6 +133,7 @@ void layer_actor::on_forward(forward_msg& m, bool admitted) {
   if (!st.inputs[m.port].empty() || st.inputs_got >= n_in)
     throw std::logic_error("layer '" + node_.name + "': input " + std::to_string(m.port) + " of micro-batch " +
                            std::to_string(m.micro_batch) + " arrived twice");
+  kernels_->adopt(*this, m.x);
   st.inputs[m.port] = std::move(m.x);
   if (++st.inputs_got < n_in) return;  // fan-in: wait for the other inputs of this micro-batch
 
@@ -147,7 +159,8 @@ void layer_actor::on_forward(forward_msg& m, bool admitted) {
       ++outstanding_[e];
       record_credits(e);
     }
-  out_.emit(forward_msg{m.micro_batch, m.step, 0, m.micro_batches, m.train, m.lr, std::move(out)});
+  emit_across(out_, gating_.output, forward_msg{m.micro_batch, m.step, 0, m.micro_batches, m.train, m.lr, std::move(out)},
+              &forward_msg::x);
   if (m.train) report(stage_op::forward, m.micro_batch);
 }
 
@@ -165,6 +178,7 @@ void layer_actor::on_backward(backward_msg& m, bool admitted) {
   if (m.port >= st.grads.size() || !st.grads[m.port].empty())
     throw std::logic_error("layer '" + node_.name + "': gradient on edge " + std::to_string(m.port) +
                            " of micro-batch " + std::to_string(m.micro_batch) + " unexpected or repeated");
+  kernels_->adopt(*this, m.grad);
   st.grads[m.port] = std::move(m.grad);
   --outstanding_[m.port];
   record_credits(m.port);
@@ -190,7 +204,8 @@ void layer_actor::on_backward(backward_msg& m, bool admitted) {
   }
   for (std::size_t k = 0; k < grad_.size(); ++k) {
     if (!(wanted_ & (input_mask{1} << k)) || g[k].empty()) continue;
-    grad_[k]->emit(backward_msg{m.micro_batch, m.step, 0, std::move(g[k])});
+    emit_across(*grad_[k], k < gating_.gradients.size() ? gating_.gradients[k] : crossing::none,
+                backward_msg{m.micro_batch, m.step, 0, std::move(g[k])}, &backward_msg::grad);
   }
 
   // W, in micro-batch order: accumulation order decides the bits of the gradient sum.

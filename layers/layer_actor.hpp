@@ -27,7 +27,10 @@
 /// forwards that enter the actor's piece and gradients that come back into it from a
 /// later piece wait until the gate admits their micro-batch (the actor tells the gate
 /// they arrived), W may wait for its own admission (split backward), and so may the
-/// optimizer step; each F, B and W done is reported to the gate. With a replica group
+/// optimizer step; each F, B and W done is reported to the gate. A value that comes from
+/// another stage is adopted by the kernels (uploaded to a device stage, say), and one that
+/// leaves for a stage of another device (or the CPU) is handed over first (`crossing`),
+/// so the edges of the graph carry what each side can use. With a replica group
 /// the weight gradients are all-reduced (`bus::all_reduce`) before the optimizer step.
 ///
 /// With the recorder on, each edge's credits are recorded as a counter on this actor's
@@ -85,6 +88,11 @@ struct layer_event {
   std::size_t stash_bytes = 0;
 };
 
+/// How a node's value leaves for another pipeline stage: as it is (a host tensor, or a
+/// value of the same stream), as a device copy the other stage's stream waits for (same
+/// device), or downloaded to the host (a CPU stage, the loss, another device).
+enum class crossing : std::uint8_t { none, device, host };
+
 /// A layer actor's part in a pipeline stage (see `layer_actor::gate`).
 struct layer_gating {
   actors::address gate;                ///< hears `layer_event`s
@@ -93,6 +101,8 @@ struct layer_gating {
   std::vector<bool> hold_backward;     ///< per edge: its gradient waits for `admit{backward}`
   bool defer_weight = false;           ///< W waits for `admit{weight}` (split backward)
   bool defer_step = false;             ///< the optimizer step waits for `admit{step}`
+  crossing output = crossing::none;    ///< how the forward output leaves
+  std::vector<crossing> gradients;     ///< per input port: how its gradient leaves
   actors::address reducer;             ///< replicas: the node's all-reduce (empty: none)
   std::uint32_t rank = 0;              ///< this replica's rank in it
 };
@@ -135,6 +145,9 @@ class layer_actor : public actors::actor {
   void on_admit(const admit& a);
   void report(stage_op op, std::int64_t mb, bool arrived = false);
   void record_credits(std::size_t edge);
+  /// Emits `m` on `sig` once its value (`m.*field`) crossed toward the next stage as `c` says.
+  template <class Msg>
+  void emit_across(bus::signal<Msg>& sig, crossing c, Msg m, value Msg::*field);
 
   graph::node_type& node_;
   std::uint32_t index_;

@@ -32,7 +32,6 @@
 #include "gpu/device.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/layers/device_backend.hpp"
-#include "gpu/layers/device_stage.hpp"
 #include "gpu/memory.hpp"
 #include "gpu/testing.hpp"
 #include "layers/graph.hpp"
@@ -328,10 +327,11 @@ json pipeline_run(gpu::backend_kind kind, std::uint32_t stages, std::size_t batc
   auto g = layers::make_preset("deep-mlp", 0);
   nerve::pipeline::pipeline_options po;
   for (std::uint32_t s = 0; s < stages; ++s)
-    po.engines.push_back([&dev](const nerve::pipeline::stage_engine_context& ctx) {
-      gpu::device_stage_options so;
-      so.optimizer = gpu::optimizer_of("sgd", 0.01, 0.9);
-      return gpu::make_device_stage(dev, ctx, so);
+    po.backends.push_back([&dev](layers::graph& graph, const std::vector<std::size_t>& nodes) {
+      gpu::device_backend_options so;
+      so.optimizer = gpu::device_optimizer{"sgd", 0.01, 0.9};
+      so.nodes = nodes;
+      return std::make_shared<gpu::device_backend>(dev, graph, so);
     });
   const auto plan = nerve::pipeline::make_schedule("1f1b", stages, micro);
   nerve::pipeline::pipeline p(rt, g, nerve::pipeline::partition_by_parameters(g, plan.pieces()), plan,

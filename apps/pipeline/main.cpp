@@ -29,7 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/device.hpp"
-#include "gpu/layers/device_stage.hpp"
+#include "gpu/layers/device_backend.hpp"
 #include "gpu/layers/train.hpp"
 #include "layers/executor.hpp"
 #include "layers/gemm.hpp"
@@ -92,7 +92,7 @@ class pipeline_engine : public nl::train_engine {
     for (std::uint32_t s = 0; s < stages && s < devices.size(); ++s) {
       int backend = 0, ordinal = 0;
       if (!gpu::parse_device(devices[s], backend, ordinal)) {
-        po.engines.push_back(nullptr);
+        po.backends.push_back(nullptr);
         continue;
       }
       auto& dev = opened_[{backend, ordinal}];
@@ -104,13 +104,13 @@ class pipeline_engine : public nl::train_engine {
         dev = std::make_unique<gpu::device>(d);
       }
       out_.device_of[s] = devices[s] + " (" + dev->name() + ")";
-      gpu::device_stage_options so;
+      gpu::device_backend_options so;
       so.optimizer = gpu::device_optimizer{o.optimizer, o.lr, o.momentum, o.weight_decay, o.nesterov};
-      po.engines.push_back(
-          [d = dev.get(), so](const np::stage_engine_context& ctx) { return gpu::make_device_stage(*d, ctx, so); });
+      po.backends.push_back([d = dev.get(), so](nl::graph& g, const std::vector<std::size_t>& nodes) mutable {
+        so.nodes = nodes;
+        return std::make_shared<gpu::device_backend>(*d, g, so);
+      });
     }
-    // Every stage on the CPU: no engines at all (replicas need that).
-    if (std::none_of(po.engines.begin(), po.engines.end(), [](auto& f) { return bool(f); })) po.engines.clear();
     nl::set_gemm_threads(1);  // one product thread per stage loop
     pipe_ = std::make_unique<np::pipeline>(rt, graphs, pieces, plan, std::make_shared<nl::cross_entropy>(),
                                            nl::make_optimizer_factory(o), po);

@@ -5,6 +5,8 @@
 #include "gpu/status.hpp"
 #include "layers/graph.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -18,8 +20,9 @@ namespace {
 /// does the producer's stash, which needs its output until backward).
 struct device_value final : layers::backend_data {
   std::shared_ptr<device_tensor> t;
-  explicit device_value(std::shared_ptr<device_tensor> v) : t(std::move(v)) {}
-  std::unique_ptr<layers::backend_data> clone() const override { return std::make_unique<device_value>(t); }
+  event ready;  ///< set on a copy for another stream (layer_kernels::hand_over): its stream waits for it
+  explicit device_value(std::shared_ptr<device_tensor> v, event e = {}) : t(std::move(v)), ready(std::move(e)) {}
+  std::unique_ptr<layers::backend_data> clone() const override { return std::make_unique<device_value>(t, ready); }
   std::size_t payload_bytes() const noexcept override { return t->bytes(); }
 };
 
@@ -52,7 +55,8 @@ shape_t with_batch(std::int64_t n, const layers::shape& sample) {
   return s;
 }
 
-/// Pinned blocks for downloads (hooks, predicted outputs), kept and reused. A copy into
+/// Pinned blocks for downloads (hooks, predicted outputs, values handed over to the host)
+/// and uploads (values adopted from the host), kept and reused. A copy into
 /// pageable memory would block the loop until the stream reaches it, and freeing pinned
 /// memory waits for the whole device: either stalls a loop behind a busy stream.
 /// Shared with the completions that hand their blocks back. Any thread.
@@ -80,6 +84,12 @@ class staging {
   std::mutex m_;
   std::multimap<std::size_t, pinned_buffer> spare_;  // guarded by m_
 };
+
+/// A host tensor of `t`'s shape.
+layers::tensor host_like(const device_tensor& t) {
+  std::vector<std::int64_t> dims(t.shape().begin() + 1, t.shape().end());
+  return layers::tensor(std::int64_t(t.rows()), layers::shape(std::move(dims)));
+}
 
 /// Downloads `t` into `into` (allocated to its size) through a staging block: the copy is
 /// enqueued now, `finish` (in the completion) moves it into place and returns the block.
@@ -115,6 +125,11 @@ struct device_backend::impl {
   layers::shape output_sample;
   pinned_buffer in, labels, figures;  // max_batch rows of inputs, labels, (loss sum, correct)
   std::shared_ptr<staging> pool;
+  std::atomic<std::int64_t> host_transfers{0};
+  // Events of other streams this one waits for: a pooled event handed back at once could
+  // be recorded again before the wait passed it (the stand-in's wait follows the latest
+  // record), so they are kept until the next completion after the wait.
+  std::vector<event> waited;
 
   impl(device& d, device_backend_options o)
       : dev(d), s(d.create_stream(o.stream)), options(std::move(o)), pool(std::make_shared<staging>(d)) {}
@@ -122,7 +137,8 @@ struct device_backend::impl {
   /// `then` as a `backend_done` in `owner`'s mailbox once the work enqueued so far is done;
   /// `what` names the wait's span in the trace.
   void when_done(actors::actor& owner, std::function<void()> then, const char* what) {
-    s.async_wait(owner.executor(), [to = owner.self(), then = std::move(then)](std::error_code ec) mutable {
+    s.async_wait(owner.executor(), [to = owner.self(), then = std::move(then),
+                                    keep = std::exchange(waited, {})](std::error_code ec) mutable {
       auto* a = to.get();
       if (!a) return;  // the network is gone
       std::exception_ptr err;
@@ -192,14 +208,50 @@ class device_kernels final : public layers::layer_kernels {
     for (std::size_t i = 0; i < vs.size(); ++i) {
       if (vs[i]->empty()) continue;
       auto& t = *tensor_of(*vs[i]);
-      std::vector<std::int64_t> dims(t.shape().begin() + 1, t.shape().end());
-      (*host)[i] = layers::tensor(std::int64_t(t.rows()), layers::shape(dims));
+      (*host)[i] = host_like(t);
       copies->push_back(start_download(b_.s, *b_.pool, t, (*host)[i]));
     }
     b_.when_done(owner, [host, copies, pool = b_.pool, fn = std::move(fn)] {
       for (auto& d : *copies) d.finish(*pool);
       fn(*host);
     }, "hooks");
+  }
+  void adopt(actors::actor& owner, layers::value& v) override {
+    if (!v.device) {  // from the host: through a pinned buffer, given back once copied
+      const auto& h = v.host;
+      auto t = std::make_shared<device_tensor>(b_.s, with_batch(h.batch(), h.sample_shape()));
+      auto staging = b_.pool->take(t->bytes());
+      std::memcpy(staging.data(), h.data(), t->bytes());
+      copy_async(b_.s, t->data(), staging.data(), t->bytes());
+      b_.s.async_wait(owner.executor(), [pool = b_.pool, b = std::move(staging)](std::error_code) mutable {
+        pool->give(std::move(b));
+      });
+      ++b_.host_transfers;
+      v = wrap(std::move(t));
+      return;
+    }
+    auto* d = dynamic_cast<device_value*>(v.device.get());
+    if (!d) throw std::logic_error("device backend: another backend's value reached '" + e_.node->name + "'");
+    if (!d->ready.valid()) return;  // made on this stream
+    b_.s.wait(d->ready);
+    b_.waited.push_back(std::exchange(d->ready, {}));
+    d->t->buffer().set_stream(b_.s);  // a copy of its own: freed after this stream's work
+  }
+  void hand_over(actors::actor& owner, layers::value v, bool to_host,
+                 std::function<void(layers::value)> then) override {
+    const auto& t = *tensor_of(v);
+    if (!to_host) {  // a copy: the original may stay in a stash of this stream
+      auto c = std::make_shared<device_tensor>(b_.s, t.shape());
+      copy_async(b_.s, c->data(), t.data(), t.bytes());
+      return then(layers::value(std::make_unique<device_value>(std::move(c), b_.s.record())));
+    }
+    auto host = std::make_shared<layers::tensor>(host_like(t));
+    auto copy = std::make_shared<staged_copy>(start_download(b_.s, *b_.pool, t, *host));
+    ++b_.host_transfers;
+    b_.when_done(owner, [host, copy, pool = b_.pool, then = std::move(then)] {
+      copy->finish(*pool);
+      then(layers::value(std::move(*host)));
+    }, "to host");
   }
 
  private:
@@ -220,7 +272,8 @@ device_backend::device_backend(device& dev, layers::graph& g, device_backend_opt
   auto& m = *impl_;
   for (auto i : g.order()) {
     auto& n = g.nodes()[i];
-    if (n.is_input()) continue;
+    const auto& only = m.options.nodes;
+    if (n.is_input() || (!only.empty() && std::find(only.begin(), only.end(), i) == only.end())) continue;
     auto e = std::make_unique<node_entry>(node_entry{&n, nullptr, device_parameters(m.options.optimizer)});
     try {
       e->layer = make_device_layer(m.s, *n.layer);
@@ -340,7 +393,7 @@ void device_backend::download() {
   for (auto& e : m.nodes) download_parameters(m.s, *e->layer, *e->node->layer);
 }
 
-layers::optimizer_state device_backend::optimizer_state() {
+layers::optimizer_state device_backend::save_optimizer_state() {
   layers::optimizer_state all;
   for (auto& e : impl_->nodes) {
     auto st = e->params.state(impl_->s);
@@ -365,6 +418,8 @@ void device_backend::load_optimizer_state(const layers::optimizer_state& state) 
 }
 
 void device_backend::synchronize() { impl_->s.synchronize(); }
+const void* device_backend::domain() const noexcept { return &impl_->dev.core(); }
+std::int64_t device_backend::host_transfers() const noexcept { return impl_->host_transfers; }
 gpu::stream& device_backend::stream() noexcept { return impl_->s; }
 
 }  // namespace nerve::gpu

@@ -14,6 +14,12 @@
 /// layer, PyTorch's rules); the loss is softmax cross-entropy. Every actor of the
 /// network enqueues on the one stream, so the network puts them on one loop.
 ///
+/// A pipeline stage on a device is a backend over the stage's nodes (`options.nodes`):
+/// its layer actors adopt what comes from other stages (host tensors uploaded through
+/// pinned memory; a device copy of another stream waited for on the device) and hand
+/// over what leaves (downloaded through pinned memory, sent from the loop once the copy
+/// is done; or copied with a ready event for a stage of the same device).
+///
 /// Thread safety: construct, `download`, the optimizer state and destroy off the loops
 /// (they wait for the stream); the kernels belong to their actors' loop. The graph and
 /// the device must outlive the backend.
@@ -23,12 +29,15 @@
 #include "layers/backend.hpp"
 
 #include <memory>
+#include <vector>
 
 namespace nerve::gpu {
 
 struct device_backend_options {
   device_optimizer optimizer;
   std::size_t max_batch = 1024;  ///< rows a step may take (sizes the pinned staging)
+  /// The graph's layer nodes to run (a pipeline stage's); empty: every layer.
+  std::vector<std::size_t> nodes;
   stream_options stream;
 };
 
@@ -51,12 +60,16 @@ class device_backend final : public layers::backend {
             const std::function<void(layers::value)>& gradient,
             std::function<void(layers::loss_figures&)> report) override;
 
+  const void* domain() const noexcept override;
   /// Copies the device parameters into the graph's layers (waits for the stream).
-  void download();
+  void download() override;
   /// The optimizer's state, parameters as the graph names them (`fc1.weight`). Waits.
-  layers::optimizer_state optimizer_state();
-  /// Replaces it (as `optimizer_state` made it). Waits. Throws naming a buffer no layer has.
-  void load_optimizer_state(const layers::optimizer_state& state);
+  layers::optimizer_state save_optimizer_state() override;
+  /// Replaces it (as `save_optimizer_state` made it). Waits. Throws naming a buffer no layer has.
+  void load_optimizer_state(const layers::optimizer_state& state) override;
+  /// Values its layers took from the host or handed over to it (a pipeline stage's
+  /// boundaries, the gate's input and loss), since construction. Any thread.
+  std::int64_t host_transfers() const noexcept;
   /// Waits until the stream is idle (setup, tests, shutdown; never on a loop).
   void synchronize();
   gpu::stream& stream() noexcept;

@@ -64,7 +64,7 @@ class device_engine : public layers::train_engine {
     rt_.synchronize();  // the completions are counted work (with_runtime)
     backend_->download();
   }
-  layers::optimizer_state optimizer_state_of() override { return backend_->optimizer_state(); }
+  layers::optimizer_state optimizer_state_of() override { return backend_->save_optimizer_state(); }
   void load_optimizer_state(const layers::optimizer_state& state) override { backend_->load_optimizer_state(state); }
   void sync_weights() override { backend_->download(); }
   void trace_metadata(nlohmann::json& extra) const override {

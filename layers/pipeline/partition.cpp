@@ -6,7 +6,6 @@
 #include <random>
 #include <stdexcept>
 
-#include "layers/pipeline/piece.hpp"
 
 namespace nerve::pipeline {
 
@@ -18,6 +17,10 @@ std::vector<std::size_t> layer_order(const layers::graph& g) {
 }
 
 namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 void check_count(std::size_t layers, std::size_t pieces) {
   if (pieces == 0) throw std::invalid_argument("partition: 0 stages");
@@ -88,29 +91,51 @@ partition partition_by_parameters(layers::graph& g, std::size_t pieces) {
 
 std::vector<double> profile_layers(layers::graph& g, std::int64_t batch, int repeats, std::uint64_t seed) {
   const auto order = layer_order(g);
-  partition whole{order};
-  piece_executor exec(g, whole, 0);
+  auto& nodes = g.nodes();
   std::vector<std::vector<double>> samples(order.size());
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> dist;
-  for (int r = 0; r <= repeats; ++r) {
-    std::vector<layers::tensor> in;
+  for (int r = 0; r <= repeats; ++r) {  // run 0 warms up
+    // Forward, B and W of every layer in turn, a step of one micro-batch, timed per layer.
+    std::vector<layers::tensor> out(nodes.size()), dy(nodes.size());
+    std::vector<layers::basic_stash<float>> st(nodes.size());
+    std::vector<double> t(order.size(), 0);
     for (std::size_t k : g.inputs()) {
-      layers::tensor t(batch, g.nodes()[k].output_shape);
-      for (std::int64_t i = 0; i < t.size(); ++i) t.data()[i] = dist(rng);
-      in.push_back(std::move(t));
+      out[k] = layers::tensor(batch, nodes[k].output_shape);
+      for (std::int64_t i = 0; i < out[k].size(); ++i) out[k].data()[i] = dist(rng);
     }
-    std::vector<double> t_layer(order.size(), 0);
-    exec.zero_grad();
-    exec.set_timer(&t_layer);
-    auto out = exec.forward(0, std::move(in), {});
-    std::vector<layers::tensor> dy;
-    dy.push_back(layers::tensor::constant(out[0].batch(), out[0].sample_shape(), 1.0f / float(out[0].size())));
-    exec.backward_input(0, std::move(dy));
-    exec.backward_weight(0);
-    exec.set_timer(nullptr);
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      auto& n = nodes[order[k]];
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<layers::tensor> in;
+      for (auto x : n.inputs) in.push_back(out[x].clone());
+      auto f = n.layer->forward(std::move(in), {});
+      out[order[k]] = std::move(f.output);
+      st[order[k]] = std::move(f.stash);
+      t[k] += seconds_since(t0);
+    }
+    const auto& y = out[g.output()];
+    dy[g.output()] = layers::tensor::constant(y.batch(), y.sample_shape(), 1.0f / float(y.size()));
+    for (std::size_t k = order.size(); k-- > 0;) {
+      const auto i = order[k];
+      auto& n = nodes[i];
+      if (dy[i].empty()) continue;
+      const auto t0 = std::chrono::steady_clock::now();
+      layers::input_mask wanted = 0;
+      for (std::size_t q = 0; q < n.inputs.size(); ++q)
+        if (!nodes[n.inputs[q]].is_input()) wanted |= layers::input_mask{1} << q;
+      auto gi = n.layer->backward_input(st[i], dy[i], wanted);
+      if (n.layer->has_parameters()) n.layer->backward_weight(st[i], dy[i]);
+      for (std::size_t q = 0; q < n.inputs.size() && q < gi.size(); ++q) {
+        if (!(wanted & (layers::input_mask{1} << q)) || gi[q].empty()) continue;
+        auto& a = dy[n.inputs[q]];
+        if (a.empty()) a = std::move(gi[q]);
+        else a += gi[q];
+      }
+      t[k] += seconds_since(t0);
+    }
     if (r > 0)
-      for (std::size_t i = 0; i < order.size(); ++i) samples[i].push_back(t_layer[i]);
+      for (std::size_t i = 0; i < order.size(); ++i) samples[i].push_back(t[i]);
   }
   g.zero_grad();
   std::vector<double> med;

@@ -14,436 +14,29 @@
 
 #include "bus/all_reduce.hpp"
 #include "layers/pipeline/detail/stage_protocol.hpp"
-#include "layers/pipeline/piece.hpp"
-#include "layers/pipeline/stage_engine.hpp"
 #include "layers/pipeline/stage_gate.hpp"
 
 namespace nerve::pipeline {
 
 namespace {
 
-using layers::tensor;
-
-/// Host bytes of a payload (a device payload's bytes stay on the device: 0 here).
-std::size_t host_bytes(const stage_payload& p) noexcept {
-  std::size_t b = 0;
-  for (auto& t : p.host) b += t.payload_bytes();
-  return b;
-}
-
-/// The tensors of one micro-batch into piece `piece` (forward): host tensors, or
-/// device tensors with their ready event between two stages on one device.
-struct activation_msg {
-  static constexpr std::string_view kind = "activation";
-  std::int64_t micro_batch = 0;
-  std::uint32_t piece = 0;
-  stage_payload x;
-  std::size_t payload_bytes() const noexcept { return host_bytes(x); }
-};
-
-/// The gradients of one micro-batch into piece `piece` (backward).
-struct gradient_msg {
-  static constexpr std::string_view kind = "gradient";
-  std::int64_t micro_batch = 0;
-  std::uint32_t piece = 0;
-  stage_payload g;
-  std::size_t payload_bytes() const noexcept { return host_bytes(g); }
-};
-
-/// To the stage itself, on its loop: a device payload's copy to the host completed
-/// (or failed); send it on to `piece`.
-struct host_copy_done {
-  static constexpr std::string_view kind = "host_copy_done";
-  std::int64_t micro_batch = 0;
-  std::uint32_t piece = 0;
-  bool forward = true;
-  std::exception_ptr error;
-  std::vector<tensor> x;
-};
-
-/// To the stage itself: the device work of its step completed (or failed).
-struct engine_done {
-  static constexpr std::string_view kind = "engine_done";
-  std::exception_ptr error;
-};
-
-using detail::abort_msg;
-using detail::op_name;
 using detail::stage_aborted;
 using detail::stage_report;
 using detail::step_msg;
-using detail::what_of;
 
-constexpr std::uint32_t stage_track_base = 2000000;
+/// How a value of a node in stage `from` leaves for stage `to`: CPU stages and values
+/// that stay in their stage leave as they are; a device stage's go to another stream of
+/// its device as a copy with its ready event, anywhere else through the host.
+layers::crossing crossing_between(const std::vector<std::shared_ptr<layers::backend>>& backends, std::uint32_t from,
+                                  std::uint32_t to) {
+  const auto& a = backends[from];
+  if (from == to || !a) return layers::crossing::none;
+  const auto& b = backends[to];
+  return b && b->domain() == a->domain() ? layers::crossing::device : layers::crossing::host;
+}
 
 }  // namespace
 
-/// Runs one stage: its pieces, its action list (or the emergent policy), its optimizer.
-class stage_actor : public actors::actor {
- public:
-  struct config {
-    std::uint32_t stage = 0;
-    std::shared_ptr<const ::nerve::pipeline::schedule> plan;  // shared: a stopping actor may outlive its pipeline
-    std::vector<std::unique_ptr<piece_executor>> chunks;  // by chunk
-    std::unique_ptr<layers::optimizer> opt;
-    std::shared_ptr<const layers::loss> criterion;
-    bool emergent = false;
-    std::uint32_t credits = 1;
-    /// Set: the chunks run on a device through the engine (`chunks` then only give the frontiers).
-    std::shared_ptr<stage_engine> engine;
-    /// Each stage's engine domain (null: CPU), to tell whether a payload may stay on the device.
-    std::vector<const void*> domains;
-  };
-
-  explicit stage_actor(config c) : actor("stage " + std::to_string(c.stage)), c_(std::move(c)) {
-    S_ = c_.plan->stages;
-    P_ = c_.plan->pieces();
-    on<step_msg>([this](step_msg& m) { guarded([&] { on_step(m); }); });
-    // Checkpoints, between steps: the stage's optimizer over the parameters of its pieces.
-    // A device stage's state is the engine's, read off the loops (pipeline::optimizer_state_of).
-    on<layers::get_optimizer_state>([this](layers::get_optimizer_state&) {
-      if (c_.engine) throw std::logic_error("stage " + std::to_string(c_.stage) + ": ask the device stage's engine");
-      layers::optimizer_state st;
-      c_.opt->save_state(st);
-      return st;
-    });
-    on<layers::set_optimizer_state>([this](layers::set_optimizer_state& m) {
-      if (c_.engine) throw std::logic_error("stage " + std::to_string(c_.stage) + ": load the device stage's engine");
-      auto params = parameters();
-      layers::optimizer_state mine;  // the buffers of this stage's parameters, and the counters
-      for (auto& b : m.state.buffers)
-        for (auto& p : params)
-          if (p.name == b.parameter) mine.buffers.push_back(b);
-      mine.counters = m.state.counters;
-      c_.opt->load_state(mine, params);
-      return true;
-    });
-    on<activation_msg>([this](activation_msg& m) {
-      guarded([&] {
-        acts_[{m.micro_batch, m.piece}] = std::move(m.x);
-        advance();
-      });
-    });
-    on<gradient_msg>([this](gradient_msg& m) {
-      guarded([&] {
-        grads_[{m.micro_batch, m.piece}] = std::move(m.g);
-        advance();
-      });
-    });
-    on<host_copy_done>([this](host_copy_done& m) {
-      guarded([&] {
-        // Moved out first: no copy of the error stays in the message once it is on its way.
-        if (m.error) std::rethrow_exception(std::exchange(m.error, nullptr));
-        stage_payload p;
-        p.host = std::move(m.x);
-        send_to_piece(m.piece, m.micro_batch, std::move(p), m.forward);
-      });
-    });
-    on<engine_done>([this](engine_done& m) {
-      guarded([&] {
-        if (m.error) std::rethrow_exception(std::exchange(m.error, nullptr));
-        deliver();
-      });
-    });
-    on<abort_msg>([this](abort_msg& m) {
-      if (reply_) {
-        // Made in its own statement so the temporary is gone before the caller can see the error.
-        auto e = std::make_exception_ptr(
-            stage_aborted("stage " + std::to_string(c_.stage) + " stopped: stage " + std::to_string(m.from) + " failed: " + m.what));
-        reply_.fail(std::move(e));
-      }
-      stop();
-    });
-  }
-
- protected:
-  // The pipeline holds the engine too and lets it go off the loops (its destructor waits
-  // for the stream), after this has run.
-  void on_stop() override { c_.engine.reset(); }
-
- private:
-  using key = std::pair<std::int64_t, std::uint32_t>;  // (micro-batch, piece)
-
-  template <class F>
-  void guarded(F&& f) {
-    if (failed_) return;
-    std::exception_ptr e;
-    try {
-      f();
-    } catch (...) {
-      e = std::current_exception();
-    }
-    if (!e) return;
-    failed_ = true;
-    // Every other stage (of every replica) ends its step with an abort and stops; so does this one.
-    const std::string what = what_of(e);
-    if (stages_)
-      for (std::uint32_t s = 0; s < stages_->size(); ++s)
-        if (s != replica_ * S_ + c_.stage) (void)try_send((*stages_)[s], abort_msg{c_.stage, what}, actors::lane::urgent);
-    // Handed over last, outside the catch block: this thread then holds no reference to the
-    // exception, so the caller's is the last one (TSan cannot see libstdc++'s reference counts).
-    if (reply_) reply_.fail(std::move(e));
-    stop();
-  }
-
-  std::int64_t now() { return system().trace().now(); }
-
-  void on_step(step_msg& m) {
-    reply_ = defer_reply<stage_report>();
-    stages_ = m.stages;
-    replica_ = m.replica;
-    step_ = m.step;
-    t0_ = m.t0_ns;
-    inputs_ = std::move(m.inputs);
-    targets_ = std::move(m.targets);
-    shares_ = std::move(m.shares);
-    if (c_.engine) {
-      c_.engine->begin_step(m.lr, executor());
-    } else {
-      if (m.lr >= 0) c_.opt->set_lr(m.lr);
-      for (auto& p : c_.chunks) p->zero_grad();
-    }
-    rep_ = stage_report{};
-    rep_.begin_ns = now();
-    const std::uint32_t M = c_.plan->micro_batches;
-    rep_.losses.assign(M, 0);
-    rep_.correct.assign(M, 0);
-    cursor_ = 0;
-    waiting_ = false;
-    next_f_ = 0;
-    in_flight_ = 0;
-    active_ = true;
-    finishing_ = false;
-    advance();
-  }
-
-  bool have_input(const action& a, std::uint32_t p) const {
-    if (a.op == op::F) return p == 0 ? a.micro_batch < inputs_.size() : acts_.count({a.micro_batch, p}) > 0;
-    if (a.op == op::B) return grads_.count({a.micro_batch, p}) > 0;
-    return true;
-  }
-
-  /// The next action the emergent policy allows, if any: a B whose gradient is in
-  /// (lowest micro-batch first), else an F whose input is in while credits last.
-  std::optional<action> emergent_next(bool& blocked_by_credits) {
-    blocked_by_credits = false;
-    for (auto& [k, g] : grads_) return action{op::B, std::uint32_t(k.first), 0};
-    const std::uint32_t M = c_.plan->micro_batches;
-    if (next_f_ < M && have_input(action{op::F, next_f_, 0}, c_.stage)) {
-      if (in_flight_ < c_.credits) return action{op::F, next_f_, 0};
-      blocked_by_credits = true;
-    }
-    return std::nullopt;
-  }
-
-  void advance() {
-    if (!active_) return;  // an activation that came before this stage's step_msg waits in acts_
-    const auto& list = c_.plan->actions[c_.stage];
-    const std::uint32_t M = c_.plan->micro_batches;
-    const std::size_t total = c_.emergent ? std::size_t(M) * 2 : list.size();
-    while (cursor_ < total) {
-      action a;
-      bool credit_block = false;
-      if (c_.emergent) {
-        auto n = emergent_next(credit_block);
-        if (!n) {
-          block(credit_block);
-          return;
-        }
-        a = *n;
-      } else {
-        a = list[cursor_];
-        if (!have_input(a, c_.plan->piece(c_.stage, a.chunk))) {
-          block(false);
-          return;
-        }
-      }
-      unblock();
-      run(a);
-      ++cursor_;
-    }
-    finish();
-  }
-
-  void block(bool credits) {
-    if (waiting_) return;
-    waiting_ = true;
-    wait_credits_ = credits;
-    wait_since_ = now();
-  }
-  void unblock() {
-    if (!waiting_) return;
-    waiting_ = false;
-    const auto t = now();
-    (wait_credits_ ? rep_.backpressure_ns : rep_.input_wait_ns) += t - wait_since_;
-    auto& rec = system().trace();
-    if (rec.enabled())
-      rec.span(stage_track_base + replica_ * S_ + c_.stage, "idle", "idle", wait_since_, t, -1,
-               wait_credits_ ? "backpressure" : "input", int(c_.stage));
-  }
-
-  void send_to_piece(std::uint32_t piece, std::int64_t mb, stage_payload v, bool forward) {
-    const std::uint32_t dest = piece % S_;
-    if (dest == c_.stage) {  // the next chunk lives here: no message
-      (forward ? acts_ : grads_)[{mb, piece}] = std::move(v);
-      return;
-    }
-    if (v.on_device() && (c_.domains.empty() || c_.domains[dest] == nullptr || c_.domains[dest] != c_.domains[c_.stage])) {
-      // Another device or a CPU stage: through pinned memory; sent once the copy's event
-      // has come back on this loop (as a message to this stage, so in its context).
-      auto& rt = system();
-      c_.engine->to_host(std::move(v), executor(),
-                         [&rt, self = self(), mb, piece, forward](std::exception_ptr e, std::vector<tensor> x) {
-                           (void)rt.try_send(self, host_copy_done{mb, piece, forward, std::move(e), std::move(x)},
-                                             actors::lane::urgent);
-                         });
-      return;
-    }
-    const auto& to = (*stages_)[replica_ * S_ + dest];
-    if (forward) send(to, activation_msg{mb, piece, std::move(v)});
-    else
-      send(to, gradient_msg{mb, piece, std::move(v)},
-           c_.emergent ? actors::lane::urgent : actors::lane::normal);  // backward first
-  }
-
-  void run(const action& a) {
-    const auto start = now();
-    const std::uint32_t p = c_.plan->piece(c_.stage, a.chunk);
-    auto& exec = *c_.chunks[a.chunk];
-    const std::int64_t mb = a.micro_batch;
-    switch (a.op) {
-      case op::F: {
-        stage_payload in;
-        if (p == 0) in.host.push_back(std::move(inputs_[a.micro_batch]));
-        else {
-          auto it = acts_.find({mb, p});
-          in = std::move(it->second);
-          acts_.erase(it);
-        }
-        stage_payload out;
-        if (c_.engine) {
-          out = c_.engine->forward(a.chunk, a.micro_batch, std::move(in));
-        } else {
-          if (in.on_device()) throw std::logic_error("pipeline: a device payload reached a CPU stage");
-          out.host = exec.forward(a.micro_batch, std::move(in.host), layers::forward_context{a.micro_batch, step_});
-        }
-        if (p + 1 < P_) {
-          send_to_piece(p + 1, mb, std::move(out), true);
-        } else if (c_.engine) {
-          grads_[{mb, p}] = c_.engine->loss(a.micro_batch, std::move(out), targets_.at(a.micro_batch),
-                                            shares_.at(a.micro_batch));
-        } else {
-          auto r = c_.criterion->forward(out.host.at(0), targets_.at(a.micro_batch));
-          rep_.losses[a.micro_batch] = r.loss;
-          rep_.correct[a.micro_batch] = r.correct;
-          stage_payload g;
-          g.host.push_back(c_.criterion->backward(r.stash, float(shares_.at(a.micro_batch))));
-          grads_[{mb, p}] = std::move(g);
-        }
-        if (c_.emergent) ++next_f_, ++in_flight_;
-        break;
-      }
-      case op::B: {
-        auto it = grads_.find({mb, p});
-        auto g = std::move(it->second);
-        grads_.erase(it);
-        stage_payload gin;
-        if (c_.engine) {
-          gin = c_.engine->backward_input(a.chunk, a.micro_batch, std::move(g));
-          if (!c_.plan->split_backward) c_.engine->backward_weight(a.chunk, a.micro_batch);
-        } else {
-          if (g.on_device()) throw std::logic_error("pipeline: a device payload reached a CPU stage");
-          gin.host = exec.backward_input(a.micro_batch, std::move(g.host));
-          if (!c_.plan->split_backward) exec.backward_weight(a.micro_batch);
-        }
-        if (p > 0) send_to_piece(p - 1, mb, std::move(gin), false);
-        if (c_.emergent) --in_flight_;
-        break;
-      }
-      case op::W:
-        if (c_.engine) c_.engine->backward_weight(a.chunk, a.micro_batch);
-        else exec.backward_weight(a.micro_batch);
-        break;
-    }
-    std::size_t held = 0, bytes = 0;
-    if (c_.engine) held = c_.engine->stashed(), bytes = c_.engine->stash_bytes();
-    else
-      for (auto& c : c_.chunks) held += c->stashed(), bytes += c->stash_bytes();
-    rep_.peak_stashed = std::max(rep_.peak_stashed, held);
-    rep_.peak_bytes = std::max(rep_.peak_bytes, bytes);
-    const auto end = now();
-    rep_.busy_ns += end - start;
-    rep_.actions.push_back({a, double(start - t0_) * 1e-9, double(end - t0_) * 1e-9});
-    auto& rec = system().trace();
-    if (rec.enabled())
-      rec.span(stage_track_base + replica_ * S_ + c_.stage, "action", op_name(a.op), start, end, mb, nullptr, int(c_.stage),
-               c_.emergent ? -1 : int(cursor_), a.chunk);
-  }
-
-  void finish() {
-    if (!active_ || finishing_) return;
-    finishing_ = true;
-    const auto start = now();
-    if (c_.engine) {
-      // Enqueued; the report goes out when the stream's work is done (engine_done).
-      c_.engine->optimizer_step();
-      const auto enqueued = now() - start;
-      rep_.busy_ns += enqueued;
-      rep_.optimizer_ns += enqueued;
-      auto& rt = system();
-      c_.engine->when_done(executor(), [&rt, self = self()](std::exception_ptr e) {
-        (void)rt.try_send(self, engine_done{std::move(e)}, actors::lane::urgent);
-      });
-      return;
-    }
-    c_.opt->step(parameters());
-    const auto stepped = now() - start;
-    rep_.busy_ns += stepped;
-    rep_.optimizer_ns += stepped;
-    deliver();
-  }
-
-  /// The parameters of the stage's pieces, named as in the graph.
-  std::vector<layers::parameter_ref> parameters() {
-    std::vector<layers::parameter_ref> params;
-    for (auto& c : c_.chunks)
-      for (auto& p : c->parameters()) params.push_back(std::move(p));
-    return params;
-  }
-
-  void deliver() {
-    if (!active_) return;
-    if (c_.engine && c_.plan->piece(c_.stage, c_.plan->chunks - 1) + 1 == P_)
-      for (std::uint32_t m = 0; m < c_.plan->micro_batches; ++m) {
-        const auto f = c_.engine->loss_of(m);
-        rep_.losses[m] = f.loss;
-        rep_.correct[m] = f.correct;
-      }
-    rep_.end_ns = now();
-    inputs_.clear();
-    active_ = false;
-    if (reply_) reply_.deliver(std::move(rep_));
-  }
-
-  config c_;
-  std::uint32_t S_ = 1, P_ = 1;
-  std::shared_ptr<const std::vector<actors::address>> stages_;
-  actors::deferred_reply<stage_report> reply_;
-  stage_report rep_;
-  std::uint64_t step_ = 0;
-  std::int64_t t0_ = 0;
-  std::vector<tensor> inputs_;
-  std::vector<layers::targets> targets_;
-  std::vector<double> shares_;
-  std::map<key, stage_payload> acts_, grads_;
-  std::size_t cursor_ = 0;
-  bool active_ = false, waiting_ = false, wait_credits_ = false, failed_ = false, finishing_ = false;
-  std::int64_t wait_since_ = 0;
-  // Emergent mode.
-  std::uint32_t next_f_ = 0, in_flight_ = 0;
-  // Data parallelism.
-  std::uint32_t replica_ = 0;
-};
 
 pipeline::pipeline(actors::runtime& rt, layers::graph& g, partition pieces, schedule plan,
                    std::shared_ptr<const layers::loss> criterion, layers::optimizer_factory make_optimizer,
@@ -477,54 +70,17 @@ pipeline::pipeline(actors::runtime& rt, std::vector<layers::graph*> replicas, pa
   if (!options_.loops.empty() && options_.loops.size() != std::size_t(S) * replicas_)
     throw std::invalid_argument("pipeline: " + std::to_string(options_.loops.size()) + " loops given for " +
                                 std::to_string(S * replicas_) + " stages");
-  if (!options_.engines.empty()) {
-    if (options_.engines.size() != S)
-      throw std::invalid_argument("pipeline: " + std::to_string(options_.engines.size()) + " stage engines given for " +
+  if (!options_.backends.empty()) {
+    if (options_.backends.size() != S)
+      throw std::invalid_argument("pipeline: " + std::to_string(options_.backends.size()) + " stage backends given for " +
                                   std::to_string(S) + " stages");
-    if (replicas_ > 1) throw std::invalid_argument("pipeline: device stages run one replica");
+    if (replicas_ > 1 && std::any_of(options_.backends.begin(), options_.backends.end(), [](auto& f) { return bool(f); }))
+      throw std::invalid_argument("pipeline: device stages run one replica");
   }
-  // Device stages: one engine per stage whose factory is set (the others run on their loop's CPU).
-  engines_.assign(S, nullptr);
-  std::vector<const void*> domains(S, nullptr);
-  for (std::uint32_t s = 0; s < S && !options_.engines.empty(); ++s) {
-    if (!options_.engines[s]) continue;
-    stage_engine_context ctx{*replicas[0], pieces_, s, {}, false, criterion};
-    for (std::uint32_t k = 0; k < plan_.chunks; ++k) ctx.piece_of_chunk.push_back(plan_.piece(s, k));
-    ctx.holds_last = plan_.piece(s, plan_.chunks - 1) + 1 == plan_.pieces();
-    engines_[s] = options_.engines[s](ctx);
-    if (engines_[s]) domains[s] = engines_[s]->domain();
-  }
-  auto shared_plan = std::make_shared<const schedule>(plan_);
   const auto loop_of = [&](std::uint32_t r, std::uint32_t s) {
     return options_.loops.empty() ? (r * S + s) % rt.loop_count() : options_.loops[r * S + s];
   };
-  if (std::none_of(engines_.begin(), engines_.end(), [](auto& e) { return e != nullptr; })) {
-    spawn_groups(replicas, shared_plan, criterion, make_optimizer, loop_of);
-  } else {
-    // Device stages (and the CPU stages beside them): one stage actor per stage that runs
-    // its pieces itself (piece_executor) or through its engine. Until layer actors have a
-    // device backend; then these stages become groups as well.
-    for (std::uint32_t r = 0; r < replicas_; ++r)
-      for (std::uint32_t s = 0; s < S; ++s) {
-        stage_actor::config c;
-        c.engine = engines_[s];
-        c.domains = domains;
-        c.stage = s;
-        c.plan = shared_plan;
-        for (std::uint32_t k = 0; k < plan_.chunks; ++k)
-          c.chunks.push_back(std::make_unique<piece_executor>(*replicas[r], pieces_, plan_.piece(s, k)));
-        c.opt = make_optimizer();
-        c.criterion = criterion;
-        c.emergent = options_.emergent;
-        c.credits = options_.credits ? options_.credits : S - s;
-        actors::spawn_options so;
-        so.loop = loop_of(r, s);
-        // Every message of a step fits: nothing is refused for room in scheduled mode.
-        so.capacity = std::size_t(4) * plan_.micro_batches * plan_.chunks + 16;
-        stages_.push_back(rt.spawn_with<stage_actor>(so, std::move(c)));
-        rt.annotate(stages_.back().id(), int(s), replicas_ > 1 ? "replica " + std::to_string(r) : "pipeline");
-      }
-  }
+  spawn_groups(replicas, std::make_shared<const schedule>(plan_), criterion, make_optimizer, loop_of);
   metrics_.resize(S);
   reset_metrics();
 }
@@ -560,6 +116,18 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
   if (piece_of[g0.output()] + 1 != P)
     throw std::invalid_argument("pipeline: the graph output '" + nodes0[g0.output()].name + "' is not in the last piece");
   const std::uint32_t last_stage = (P - 1) % S;
+  // Device stages: a backend over the stage's nodes (one replica, checked above).
+  backends_.assign(S, nullptr);
+  for (std::uint32_t s = 0; s < S && !options_.backends.empty(); ++s) {
+    if (!options_.backends[s]) continue;
+    std::vector<std::size_t> mine;
+    for (std::uint32_t k = 0; k < plan_.chunks; ++k)
+      for (auto i : pieces_[plan_.piece(s, k)]) mine.push_back(i);
+    backends_[s] = options_.backends[s](g0, mine);
+  }
+  node_stage_.assign(N, 0);
+  for (std::size_t i = 0; i < N; ++i) node_stage_[i] = piece_of[i] % S;
+  const auto stage_of = [&](std::size_t node) { return node_stage_[node]; };
 
   layers_.assign(std::size_t(replicas_) * N, actors::address{});
   std::vector<layers::layer_gating> gating(std::size_t(replicas_) * N);  // given once the reducers exist
@@ -589,8 +157,10 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       so.supervisor = stages_[r * S + s];
       // Every forward and gradient of a step fits, held or not, with the gate's admits.
       so.capacity = std::size_t(M + 1) * (nodes[i].inputs.size() + flow_.nodes[i].edge_count() + 4) + 16;
-      at[i] = rt_.spawn_with<layers::layer_actor>(so, nodes[i], std::uint32_t(i), flow_.nodes[i],
-                                                     layers::make_cpu_kernels(nodes[i], make_optimizer()));
+      auto& be = backends_[s];
+      at[i] = rt_.spawn_with<layers::layer_actor>(
+          so, nodes[i], std::uint32_t(i), flow_.nodes[i],
+          be ? be->kernels_for(nodes[i]) : layers::make_cpu_kernels(nodes[i], make_optimizer()));
       rt_.annotate(at[i].id(), int(s), group);
     }
     // Edges are bus signals, as in a network; forwards that enter a piece and gradients that
@@ -605,7 +175,8 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       }
       auto& a = actor_at(i);
       const auto p = piece_of[i];
-      layers::layer_gating gate{stages_[r * S + p % S], p, 0, {}, plan_.split_backward, true, {}, r};
+      layers::layer_gating gate{stages_[r * S + p % S], p, 0, {}, plan_.split_backward, true};
+      gate.rank = r;
       std::vector<std::int32_t> edge_ids;
       for (std::uint32_t k = 0; k < np.edges.size(); ++k) {
         const auto& e = np.edges[k];
@@ -614,6 +185,16 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
         edge_ids.push_back(next_edge++);
         gate.hold_backward.push_back(piece_of[e.consumer] != p);
       }
+      // Where its output goes: device-resident only toward one other stage of its device.
+      std::vector<std::uint32_t> to;
+      for (auto& e : np.edges) to.push_back(stage_of(e.consumer));
+      std::sort(to.begin(), to.end());
+      to.erase(std::unique(to.begin(), to.end()), to.end());
+      for (auto t : to) gate.output = std::max(gate.output, crossing_between(backends_, p % S, t));
+      if (np.feeds_loss && backends_[p % S]) gate.output = layers::crossing::host;  // the loss is the gate's, on the host
+      if (gate.output == layers::crossing::device && to.size() > 1) gate.output = layers::crossing::host;
+      for (auto x : nodes[i].inputs)
+        gate.gradients.push_back(nodes[x].is_input() ? layers::crossing::none : crossing_between(backends_, p % S, stage_of(x)));
       if (np.feeds_loss) {
         a.output().subscribe(stages_[r * S + last_stage], 0);
         gates[last_stage]->loss_gradient().subscribe(at[i], std::uint32_t(np.edges.size()));
@@ -675,8 +256,6 @@ void pipeline::stop_all() {
   for (auto* v : {&reducers_, &stages_})
     for (auto& a : *v)
       if (!a.stopped()) rt_.stop(a);
-  // The stage actors let their engines go when they stop: wait for that, so the last
-  // reference (whose destructor waits for its stream) goes here, off the loops.
   sync();
 }
 
@@ -684,7 +263,6 @@ pipeline::~pipeline() { stop_all(); }
 
 layers::bus_traffic pipeline::traffic() const {
   layers::bus_traffic t;
-  if (layers_.empty()) return t;  // device stages: no layer actors
   const auto& nodes = graph_->nodes();
   for (std::size_t k = 0; k < layers_.size(); ++k) {
     auto* la = static_cast<layers::layer_actor*>(layers_[k].get());
@@ -702,81 +280,64 @@ layers::bus_traffic pipeline::traffic() const {
 }
 
 layers::optimizer_state pipeline::optimizer_state_of() const {
-  layers::optimizer_state all;  // replica 0's: every replica steps the same sums
-  if (!layers_.empty()) {  // each layer's optimizer, named as a network names them (`fc1.weight`, `fc1.steps`)
-    for (std::size_t i = 0; i < graph_->nodes().size(); ++i) {
-      if (!layers_[i]) continue;
-      const auto prefix = graph_->nodes()[i].name + ".";
-      auto st = rt_.ask<layers::optimizer_state>(layers_[i], layers::get_optimizer_state{}, std::chrono::nanoseconds::max()).get();
-      for (auto& b : st.buffers) all.buffers.push_back({prefix + b.parameter, std::move(b.name), std::move(b.values)});
-      for (auto& [k, v] : st.counters) all.counters[prefix + k] = v;
+  // Each CPU layer's optimizer, named as a network names them (`fc1.weight`, `fc1.steps`),
+  // replica 0's (every replica steps the same sums); a device stage's, as its backend names it.
+  layers::optimizer_state all;
+  for (std::size_t i = 0; i < graph_->nodes().size(); ++i) {
+    if (!layers_[i] || backend_of(i)) continue;
+    const auto prefix = graph_->nodes()[i].name + ".";
+    auto st = rt_.ask<layers::optimizer_state>(layers_[i], layers::get_optimizer_state{}, std::chrono::nanoseconds::max()).get();
+    for (auto& b : st.buffers) all.buffers.push_back({prefix + b.parameter, std::move(b.name), std::move(b.values)});
+    for (auto& [k, v] : st.counters) all.counters[prefix + k] = v;
+  }
+  for (auto& be : backends_)
+    if (be) {
+      auto st = be->save_optimizer_state();
+      for (auto& b : st.buffers) all.buffers.push_back(std::move(b));
+      all.counters.merge(st.counters);
     }
-    return all;
-  }
-  for (std::uint32_t s = 0; s < plan_.stages; ++s) {
-    auto st = engine_of(s) ? engine_of(s)->optimizer_state()
-                          : rt_.ask<layers::optimizer_state>(stages_[s], layers::get_optimizer_state{},
-                                                             std::chrono::nanoseconds::max())
-                                .get();
-    for (auto& b : st.buffers) all.buffers.push_back(std::move(b));
-    for (auto& [k, v] : st.counters) all.counters.emplace(k, v);
-  }
   return all;
 }
 
 void pipeline::load_optimizer_state(const layers::optimizer_state& state) {
+  const auto& nodes = graph_->nodes();
+  std::vector<layers::optimizer_state> parts(nodes.size()), devices(plan_.stages);
+  auto owner = [&](const std::string& name) -> std::size_t {
+    for (std::size_t i = 0; i < nodes.size(); ++i)
+      if (layers_[i] && name.size() > nodes[i].name.size() && name.rfind(nodes[i].name + ".", 0) == 0) return i;
+    return nodes.size();
+  };
+  for (const auto& b : state.buffers) {
+    const auto i = owner(b.parameter);
+    if (i == nodes.size())
+      throw std::invalid_argument("optimizer state: '" + b.parameter + "' belongs to no layer of the pipeline");
+    if (backend_of(i)) devices[node_stage_[i]].buffers.push_back(b);  // named as the backend names them
+    else parts[i].buffers.push_back({b.parameter.substr(nodes[i].name.size() + 1), b.name, b.values});
+  }
+  for (const auto& [k, v] : state.counters) {
+    const auto i = owner(k);
+    if (i < nodes.size() && backend_of(i)) devices[node_stage_[i]].counters[k] = v;
+    else if (i < nodes.size()) parts[i].counters[k.substr(nodes[i].name.size() + 1)] = v;
+    else  // a stage-wide counter (`steps` of a checkpoint written by stage optimizers): every layer's
+      for (auto& part : parts) part.counters.emplace(k, v);
+  }
+  for (std::uint32_t s = 0; s < plan_.stages; ++s)
+    if (backends_[s]) backends_[s]->load_optimizer_state(devices[s]);
   std::vector<std::future<bool>> done;
-  if (!layers_.empty()) {
-    const auto& nodes = graph_->nodes();
-    std::vector<layers::optimizer_state> parts(nodes.size());
-    auto owner = [&](const std::string& name) -> std::size_t {
-      for (std::size_t i = 0; i < nodes.size(); ++i)
-        if (layers_[i] && name.size() > nodes[i].name.size() && name.rfind(nodes[i].name + ".", 0) == 0) return i;
-      return nodes.size();
-    };
-    for (const auto& b : state.buffers) {
-      const auto i = owner(b.parameter);
-      if (i == nodes.size())
-        throw std::invalid_argument("optimizer state: '" + b.parameter + "' belongs to no layer of the pipeline");
-      parts[i].buffers.push_back({b.parameter.substr(nodes[i].name.size() + 1), b.name, b.values});
-    }
-    for (const auto& [k, v] : state.counters) {
-      const auto i = owner(k);
-      if (i < nodes.size()) parts[i].counters[k.substr(nodes[i].name.size() + 1)] = v;
-      else  // a stage-wide counter (`steps` of a checkpoint written by stage optimizers): every layer's
-        for (auto& part : parts) part.counters.emplace(k, v);
-    }
-    for (std::size_t k = 0; k < layers_.size(); ++k)
-      if (layers_[k])
-        done.push_back(rt_.ask<bool>(layers_[k], layers::set_optimizer_state{parts[k % nodes.size()]},
-                                     std::chrono::nanoseconds::max()));
-    for (auto& f : done) f.get();
-    return;
-  }
-  for (std::size_t k = 0; k < stages_.size(); ++k) {
-    const auto s = k % plan_.stages;
-    if (auto* e = engine_of(s)) {  // device stages run one replica
-      layers::optimizer_state mine;  // the buffers of the stage's own parameters, and the counters
-      for (auto& b : state.buffers)
-        for (std::uint32_t c = 0; c < plan_.chunks; ++c)
-          for (auto i : pieces_[plan_.piece(std::uint32_t(s), c)])
-            if (b.parameter.rfind(graph_->nodes()[i].name + ".", 0) == 0) mine.buffers.push_back(b);
-      mine.counters = state.counters;
-      e->load_optimizer_state(mine);
-    } else {
-      done.push_back(rt_.ask<bool>(stages_[k], layers::set_optimizer_state{state}, std::chrono::nanoseconds::max()));
-    }
-  }
+  for (std::size_t k = 0; k < layers_.size(); ++k)
+    if (layers_[k] && !backend_of(k % nodes.size()))
+      done.push_back(rt_.ask<bool>(layers_[k], layers::set_optimizer_state{parts[k % nodes.size()]},
+                                   std::chrono::nanoseconds::max()));
   for (auto& f : done) f.get();
 }
 
-stage_engine* pipeline::engine_of(std::uint32_t stage) const noexcept {
-  return stage < engines_.size() ? engines_[stage].get() : nullptr;
+layers::backend* pipeline::backend_of(std::size_t node) const noexcept {
+  return node < node_stage_.size() ? backends_[node_stage_[node]].get() : nullptr;
 }
 
 void pipeline::download() {
-  for (auto& e : engines_)
-    if (e) e->download();
+  for (auto& be : backends_)
+    if (be) be->download();
 }
 
 bool pipeline::stopped() const noexcept {
@@ -899,7 +460,7 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
   if (rec.enabled()) {
     for (std::size_t i = 0; i < reports.size(); ++i) {
       // The wait before the first action and after the optimizer: the step barrier.
-      const auto track = stage_track_base + std::uint32_t(i);
+      const auto track = stage_track(std::uint32_t(i));
       if (reports[i].begin_ns > t0) rec.span(track, "idle", "idle", t0, reports[i].begin_ns, -1, "optimizer", int(i % S));
       if (t1 > reports[i].end_ns) rec.span(track, "idle", "idle", reports[i].end_ns, t1, -1, "optimizer", int(i % S));
     }
@@ -922,7 +483,7 @@ nlohmann::json pipeline::trace_metadata() const {
                       {"actors", ids},
                       {"layers", layer_ids},
                       {"loop", stages_[s].loop()},
-                      {"device", engines_.size() > s && engines_[s] ? engines_[s]->device_name() : "cpu"}});
+                      {"device", backends_[s] ? std::string(backends_[s]->name()) : "cpu"}});
   }
   nlohmann::json actions = nlohmann::json::array();
   for (const auto& l : plan_.actions) {
@@ -952,9 +513,9 @@ void write_trace(actors::runtime& rt, const pipeline& p, const std::string& path
     const std::string name = p.replicas() > 1
                                  ? "replica " + std::to_string(s / S) + " stage " + std::to_string(s % S)
                                  : "stage " + std::to_string(s);
-    ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 0}, {"tid", stage_track_base + s},
+    ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 0}, {"tid", stage_track(s)},
                   {"args", {{"name", name}}}});
-    ev.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", 0}, {"tid", stage_track_base + s},
+    ev.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", 0}, {"tid", stage_track(s)},
                   {"args", {{"sort_index", -100 + int(s)}}}});
   }
   std::ofstream out(path);

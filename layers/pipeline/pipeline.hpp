@@ -22,8 +22,10 @@
 /// `emergent` mode runs no list: per-edge credits bound the micro-batches a stage lets
 /// into the next one, and gradients run before forwards.
 ///
-/// Device stages (`pipeline_options::engines`) still run as one stage actor each (with
-/// the CPU stages beside them), its pieces on the engine: see stage_engine.hpp.
+/// A device stage is the same: its layer actors' kernels go to the stage's backend
+/// (`pipeline_options::backends`, one stream of a device), and a value that crosses to a
+/// stage of another device or the CPU is copied over by the layer that sends it (see
+/// `layers::crossing`); the loss runs on the host, in the gate.
 ///
 /// Thread safety: `train_step` and the accessors are called from one thread outside the
 /// runtime's loops; a step returns once every stage reported.
@@ -42,7 +44,6 @@
 #include "layers/network.hpp"
 #include "layers/pipeline/partition.hpp"
 #include "layers/pipeline/schedule.hpp"
-#include "layers/pipeline/stage_engine.hpp"
 
 namespace nerve::pipeline {
 
@@ -78,6 +79,10 @@ struct timed_action {
   double start = 0, end = 0;
 };
 
+/// Makes the backend of a device stage over `nodes` of `g` (off the loops).
+using stage_backend_factory =
+    std::function<std::shared_ptr<layers::backend>(layers::graph& g, const std::vector<std::size_t>& nodes)>;
+
 struct pipeline_options {
   /// Loop of each stage; empty: stage s on loop `s % loop_count`.
   std::vector<unsigned> loops;
@@ -87,16 +92,14 @@ struct pipeline_options {
   /// 0: S - s for stage s, 1F1B's bound.
   std::uint32_t credits = 0;
   /// Device stages: one factory per stage (empty: every stage on its loop's CPU; a null
-  /// entry: that stage on the CPU). A stage with an engine runs its pieces on the engine's
-  /// device (see stage_engine.hpp and docs/gpu.md); one replica only.
-  std::vector<stage_engine_factory> engines;
+  /// entry: that stage on the CPU), called with the graph and the stage's layer nodes. Its
+  /// backend's kernels run the stage's layer actors (docs/gpu.md); one replica only.
+  std::vector<stage_backend_factory> backends;
 };
-
-class stage_actor;
 
 class pipeline {
  public:
-  /// Spawns one stage actor per stage of `plan` on `rt`. `pieces` has
+  /// Spawns one gate and its layer actors per stage of `plan` on `rt`. `pieces` has
   /// `plan.stages * plan.chunks` entries (piece p = chunk p / S of stage p % S).
   /// Validates the plan (throws `schedule_error`) and the pieces.
   pipeline(actors::runtime& rt, layers::graph& g, partition pieces, schedule plan,
@@ -111,7 +114,7 @@ class pipeline {
   pipeline(actors::runtime& rt, std::vector<layers::graph*> replicas, partition pieces, schedule plan,
            std::shared_ptr<const layers::loss> criterion, layers::optimizer_factory make_optimizer,
            pipeline_options options = {});
-  /// Stops the stage actors.
+  /// Stops the gates and layer actors.
   ~pipeline();
   pipeline(const pipeline&) = delete;
   pipeline& operator=(const pipeline&) = delete;
@@ -130,34 +133,35 @@ class pipeline {
   void reset_metrics();
   /// The actions of the last step as they ran, per stage (the measured schedule).
   const std::vector<std::vector<timed_action>>& last_step() const noexcept { return last_step_; }
-  /// The stage actors (the gates of CPU stages): replica r's stage s at r * S + s.
+  /// The stage gates: replica r's stage s at r * S + s.
   const std::vector<actors::address>& stage_actors() const noexcept { return stages_; }
-  /// The layer actors of replica r's stage s (CPU stages; empty with device stages).
+  /// The layer actors of replica r's stage s.
   const bus::group& stage_group(std::uint32_t replica, std::uint32_t stage) const {
     return groups_.at(std::size_t(replica) * plan_.stages + stage);
   }
-  /// What went through the layer actors' bus signals so far (CPU stages): one step of M
+  /// What went through the layer actors' bus signals so far: one step of M
   /// micro-batches adds `gradient_edges * M` forwards and as many backwards of the graph's
   /// plan, per replica.
   layers::bus_traffic traffic() const;
   std::uint32_t replicas() const noexcept { return replicas_; }
   /// The optimizer state of every stage, parameters named as in the graph (replica 0's:
-  /// the replicas step the same sums). Between steps, off the loops. Throws for device stages.
+  /// the replicas step the same sums). Between steps, off the loops.
   layers::optimizer_state optimizer_state_of() const;
   /// Gives every stage of every replica its part of `state`. Between steps, off the loops.
   void load_optimizer_state(const layers::optimizer_state& state);
   /// Copies the weights of the device stages into the graph (waits for their streams:
   /// call between steps, never on a loop). CPU stages train the graph's layers in place.
   void download();
-  /// The engine of each stage (null for a CPU stage).
-  const std::vector<std::shared_ptr<stage_engine>>& engines() const noexcept { return engines_; }
+  /// The backend of each stage (null for a CPU stage).
+  const std::vector<std::shared_ptr<layers::backend>>& backends() const noexcept { return backends_; }
   /// True once every stage actor stopped (after a failure, or never while running).
   bool stopped() const noexcept;
   /// `nerve.stages` and `nerve.schedule` for `runtime::write_trace` (docs/trace-format.md).
   nlohmann::json trace_metadata() const;
 
  private:
-  stage_engine* engine_of(std::uint32_t stage) const noexcept;
+  /// The backend of a node's stage (null: the CPU).
+  layers::backend* backend_of(std::size_t node) const noexcept;
   void spawn_groups(const std::vector<layers::graph*>& replicas, std::shared_ptr<const schedule> shared_plan,
                     std::shared_ptr<const layers::loss> criterion, const layers::optimizer_factory& make_optimizer,
                     const std::function<unsigned(std::uint32_t, std::uint32_t)>& loop_of);
@@ -170,10 +174,11 @@ class pipeline {
   schedule plan_;
   pipeline_options options_;
   std::vector<actors::address> stages_, reducers_;
-  std::vector<actors::address> layers_;  // CPU stages: replica r's node i at r * nodes + i (none for inputs)
-  std::vector<bus::group> groups_;       // CPU stages: replica r's stage s at r * S + s
+  std::vector<actors::address> layers_;  // replica r's node i at r * nodes + i (none for inputs)
+  std::vector<bus::group> groups_;       // replica r's stage s at r * S + s
   layers::graph_plan flow_;              // the graph's edges
-  std::vector<std::shared_ptr<stage_engine>> engines_;
+  std::vector<std::shared_ptr<layers::backend>> backends_;  // by stage; null: the CPU
+  std::vector<std::uint32_t> node_stage_;                   // by node index (inputs: stage 0)
   std::vector<stage_metrics> metrics_;
   std::vector<std::vector<timed_action>> last_step_;
   bool failed_ = false;

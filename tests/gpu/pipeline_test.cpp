@@ -1,11 +1,12 @@
-// Pipeline stages on a device (layers/pipeline + gpu/layers/device_stage). Compiled
+// Pipeline stages on a device (layers/pipeline + gpu/layers/device_backend): layer
+// actors whose kernels go to a stage's stream, gated as CPU stages are. Compiled
 // twice, as layers_test.cpp: into gpu_test on the CPU stand-in (runs everywhere, TSan
 // included) and into gpu_device_test on CUDA (skipped without a GPU).
 //
 // Parity rules:
 // - Every stage on one device against one device stage: the same kernels in the same
-//   order (W in micro-batch order, the loss gradient scaled as the CPU loss does,
-//   boundary tensors copied exactly), so the weights must have the same bits.
+//   order (W in micro-batch order, the loss on the host in both, boundary tensors copied
+//   exactly), so the weights must have the same bits.
 // - A mixed pipeline (stage 0 CPU, stage 1 device) against the same pipeline on the CPU:
 //   the stand-in's and cuBLAS's products sum in another order than OpenBLAS, so not
 //   bitwise. Tolerance, derived as in layers_test.cpp: each product of length k differs
@@ -21,7 +22,7 @@
 //   gradients being smaller than the weights), and that the CPU and device runs both
 //   moved every tensor (a run that did nothing cannot pass).
 #include "gpu/device.hpp"
-#include "gpu/layers/device_stage.hpp"
+#include "gpu/layers/device_backend.hpp"
 #include "gpu/status.hpp"
 #include "gpu/testing.hpp"
 #include "layers/activation.hpp"
@@ -73,16 +74,22 @@ pl::pipeline_options device_stages(gpu::device& dev, const std::vector<bool>& on
   pl::pipeline_options o;
   for (bool d : on_device) {
     if (!d) {
-      o.engines.push_back(nullptr);
+      o.backends.push_back(nullptr);
       continue;
     }
-    o.engines.push_back([&dev](const pl::stage_engine_context& ctx) {
-      gpu::device_stage_options so;
-      so.optimizer = gpu::optimizer_of("sgd", lr, momentum);
-      return gpu::make_device_stage(dev, ctx, so);
+    o.backends.push_back([&dev](layers::graph& g, const std::vector<std::size_t>& nodes) {
+      gpu::device_backend_options so;
+      so.optimizer = gpu::device_optimizer{"sgd", lr, momentum};
+      so.nodes = nodes;
+      return std::make_shared<gpu::device_backend>(dev, g, so);
     });
   }
   return o;
+}
+
+gpu::device_backend& device_of(const std::shared_ptr<layers::backend>& b) {
+  REQUIRE(b);
+  return dynamic_cast<gpu::device_backend&>(*b);
 }
 
 struct run_result {
@@ -113,7 +120,7 @@ run_result train(layers::graph& g, const pl::schedule& plan, const std::vector<b
     }
     p.download();
     if (host_transfers)
-      for (auto& e : p.engines()) host_transfers->push_back(e ? e->host_transfers() : -1);
+      for (auto& b : p.backends()) host_transfers->push_back(b ? device_of(b).host_transfers() : -1);
   }
   return r;
 }
@@ -152,10 +159,11 @@ TEST_SUITE("gpu.pipeline") {
         CHECK(mixed.losses[s] == doctest::Approx(cpu.losses[s]).epsilon(1e-5));
         CHECK(mixed.correct[s] == cpu.correct[s]);
       }
-      // Stage 1 took M activations in and gave M gradients out through pinned memory, per step.
+      // Per step and micro-batch, stage 1 took an activation and the loss gradient in and
+      // gave the logits (to the loss) and a gradient out, through pinned memory.
       REQUIRE(transfers.size() == 2);
       CHECK(transfers[0] == -1);
-      CHECK(transfers[1] == 3 * 2 * 4);
+      CHECK(transfers[1] == 3 * 4 * 4);
       const auto a = weights(cpu_g), b = weights(mixed_g);
       REQUIRE(a.size() == b.size());
       for (std::size_t i = 0; i < a.size(); ++i) {
@@ -199,8 +207,11 @@ TEST_SUITE("gpu.pipeline") {
       CHECK(r.losses == ref.losses);
       CHECK(r.correct == ref.correct);
       check_bitwise(g, ref_g);
-      // Device-resident between stages: nothing went through the host.
-      for (auto t : transfers) CHECK(t == 0);
+      // Device-resident between stages: only the batch, the logits and the loss gradient
+      // went through the host, as with one stage (2 steps of 4 micro-batches).
+      std::int64_t total = 0;
+      for (auto t : transfers) total += t;
+      CHECK(total == 2 * 4 * 3);
     }
   }
 
@@ -243,6 +254,56 @@ TEST_SUITE("gpu.pipeline") {
     }
     // Stage 1 runs 4 forwards and 4 backwards on its stream, each waited for at least once.
     CHECK(spans >= 2 * 4);
+    // The device stage shows as a CPU stage does: its gate's actions and idle spans on the
+    // stage's track, and each of its layer actors on a track of its own, handling messages.
+    std::map<std::string, int> on_stage;
+    std::map<long, int> handled;
+    for (const auto& e : j.at("traceEvents")) {
+      if (e.value("ph", "") != "X") continue;
+      if (e.at("tid").get<long>() == long(pl::stage_track(1))) ++on_stage[e.value("name", "")];
+      if (e.value("cat", "") == "handler") ++handled[e.at("tid").get<long>()];
+    }
+    CHECK(on_stage["F"] == 4);
+    CHECK(on_stage["B"] == 4);
+    CHECK(on_stage["idle"] >= 1);
+    for (std::size_t i : g.order()) {
+      const auto& n = g.nodes()[i];
+      if (n.is_input()) continue;
+      CAPTURE(n.name);
+      long tid = -1;
+      for (auto& [k, name] : tracks)
+        if (name == n.name) tid = k.second;
+      CHECK(tid >= 0);
+      CHECK(handled[tid] >= 2 * 4);  // its forwards and gradients, at least
+    }
+  }
+
+  TEST_CASE("one step of M micro-batches over E edges of a stand-in 2-stage pipeline delivers exactly E·M forwards and E·M gradients through bus signals") {
+    for (const std::vector<bool>& on_device : {std::vector<bool>{true, true}, std::vector<bool>{false, true}}) {
+      for (std::uint32_t M : {1u, 4u}) {
+        CAPTURE(on_device[0]);
+        CAPTURE(M);
+        auto g = chain();
+        std::uint64_t E = 1, inputs = 0;  // every input of a layer fed by a layer, and the loss
+        for (auto& n : g.nodes())
+          for (std::size_t q : n.inputs) (g.nodes()[q].is_input() ? inputs : E) += 1;
+        CHECK(E == 9);
+        actors::runtime rt(actors::runtime_options{.loops = 2});
+        gpu::device dev(gpu::test::layers_suite_options());
+        const auto plan = pl::make_schedule("1f1b", 2, M);
+        pl::pipeline p(rt, g, pl::partition_by_parameters(g, 2), plan, std::make_shared<layers::cross_entropy>(),
+                       [] { return layers::make_optimizer<float>("sgd", lr, momentum); }, device_stages(dev, on_device));
+        CHECK(p.stage_group(0, 0).size() + p.stage_group(0, 1).size() == 9);
+        for (std::uint64_t step = 0; step < 2; ++step) {
+          auto b = make_batch(8, step);
+          CHECK(p.train_step(std::move(b.x), b.t, step).samples == 8);
+          const auto t = p.traffic();
+          CHECK(t.forward == (step + 1) * E * M);
+          CHECK(t.backward == (step + 1) * E * M);
+          CHECK(t.feed == (step + 1) * inputs * M);
+        }
+      }
+    }
   }
 
   TEST_CASE("a 4-stage pipeline on one device runs on 4 streams, device-resident") {
@@ -257,10 +318,9 @@ TEST_SUITE("gpu.pipeline") {
                    [] { return layers::make_optimizer<float>("sgd", lr, momentum); },
                    device_stages(dev, {true, true, true, true}));
     std::vector<std::uint64_t> ids;
-    for (auto& e : p.engines()) {
-      REQUIRE(e);
-      CHECK(e->domain() == p.engines()[0]->domain());
-      ids.push_back(gpu::stage_stream(*e).id());
+    for (auto& b : p.backends()) {
+      CHECK(device_of(b).domain() == p.backends()[0]->domain());
+      ids.push_back(device_of(b).stream().id());
     }
     std::sort(ids.begin(), ids.end());
     CHECK(std::unique(ids.begin(), ids.end()) == ids.end());
@@ -269,7 +329,9 @@ TEST_SUITE("gpu.pipeline") {
       const auto r = p.train_step(std::move(b.x), b.t, std::uint64_t(s));
       CHECK(r.samples == 24);
     }
-    for (auto& e : p.engines()) CHECK(e->host_transfers() == 0);
+    std::int64_t transfers = 0;  // the batch, the logits and the loss gradient only
+    for (auto& b : p.backends()) transfers += device_of(b).host_transfers();
+    CHECK(transfers == 2 * 8 * 3);
     CHECK(p.metrics().at(3).actions == 2 * 2 * 8);
     p.download();
     check_bitwise(g, ref_g);
@@ -292,7 +354,7 @@ TEST_SUITE("gpu.pipeline") {
                      device_stages(dev, {failing == 0, true}));
       auto b = make_batch(24, 1);
       p.train_step(std::move(b.x), b.t, 0);  // a good step first
-      auto s = gpu::stage_stream(*p.engines()[failing]);
+      auto s = device_of(p.backends()[failing]).stream();
       gpu::testing::enqueue_fault(s);
       auto b2 = make_batch(24, 2);
       bool threw = false;
@@ -303,9 +365,9 @@ TEST_SUITE("gpu.pipeline") {
         const std::string what = e.what();
         CAPTURE(what);
         // The failing stage's error, or (on a GPU, where the error is sticky for every
-        // stream) its neighbour's: either way the device error, named.
-        CHECK(what.find("pipeline stage") != std::string::npos);
-        CHECK(what.find("on the device") != std::string::npos);
+        // stream) its neighbour's: either way the device error, naming the layer.
+        CHECK(what.find("device backend: '") != std::string::npos);
+        CHECK(what.find("stopped") == std::string::npos);  // the error itself, not an abort
       }
       CHECK(threw);
       CHECK(p.stopped());
@@ -327,13 +389,9 @@ TEST_SUITE("gpu.pipeline") {
     layers::tensor x(24, layers::shape{13});  // fc1 takes 12 features
     for (std::int64_t i = 0; i < x.size(); ++i) x.data()[i] = 0.5f;
     auto b = make_batch(24, 1);
-    try {
-      p.train_step(std::move(x), b.t, 0);
-      FAIL("no error");
-    } catch (const gpu::error& e) {
-      CHECK(e.code() == gpu::errc::invalid_argument);
-      CHECK(std::string(e.what()).find("Linear: input has shape [6, 13]") != std::string::npos);
-    }
+    // The layer actor's failure, named by the actor, quoting the device layer's error.
+    CHECK_THROWS_WITH(p.train_step(std::move(x), b.t, 0),
+                      doctest::Contains("actor 'fc1' failed: Linear: input has shape [6, 13]"));
     CHECK(p.stopped());
   }
 
