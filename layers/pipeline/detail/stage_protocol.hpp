@@ -2,7 +2,7 @@
 /// \file
 /// What `pipeline` and its stages say to each other: a step request per stage, the
 /// stage's report, and the abort that ends a failed step everywhere. The stage is a
-/// `stage_gate` with its layer actors (CPU) or a `stage_actor` with an engine (devices).
+/// `stage_gate` with its layer actors, on whatever backend.
 
 #include <cstdint>
 #include <exception>
