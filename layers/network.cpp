@@ -398,27 +398,36 @@ bus_traffic network::traffic() const {
   return t;
 }
 
-optimizer_state network::optimizer_state_of() const {
+optimizer_state ask_optimizer_state(actors::runtime& rt, const graph& g, const std::vector<actors::address>& by_node) {
   optimizer_state all;
-  for (std::size_t i = 0; i < node_actors_.size(); ++i) {
-    if (!node_actors_[i]) continue;
-    const auto prefix = graph_.nodes()[i].name + ".";
-    auto st = rt_.ask<optimizer_state>(node_actors_[i], get_optimizer_state{}, std::chrono::nanoseconds::max()).get();
+  for (std::size_t i = 0; i < by_node.size(); ++i) {
+    if (!by_node[i]) continue;
+    const auto prefix = g.nodes()[i].name + ".";
+    auto st = rt.ask<optimizer_state>(by_node[i], get_optimizer_state{}, std::chrono::nanoseconds::max()).get();
     for (auto& b : st.buffers) all.buffers.push_back({prefix + b.parameter, std::move(b.name), std::move(b.values)});
     for (auto& [k, v] : st.counters) all.counters[prefix + k] = v;
   }
   return all;
 }
 
+std::size_t owner_of(const graph& g, const std::vector<actors::address>& by_node, const std::string& name) {
+  const auto& nodes = g.nodes();
+  for (std::size_t i = 0; i < nodes.size() && i < by_node.size(); ++i) {
+    const auto& n = nodes[i].name;
+    if (by_node[i] && name.size() > n.size() && name.compare(0, n.size(), n) == 0 && name[n.size()] == '.') return i;
+  }
+  return nodes.size();
+}
+
+optimizer_state network::optimizer_state_of() const { return ask_optimizer_state(rt_, graph_, node_actors_); }
+
 void network::load_optimizer_state(const optimizer_state& state) {
   std::vector<optimizer_state> parts(node_actors_.size());
-  auto owner = [&](const std::string& name) -> std::pair<std::size_t, std::string> {
-    for (std::size_t i = 0; i < node_actors_.size(); ++i) {
-      const auto& n = graph_.nodes()[i].name;
-      if (node_actors_[i] && name.size() > n.size() && name.compare(0, n.size(), n) == 0 && name[n.size()] == '.')
-        return {i, name.substr(n.size() + 1)};
-    }
-    throw std::invalid_argument("optimizer state: '" + name + "' belongs to no layer of the network");
+  auto owner = [&](const std::string& name) {
+    const auto i = owner_of(graph_, node_actors_, name);
+    if (i == graph_.nodes().size())
+      throw std::invalid_argument("optimizer state: '" + name + "' belongs to no layer of the network");
+    return std::pair{i, name.substr(graph_.nodes()[i].name.size() + 1)};
   };
   for (const auto& b : state.buffers) {
     auto [i, local] = owner(b.parameter);

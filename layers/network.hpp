@@ -22,6 +22,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -60,6 +61,15 @@ struct network_options {
   /// per layer from the network's factory. A device backend's actors share one loop.
   std::shared_ptr<layers::backend> backend;
 };
+
+/// The optimizer state of the layer actors `by_node` (by node index of `g`; empty addresses
+/// skipped), named as in the graph (`fc1.weight`, counters `fc1.steps`). Waits for the
+/// actors: off the loops, between steps.
+optimizer_state ask_optimizer_state(actors::runtime& rt, const graph& g, const std::vector<actors::address>& by_node);
+
+/// The node of `g` with an actor in `by_node` whose name prefixes `name` (`fc1` of
+/// `fc1.weight`), or `g.nodes().size()` if none.
+std::size_t owner_of(const graph& g, const std::vector<actors::address>& by_node, const std::string& name);
 
 class network {
  public:

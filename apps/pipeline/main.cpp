@@ -155,14 +155,7 @@ class pipeline_engine : public nl::train_engine {
     downloaded_ = true;
     out_.metrics = pipe_->metrics();
     out_.measured = np::measured_table(*pipe_);
-    // One lane per stage in trace viewers (the recorder names actor tracks itself).
-    const std::uint32_t S = pipe_->plan().stages;
-    for (std::uint32_t s = 0; s < S * pipe_->replicas(); ++s)
-      rt_.trace().name_track(np::stage_track(s),
-                             pipe_->replicas() > 1
-                                 ? "replica " + std::to_string(s / S) + " stage " + std::to_string(s % S)
-                                 : "stage " + std::to_string(s),
-                             -100 + long(s));
+    np::name_stage_tracks(rt_, *pipe_);  // one lane per stage in trace viewers
   }
   void trace_metadata(nlohmann::json& extra) const override { extra.update(pipe_->trace_metadata()); }
   nl::optimizer_state optimizer_state_of() override { return pipe_->optimizer_state_of(); }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -280,16 +279,13 @@ layers::bus_traffic pipeline::traffic() const {
 }
 
 layers::optimizer_state pipeline::optimizer_state_of() const {
-  // Each CPU layer's optimizer, named as a network names them (`fc1.weight`, `fc1.steps`),
-  // replica 0's (every replica steps the same sums); a device stage's, as its backend names it.
-  layers::optimizer_state all;
-  for (std::size_t i = 0; i < graph_->nodes().size(); ++i) {
-    if (!layers_[i] || backend_of(i)) continue;
-    const auto prefix = graph_->nodes()[i].name + ".";
-    auto st = rt_.ask<layers::optimizer_state>(layers_[i], layers::get_optimizer_state{}, std::chrono::nanoseconds::max()).get();
-    for (auto& b : st.buffers) all.buffers.push_back({prefix + b.parameter, std::move(b.name), std::move(b.values)});
-    for (auto& [k, v] : st.counters) all.counters[prefix + k] = v;
-  }
+  // Each CPU layer's optimizer, named as a network names them (replica 0's: every replica
+  // steps the same sums), and each device stage's, as its backend names them.
+  const auto N = graph_->nodes().size();
+  std::vector<actors::address> cpu(layers_.begin(), layers_.begin() + std::ptrdiff_t(N));
+  for (std::size_t i = 0; i < N; ++i)
+    if (backend_of(i)) cpu[i] = {};
+  auto all = layers::ask_optimizer_state(rt_, *graph_, cpu);
   for (auto& be : backends_)
     if (be) {
       auto st = be->save_optimizer_state();
@@ -302,20 +298,15 @@ layers::optimizer_state pipeline::optimizer_state_of() const {
 void pipeline::load_optimizer_state(const layers::optimizer_state& state) {
   const auto& nodes = graph_->nodes();
   std::vector<layers::optimizer_state> parts(nodes.size()), devices(plan_.stages);
-  auto owner = [&](const std::string& name) -> std::size_t {
-    for (std::size_t i = 0; i < nodes.size(); ++i)
-      if (layers_[i] && name.size() > nodes[i].name.size() && name.rfind(nodes[i].name + ".", 0) == 0) return i;
-    return nodes.size();
-  };
   for (const auto& b : state.buffers) {
-    const auto i = owner(b.parameter);
+    const auto i = layers::owner_of(*graph_, layers_, b.parameter);
     if (i == nodes.size())
       throw std::invalid_argument("optimizer state: '" + b.parameter + "' belongs to no layer of the pipeline");
     if (backend_of(i)) devices[node_stage_[i]].buffers.push_back(b);  // named as the backend names them
     else parts[i].buffers.push_back({b.parameter.substr(nodes[i].name.size() + 1), b.name, b.values});
   }
   for (const auto& [k, v] : state.counters) {
-    const auto i = owner(k);
+    const auto i = layers::owner_of(*graph_, layers_, k);
     if (i < nodes.size() && backend_of(i)) devices[node_stage_[i]].counters[k] = v;
     else if (i < nodes.size()) parts[i].counters[k.substr(nodes[i].name.size() + 1)] = v;
     else  // a stage-wide counter (`steps` of a checkpoint written by stage optimizers): every layer's
@@ -501,26 +492,18 @@ nlohmann::json pipeline::trace_metadata() const {
             {"actions", actions}}}};
 }
 
-void write_trace(actors::runtime& rt, const pipeline& p, const std::string& path) {
-  rt.write_trace(path, p.trace_metadata());
-  // Name the stage tracks (the recorder names actor tracks only).
-  std::ifstream in(path);
-  auto j = nlohmann::json::parse(in);
-  in.close();
-  auto& ev = j["traceEvents"];
+void name_stage_tracks(actors::runtime& rt, const pipeline& p) {
   const std::uint32_t S = p.plan().stages;
-  for (std::uint32_t s = 0; s < S * p.replicas(); ++s) {
-    const std::string name = p.replicas() > 1
-                                 ? "replica " + std::to_string(s / S) + " stage " + std::to_string(s % S)
-                                 : "stage " + std::to_string(s);
-    ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 0}, {"tid", stage_track(s)},
-                  {"args", {{"name", name}}}});
-    ev.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", 0}, {"tid", stage_track(s)},
-                  {"args", {{"sort_index", -100 + int(s)}}}});
-  }
-  std::ofstream out(path);
-  out << j.dump();
-  if (!out) throw std::runtime_error("pipeline: cannot write the trace to " + path);
+  for (std::uint32_t s = 0; s < S * p.replicas(); ++s)
+    rt.trace().name_track(stage_track(s),
+                          p.replicas() > 1 ? "replica " + std::to_string(s / S) + " stage " + std::to_string(s % S)
+                                           : "stage " + std::to_string(s),
+                          long(s));
+}
+
+void write_trace(actors::runtime& rt, const pipeline& p, const std::string& path) {
+  name_stage_tracks(rt, p);
+  rt.write_trace(path, p.trace_metadata());
 }
 
 std::vector<double> predicted_bubbles(const schedule& plan, const std::vector<stage_metrics>& m) {

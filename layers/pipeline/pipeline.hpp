@@ -196,8 +196,11 @@ std::vector<double> predicted_bubbles(const schedule& plan, const std::vector<st
 /// idle spans are recorded (docs/trace-format.md).
 constexpr std::uint32_t stage_track(std::uint32_t s) noexcept { return 2000000 + s; }
 
-/// Writes `rt`'s trace with the pipeline's metadata, and names the stage tracks
-/// (tid 2000000 + stage) so viewers show one lane per stage.
+/// Names the stage tracks in `rt`'s recorder ("stage s", or "replica r stage s"), sorted
+/// before the actors' lanes, so viewers show one lane per stage.
+void name_stage_tracks(actors::runtime& rt, const pipeline& p);
+
+/// Writes `rt`'s trace with the pipeline's metadata and its stage tracks named.
 void write_trace(actors::runtime& rt, const pipeline& p, const std::string& path);
 
 /// The measured timeline of `p.last_step()` as a stage × time table of `columns` columns.
