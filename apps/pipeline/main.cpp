@@ -106,6 +106,7 @@ class pipeline_engine : public nl::train_engine {
       out_.device_of[s] = devices[s] + " (" + dev->name() + ")";
       gpu::device_backend_options so;
       so.optimizer = gpu::device_optimizer{o.optimizer, o.lr, o.momentum, o.weight_decay, o.nesterov};
+      so.max_batch = std::max(so.max_batch, o.batch);  // the last stage's loss stages a batch's labels
       po.backends.push_back([d = dev.get(), so](nl::graph& g, const std::vector<std::size_t>& nodes) mutable {
         so.nodes = nodes;
         return std::make_shared<gpu::device_backend>(*d, g, so);

@@ -339,9 +339,13 @@ void device_backend::loss(actors::actor& owner, const layers::loss&, layers::val
                           std::function<void(layers::loss_figures&)> report) {
   auto& m = *impl_;
   auto& s = m.s;
-  first += std::int64_t(step % kSlots * m.options.max_batch);  // the step's slot of the staging
   const auto logits = tensor_of(output);
   const std::size_t n = logits->rows(), classes = logits->cols();
+  if (std::size_t(first) + n > m.options.max_batch)
+    throw error(errc::invalid_argument, "device backend: a loss over rows [" + std::to_string(first) + ", " +
+                                            std::to_string(first + std::int64_t(n)) + ") of a batch of at most " +
+                                            std::to_string(m.options.max_batch));
+  first += std::int64_t(step % kSlots * m.options.max_batch);  // the step's slot of the staging
   auto* sum = reinterpret_cast<float*>(static_cast<char*>(m.figures.data()) + first * 8);
   auto* right = reinterpret_cast<std::int32_t*>(sum + 1);
   const bool labelled = !t.labels.empty();

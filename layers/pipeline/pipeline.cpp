@@ -127,6 +127,14 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
   node_stage_.assign(N, 0);
   for (std::size_t i = 0; i < N; ++i) node_stage_[i] = piece_of[i] % S;
   const auto stage_of = [&](std::size_t node) { return node_stage_[node]; };
+  // A device last stage computes the loss on its stream where it can (its gate then
+  // enqueues it), so the logits and their gradient stay on the device.
+  std::shared_ptr<layers::backend> loss_backend = backends_[last_stage];
+  try {
+    if (loss_backend) loss_backend->check_loss(*criterion);
+  } catch (const std::invalid_argument&) {
+    loss_backend = nullptr;
+  }
 
   layers_.assign(std::size_t(replicas_) * N, actors::address{});
   std::vector<layers::layer_gating> gating(std::size_t(replicas_) * N);  // given once the reducers exist
@@ -141,8 +149,9 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       so.loop = loop_of(r, s);
       // Its messages of a step (arrivals, done reports) fit whatever the order.
       so.capacity = std::size_t(8) * (M + 1) * (N + 2) * plan_.chunks;
-      stages_.push_back(rt_.spawn_with<stage_gate>(
-          so, stage_gate::config{s, shared_plan, criterion, options_.emergent, options_.credits ? options_.credits : S - s}));
+      stage_gate::config gc{s, shared_plan, criterion, options_.emergent, options_.credits ? options_.credits : S - s};
+      if (s == last_stage) gc.loss_backend = loss_backend;
+      stages_.push_back(rt_.spawn_with<stage_gate>(so, std::move(gc)));
       gates[s] = static_cast<stage_gate*>(stages_.back().get());
       rt_.annotate(stages_.back().id(), int(s), group);
     }
@@ -190,7 +199,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       std::sort(to.begin(), to.end());
       to.erase(std::unique(to.begin(), to.end()), to.end());
       for (auto t : to) gate.output = std::max(gate.output, crossing_between(backends_, p % S, t));
-      if (np.feeds_loss && backends_[p % S]) gate.output = layers::crossing::host;  // the loss is the gate's, on the host
+      if (np.feeds_loss && backends_[p % S] && !loss_backend) gate.output = layers::crossing::host;  // a loss on the host
       if (gate.output == layers::crossing::device && to.size() > 1) gate.output = layers::crossing::host;
       for (auto x : nodes[i].inputs)
         gate.gradients.push_back(nodes[x].is_input() ? layers::crossing::none : crossing_between(backends_, p % S, stage_of(x)));

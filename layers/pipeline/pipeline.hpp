@@ -25,7 +25,7 @@
 /// A device stage is the same: its layer actors' kernels go to the stage's backend
 /// (`pipeline_options::backends`, one stream of a device), and a value that crosses to a
 /// stage of another device or the CPU is copied over by the layer that sends it (see
-/// `layers::crossing`); the loss runs on the host, in the gate.
+/// `layers::crossing`); a device last stage's gate enqueues the loss on its stream.
 ///
 /// Thread safety: `train_step` and the accessors are called from one thread outside the
 /// runtime's loops; a step returns once every stage reported.

@@ -27,16 +27,11 @@ stage_gate::stage_gate(config c) : actor("stage " + std::to_string(c.stage)), c_
   on<layers::forward_msg>([this](layers::forward_msg& m) { guarded([&] { on_output(m); }); });
   on<layers::node_done>([this](layers::node_done&) {
     guarded([&] {
-      if (++nodes_done_ < members_.size()) return;
-      const auto stepped = now() - step_start_;
-      rep_.busy_ns += stepped;
-      rep_.optimizer_ns += stepped;
-      rep_.end_ns = now();
-      inputs_.clear();
-      active_ = stepping_ = false;
-      if (reply_) reply_.deliver(std::move(rep_));
+      ++nodes_done_;
+      finish_step();
     });
   });
+  on<layers::backend_done>([this](layers::backend_done& d) { guarded([&] { layers::handle_backend_done(d); }); });
   // A layer of the stage failed (the gate is its supervisor), or a layer of another stage.
   on<actors::failure>([this](actors::failure& f) { fail(std::exchange(f.error, nullptr), false); });
   on<detail::abort_msg>([this](detail::abort_msg& m) {
@@ -99,6 +94,7 @@ void stage_gate::on_step(detail::step_msg& m) {
   next_f_ = in_flight_ = 0;
   held_ = 0;
   nodes_done_ = 0;
+  loss_reports_due_ = 0;
   waiting_ = running_ = stepping_ = false;
   active_ = true;
   advance();
@@ -125,13 +121,39 @@ void stage_gate::on_event(const layers::layer_event& e) {
   if (++done_ == chunks_[cur_.chunk].layers.size() && !loss_pending_) complete();
 }
 
+void stage_gate::finish_step() {
+  if (!stepping_ || nodes_done_ < members_.size() || loss_reports_due_ > 0) return;
+  const auto stepped = now() - step_start_;
+  rep_.busy_ns += stepped;
+  rep_.optimizer_ns += stepped;
+  rep_.end_ns = now();
+  inputs_.clear();
+  active_ = stepping_ = false;
+  if (reply_) reply_.deliver(std::move(rep_));
+}
+
 void stage_gate::on_output(layers::forward_msg& m) {
   // The loss of the last piece, part of its F; the gradient waits for that micro-batch's B.
   const auto mb = std::size_t(m.micro_batch);
-  auto r = c_.criterion->forward(m.x.host, targets_.at(mb));
-  rep_.losses[mb] = r.loss;
-  rep_.correct[mb] = r.correct;
-  loss_grads_[m.micro_batch] = c_.criterion->backward(r.stash, float(shares_.at(mb)));
+  if (c_.loss_backend) {  // on the device; the figures come back with the stream
+    std::int64_t first = 0;  // the micro-batch's rows in the backend's staging
+    for (std::size_t k = 0; k < mb; ++k) first += targets_[k].size();
+    ++loss_reports_due_;
+    c_.loss_backend->loss(
+        *this, *c_.criterion, std::move(m.x), targets_.at(mb), first, step_, shares_.at(mb), true, false,
+        [&](layers::value g) { loss_grads_[m.micro_batch] = std::move(g); },
+        [this, mb](layers::loss_figures& f) {
+          rep_.losses[mb] = f.loss;
+          rep_.correct[mb] = f.correct;
+          --loss_reports_due_;
+          finish_step();
+        });
+  } else {
+    auto r = c_.criterion->forward(m.x.host, targets_.at(mb));
+    rep_.losses[mb] = r.loss;
+    rep_.correct[mb] = r.correct;
+    loss_grads_[m.micro_batch] = c_.criterion->backward(r.stash, float(shares_.at(mb)));
+  }
   loss_pending_ = false;
   if (running_ && done_ == chunks_[cur_.chunk].layers.size()) complete();
 }

@@ -17,8 +17,8 @@
 /// schedule's order: it admits an action once everything it needs has arrived and starts
 /// the next once every layer of the piece reported it done. The gate of the stage with
 /// piece 0 feeds the graph input on its own signal; the gate of the stage with the last
-/// piece is the loss: it computes it when the output arrives (part of that F) and sends its
-/// gradient back on its signal at that micro-batch's B. After the last action it admits
+/// piece is the loss: it computes it when the output arrives (part of that F; on the device
+/// of a device stage) and sends its gradient back on its signal at that micro-batch's B. After the last action it admits
 /// every layer's optimizer step and answers the step with the stage's figures.
 ///
 /// A layer actor that fails reports to its gate (its supervisor): the gate ends the step
@@ -56,6 +56,9 @@ class stage_gate : public actors::actor {
     std::shared_ptr<const layers::loss> criterion;  // used by the stage of the last piece
     bool emergent = false;
     std::uint32_t credits = 1;
+    /// The last piece's device backend, when it computes the loss (on its stream, the
+    /// figures back as a `backend_done`); null: the loss runs here, on the host.
+    std::shared_ptr<layers::backend> loss_backend;
   };
   explicit stage_gate(config c);
 
@@ -79,6 +82,7 @@ class stage_gate : public actors::actor {
   void advance();
   void run(const action& a);
   void complete();
+  void finish_step();
   void block(bool credits);
   void unblock();
   std::int64_t now();
@@ -105,7 +109,8 @@ class stage_gate : public actors::actor {
   // before the action running began: what a stage that handles one message at a time sees.
   std::map<key, std::uint64_t> gradients_complete_;
   std::uint64_t arrivals_ = 0, seen_ = 0;
-  std::map<std::int64_t, layers::tensor> loss_grads_;
+  std::map<std::int64_t, layers::value> loss_grads_;
+  std::uint32_t loss_reports_due_ = 0;  // device losses whose figures have not come back
   // The action running, and where the list is.
   std::size_t cursor_ = 0;
   action cur_;
