@@ -327,9 +327,10 @@ json pipeline_run(gpu::backend_kind kind, std::uint32_t stages, std::size_t batc
   auto g = layers::make_preset("deep-mlp", 0);
   nerve::pipeline::pipeline_options po;
   for (std::uint32_t s = 0; s < stages; ++s)
-    po.backends.push_back([&dev](layers::graph& graph, const std::vector<std::size_t>& nodes) {
+    po.backends.push_back([&dev, batch](layers::graph& graph, const std::vector<std::size_t>& nodes) {
       gpu::device_backend_options so;
       so.optimizer = gpu::device_optimizer{"sgd", 0.01, 0.9};
+      so.max_batch = std::max(so.max_batch, batch);  // the last stage's loss stages a batch's labels
       so.nodes = nodes;
       return std::make_shared<gpu::device_backend>(dev, graph, so);
     });

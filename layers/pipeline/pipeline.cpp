@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <map>
-#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -35,7 +33,6 @@ layers::crossing crossing_between(const std::vector<std::shared_ptr<layers::back
 }
 
 }  // namespace
-
 
 pipeline::pipeline(actors::runtime& rt, layers::graph& g, partition pieces, schedule plan,
                    std::shared_ptr<const layers::loss> criterion, layers::optimizer_factory make_optimizer,
