@@ -154,7 +154,7 @@ class pipeline {
   void download();
   /// The backend of each stage (null for a CPU stage).
   const std::vector<std::shared_ptr<layers::backend>>& backends() const noexcept { return backends_; }
-  /// True once every stage actor stopped (after a failure, or never while running).
+  /// True once every gate and layer actor stopped (after a failure, or never while running).
   bool stopped() const noexcept;
   /// `nerve.stages` and `nerve.schedule` for `runtime::write_trace` (docs/trace-format.md).
   nlohmann::json trace_metadata() const;
