@@ -17,6 +17,7 @@
 #include "bus/mpi/all_reduce.hpp"
 #include "bus/mpi/transport.hpp"
 #include "bus/signal.hpp"
+#include "layers/wire/mpi_codecs.hpp"
 
 using namespace nerve::actors;
 namespace mpi = nerve::bus::mpi;
@@ -65,6 +66,14 @@ std::vector<float> pattern(int rank, std::int64_t seq) {
   std::vector<float> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = float(rank * 1000003 + seq * 31 + std::int64_t(i % 4096));
   return v;
+}
+
+// A layer message's tensor for micro-batch k from `rank`: k rows of a 3×4×5 sample (k = 0:
+// none), values that name both.
+nerve::layers::tensor layer_tensor(int rank, std::int64_t k) {
+  nerve::layers::tensor t(k, nerve::layers::shape({3, 4, 5}));
+  for (std::int64_t i = 0; i < t.size(); ++i) t.data()[i] = float(rank) * 1e4f + float(k) * 100.f + float(i) * 1e-3f;
+  return t;
 }
 
 struct sender : actor {
@@ -192,6 +201,82 @@ TEST_SUITE("bus.mpi.setup") {
             "the ranks disagree on the model: rank 0 has 'mlp', rank 1 has 'lenet' (start every rank with the same "
             "arguments)");
     }
+  }
+
+  TEST_CASE("a layer's forwards and gradients cross ranks with their fields, shapes and bits") {
+    namespace nl = nerve::layers;
+    const int n = world->size(), me = world->rank();
+    const int to = (me + 1) % n;
+    struct layer_stub : actor {
+      nerve::bus::signal<nl::forward_msg> out{*this, "out"};
+      nerve::bus::signal<nl::backward_msg> grad{*this, "grad"};
+      layer_stub() : actor("layer") {
+        on<std::int64_t>([this](std::int64_t& k) {
+          auto t = layer_tensor(world->rank(), k);
+          out.emit(nl::forward_msg{k, 7, 0, 4, k % 2 == 0, 0.125 * double(k), nl::value(t.clone())});
+          grad.emit(nl::backward_msg{k, 7, 0, nl::value(std::move(t))});
+        });
+      }
+    };
+    struct receiver : actor {
+      std::vector<nl::forward_msg> fwd;
+      std::vector<nl::backward_msg> bwd;
+      std::promise<void> done;
+      std::size_t want;
+      explicit receiver(std::size_t w) : actor("receiver"), want(w) {
+        on<nl::forward_msg>([this](nl::forward_msg& m) {
+          fwd.push_back(std::move(m));
+          check();
+        });
+        on<nl::backward_msg>([this](nl::backward_msg& m) {
+          bwd.push_back(std::move(m));
+          check();
+        });
+      }
+      void check() {
+        if (fwd.size() == want && bwd.size() == want) done.set_value();
+      }
+    };
+    constexpr std::int64_t count = 6;
+    runtime rt({.loops = 1});
+    auto rec = rt.spawn<receiver>(std::size_t(count));
+    auto& got = *static_cast<receiver*>(rec.get());
+    auto f = got.done.get_future();
+    world->listen<nl::forward_msg>(20, rec);
+    world->listen<nl::backward_msg>(21, rec);
+    auto src = rt.spawn<layer_stub>();
+    auto& stub = *static_cast<layer_stub*>(src.get());
+    stub.out.subscribe(std::make_shared<mpi::remote<nl::forward_msg>>(*world, to, 20), /*port*/ 2);
+    stub.grad.subscribe(std::make_shared<mpi::remote<nl::backward_msg>>(*world, to, 21), /*port*/ 1);
+    world->barrier();
+    for (std::int64_t k = 0; k < count; ++k) rt.send(src, k);
+    while (f.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) world->check();
+    world->flush();
+    world->barrier();
+    const int from = (me + n - 1) % n;
+    for (std::int64_t k = 0; k < count; ++k) {
+      const auto& m = got.fwd[std::size_t(k)];
+      CHECK(m.micro_batch == k);
+      CHECK(m.step == 7);
+      CHECK(m.port == 2);  // stamped by the bus before it left
+      CHECK(m.micro_batches == 4);
+      CHECK(m.train == (k % 2 == 0));
+      CHECK(m.lr == 0.125 * double(k));
+      const auto want = layer_tensor(from, k);
+      const auto& b = got.bwd[std::size_t(k)];
+      CHECK(b.micro_batch == k);
+      CHECK(b.port == 1);
+      for (const auto* v : {&m.x, &b.grad}) {
+        if (k == 0) {
+          CHECK(v->empty());
+          continue;
+        }
+        REQUIRE(v->host.batch() == k);
+        CHECK(v->host.sample_shape().dims() == std::vector<std::int64_t>{3, 4, 5});
+        CHECK(std::equal(want.data(), want.data() + want.size(), v->host.data()));
+      }
+    }
+    rt.shutdown();
   }
 
   TEST_CASE("all-reduce across ranks: the bits of the in-process one, rounds interleaved") {
