@@ -119,8 +119,8 @@ void layer_actor::on_forward(forward_msg& m, bool admitted) {
     }
     step_ = m.step;
   }
-  if (m.train) step_open_ = true;
   if (m.train) {
+    step_open_ = true;
     step_micro_batches_ = m.micro_batches;
     kernels_->set_lr(m.lr);
   }

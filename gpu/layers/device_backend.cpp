@@ -122,7 +122,6 @@ struct device_backend::impl {
   device_backend_options options;
   std::vector<std::unique_ptr<node_entry>> nodes;
   std::int64_t features = 0;
-  layers::shape output_sample;
   pinned_buffer in, labels, figures;  // max_batch rows of inputs, labels, (loss sum, correct)
   std::shared_ptr<staging> pool;
   std::atomic<std::int64_t> host_transfers{0};
@@ -285,7 +284,6 @@ device_backend::device_backend(device& dev, layers::graph& g, device_backend_opt
   }
   if (g.inputs().size() != 1) throw error(errc::not_supported, "device backend: graphs with one input only");
   m.features = g.nodes()[g.inputs()[0]].output_shape.numel();
-  m.output_sample = g.nodes()[g.output()].output_shape;
   const auto rows = m.options.max_batch * kSlots;
   m.in = pinned_buffer(dev, rows * std::size_t(m.features) * sizeof(float));
   m.labels = pinned_buffer(dev, rows * sizeof(std::int32_t));
@@ -374,13 +372,13 @@ void device_backend::loss(actors::actor& owner, const layers::loss&, layers::val
     copy_async(s, sum, figures.data(), sizeof(float) + sizeof(std::int32_t));
   }
   auto out = std::make_shared<layers::tensor>();
-  auto copy = std::make_shared<staged_copy>();
+  std::shared_ptr<staged_copy> copy;  // only when the output is asked for
   if (want_output) {
-    *out = layers::tensor(std::int64_t(n), m.output_sample);
-    *copy = start_download(s, *m.pool, *logits, *out);
+    *out = host_like(*logits);
+    copy = std::make_shared<staged_copy>(start_download(s, *m.pool, *logits, *out));
   }
   m.when_done(owner, [sum, right, n, labelled, out, copy, pool = m.pool, report = std::move(report)] {
-    if (copy->into) copy->finish(*pool);
+    if (copy) copy->finish(*pool);
     layers::loss_figures f;
     if (labelled) {
       f.loss = double(*sum) / double(n);
