@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstring>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -73,6 +76,35 @@ pipeline::pipeline(actors::runtime& rt, std::vector<layers::graph*> replicas, pa
     if (replicas_ > 1 && std::any_of(options_.backends.begin(), options_.backends.end(), [](auto& f) { return bool(f); }))
       throw std::invalid_argument("pipeline: device stages run one replica");
   }
+  if (options_.link) {
+    const int size = options_.link->size();
+    me_ = options_.link->rank();
+    ranks_ = options_.ranks;
+    if (ranks_.empty()) {
+      if (std::uint32_t(size) != S * replicas_)
+        throw std::invalid_argument("pipeline: " + std::to_string(S) + " stages x " + std::to_string(replicas_) +
+                                    " replicas run on " + std::to_string(S * replicas_) + " ranks, one each; the job has " +
+                                    std::to_string(size));
+      for (int k = 0; k < size; ++k) ranks_.push_back(k);
+    }
+    if (ranks_.size() != std::size_t(S) * replicas_)
+      throw std::invalid_argument("pipeline: " + std::to_string(ranks_.size()) + " ranks given for " +
+                                  std::to_string(S * replicas_) + " stages");
+    for (auto k : ranks_)
+      if (k < 0 || k >= size)
+        throw std::invalid_argument("pipeline: rank " + std::to_string(k) + " is not in a job of " + std::to_string(size));
+    // The all-reduce across ranks has one member per rank: a stage's replicas are all on
+    // one rank (summed in process) or each on its own.
+    for (std::uint32_t s = 0; s < S && replicas_ > 1; ++s) {
+      std::vector<int> on;
+      for (std::uint32_t r = 0; r < replicas_; ++r) on.push_back(ranks_[r * S + s]);
+      std::sort(on.begin(), on.end());
+      const bool one = on.front() == on.back(), each = std::adjacent_find(on.begin(), on.end()) == on.end();
+      if (!one && !each)
+        throw std::invalid_argument("pipeline: the replicas of stage " + std::to_string(s) +
+                                    " must be all on one rank or each on its own");
+    }
+  }
   const auto loop_of = [&](std::uint32_t r, std::uint32_t s) {
     return options_.loops.empty() ? (r * S + s) % rt.loop_count() : options_.loops[r * S + s];
   };
@@ -115,7 +147,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
   // Device stages: a backend over the stage's nodes (one replica, checked above).
   backends_.assign(S, nullptr);
   for (std::uint32_t s = 0; s < S && !options_.backends.empty(); ++s) {
-    if (!options_.backends[s]) continue;
+    if (!options_.backends[s] || !here(0, s)) continue;
     std::vector<std::size_t> mine;
     for (std::uint32_t k = 0; k < plan_.chunks; ++k)
       for (auto i : pieces_[plan_.piece(s, k)]) mine.push_back(i);
@@ -124,6 +156,15 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
   node_stage_.assign(N, 0);
   for (std::size_t i = 0; i < N; ++i) node_stage_[i] = piece_of[i] % S;
   const auto stage_of = [&](std::size_t node) { return node_stage_[node]; };
+  // How a value leaves stage `from` for stage `to` of replica r: through the host when the
+  // two are on different ranks (the wire carries host tensors).
+  const auto crossing = [&](std::uint32_t r, std::uint32_t from, std::uint32_t to) {
+    if (rank_of(r, from) != rank_of(r, to)) return backends_[from] ? layers::crossing::host : layers::crossing::none;
+    return crossing_between(backends_, from, to);
+  };
+  // Edges between ranks: a channel each, numbered in wiring order (the same on every rank).
+  auto* link = options_.link.get();
+  rank_link::channel next_channel = 0;
   // A device last stage computes the loss on its stream where it can (its gate then
   // enqueues it), so the logits and their gradient stay on the device.
   std::shared_ptr<layers::backend> loss_backend = backends_[last_stage];
@@ -142,6 +183,11 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
     // The gates first: they supervise their layers.
     std::vector<stage_gate*> gates(S);
     for (std::uint32_t s = 0; s < S; ++s) {
+      if (!here(r, s)) {  // on another rank
+        stages_.emplace_back();
+        gates[s] = nullptr;
+        continue;
+      }
       actors::spawn_options so;
       so.loop = loop_of(r, s);
       // Its messages of a step (arrivals, done reports) fit whatever the order.
@@ -157,6 +203,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
     for (std::size_t i : g.order()) {
       if (nodes[i].is_input()) continue;
       const std::uint32_t s = piece_of[i] % S;
+      if (!here(r, s)) continue;
       actors::spawn_options so;
       so.loop = loop_of(r, s);
       so.supervisor = stages_[r * S + s];
@@ -172,21 +219,52 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
     // come back into one are held by the layer until its gate admits them.
     std::vector<gate_piece> chunks(std::size_t(S) * plan_.chunks);  // by piece
     std::int32_t next_edge = 0;
+    // An edge from stage `from` to stage `to` of this replica: subscribed here when both
+    // ends are, through the link when one is (each rank wires its own end).
+    auto edge = [&](auto&& out, std::uint32_t from, std::uint32_t port, std::size_t consumer) {
+      const std::uint32_t to = stage_of(consumer);
+      if (rank_of(r, from) == rank_of(r, to)) {
+        if (here(r, from)) out().subscribe(at[consumer], port);
+        return;
+      }
+      const auto ch = next_channel++;
+      if (here(r, from)) out().subscribe(link->forward_to(rank_of(r, to), ch), port);
+      else if (here(r, to)) link->receive_forward(ch, at[consumer]);
+    };
+    auto gradient_edge = [&](std::size_t consumer, std::uint32_t consumer_port, std::size_t producer, std::uint32_t k) {
+      const std::uint32_t from = stage_of(consumer), to = stage_of(producer);
+      if (rank_of(r, from) == rank_of(r, to)) {
+        if (here(r, from)) actor_at(consumer).input_gradient(consumer_port).subscribe(at[producer], k);
+        return;
+      }
+      const auto ch = next_channel++;
+      if (here(r, from)) actor_at(consumer).input_gradient(consumer_port).subscribe(link->backward_to(rank_of(r, to), ch), k);
+      else if (here(r, to)) link->receive_backward(ch, at[producer]);
+    };
     for (std::size_t i = 0; i < N; ++i) {
       const auto& np = flow_.nodes[i];
       if (nodes[i].is_input()) {
-        for (auto& e : np.edges) gates[0]->input().subscribe(at[e.consumer], e.port);
+        for (auto& e : np.edges) edge([&]() -> auto& { return gates[0]->input(); }, 0, e.port, e.consumer);
+        continue;
+      }
+      const auto p = piece_of[i];
+      if (!here(r, p % S)) {  // another rank's layer: only the ends of its edges that are here
+        for (std::uint32_t k = 0; k < np.edges.size(); ++k) {
+          edge([&]() -> auto& { return actor_at(i).output(); }, p % S, np.edges[k].port, np.edges[k].consumer);
+          gradient_edge(np.edges[k].consumer, np.edges[k].port, i, k);
+          ++next_edge;
+        }
+        if (np.feeds_loss) ++next_edge;
         continue;
       }
       auto& a = actor_at(i);
-      const auto p = piece_of[i];
       layers::layer_gating gate{stages_[r * S + p % S], p, 0, {}, plan_.split_backward, true};
       gate.rank = r;
       std::vector<std::int32_t> edge_ids;
       for (std::uint32_t k = 0; k < np.edges.size(); ++k) {
         const auto& e = np.edges[k];
-        a.output().subscribe(at[e.consumer], e.port);
-        actor_at(e.consumer).input_gradient(e.port).subscribe(at[i], k);
+        edge([&]() -> auto& { return a.output(); }, p % S, e.port, e.consumer);
+        gradient_edge(e.consumer, e.port, i, k);
         edge_ids.push_back(next_edge++);
         gate.hold_backward.push_back(piece_of[e.consumer] != p);
       }
@@ -195,11 +273,11 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       for (auto& e : np.edges) to.push_back(stage_of(e.consumer));
       std::sort(to.begin(), to.end());
       to.erase(std::unique(to.begin(), to.end()), to.end());
-      for (auto t : to) gate.output = std::max(gate.output, crossing_between(backends_, p % S, t));
+      for (auto t : to) gate.output = std::max(gate.output, crossing(r, p % S, t));
       if (np.feeds_loss && backends_[p % S] && !loss_backend) gate.output = layers::crossing::host;  // a loss on the host
       if (gate.output == layers::crossing::device && to.size() > 1) gate.output = layers::crossing::host;
       for (auto x : nodes[i].inputs)
-        gate.gradients.push_back(nodes[x].is_input() ? layers::crossing::none : crossing_between(backends_, p % S, stage_of(x)));
+        gate.gradients.push_back(nodes[x].is_input() ? layers::crossing::none : crossing(r, p % S, stage_of(x)));
       if (np.feeds_loss) {
         a.output().subscribe(stages_[r * S + last_stage], 0);
         gates[last_stage]->loss_gradient().subscribe(at[i], std::uint32_t(np.edges.size()));
@@ -219,6 +297,10 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
     }
     for (std::uint32_t s = 0; s < S; ++s) {
       bus::group members("stage " + std::to_string(s) + (replicas_ > 1 ? " of replica " + std::to_string(r) : ""));
+      if (!here(r, s)) {  // another rank's: an empty group keeps the indices
+        groups_.push_back(std::move(members));
+        continue;
+      }
       std::vector<gate_piece> mine;
       for (std::uint32_t k = 0; k < plan_.chunks; ++k) {
         mine.push_back(std::move(chunks[plan_.piece(s, k)]));
@@ -234,16 +316,52 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
   if (replicas_ > 1)
     for (std::size_t i = 0; i < N; ++i) {
       if (nodes0[i].is_input() || !nodes0[i].layer->has_parameters()) continue;
+      const std::uint32_t s = stage_of(i);
+      if (rank_of(0, s) != rank_of(1, s)) {  // each replica on its own rank (checked): the link's all-reduce
+        const auto ch = next_channel++;
+        std::vector<int> ranks;
+        for (std::uint32_t r = 0; r < replicas_; ++r) ranks.push_back(rank_of(r, s));
+        for (std::uint32_t r = 0; r < replicas_; ++r) {
+          if (!here(r, s)) continue;
+          const auto& local = layers_[r * N + i];
+          reducers_.push_back(link->spawn_reducer(rt_, local.loop(), ch, ranks, r, local, "all-reduce " + nodes0[i].name));
+          gating[r * N + i].reducer = reducers_.back();
+        }
+        continue;
+      }
+      if (!here(0, s)) continue;
       bus::group members(nodes0[i].name + " replicas");
       for (std::uint32_t r = 0; r < replicas_; ++r) members.add(layers_[r * N + i]);
       actors::spawn_options so;
       so.loop = layers_[i].loop();
-      so.supervisor = stages_[piece_of[i] % S];
+      so.supervisor = stages_[s];
       reducers_.push_back(rt_.spawn_with<bus::all_reduce>(so, "all-reduce " + nodes0[i].name, std::move(members)));
       for (std::uint32_t r = 0; r < replicas_; ++r) gating[r * N + i].reducer = reducers_.back();
     }
   for (std::size_t k = 0; k < layers_.size(); ++k)
     if (layers_[k]) static_cast<layers::layer_actor*>(layers_[k].get())->gate(std::move(gating[k]));
+  if (link) {
+    // Every rank built the same pipeline (or the channels would not meet): the shape of
+    // the graph, the cut, the schedule and the placement, checked on every rank. It also
+    // holds every rank here until all have listened, so no value leaves before its
+    // receiver is wired.
+    std::string mine = "S=" + std::to_string(S) + " M=" + std::to_string(M) + " chunks=" +
+                       std::to_string(plan_.chunks) + " replicas=" + std::to_string(replicas_) + " schedule=" +
+                       (options_.emergent ? std::string("emergent") : plan_.name) + " channels=" +
+                       std::to_string(next_channel) + " layers=";
+    for (std::size_t i = 0; i < N; ++i)
+      mine += nodes0[i].name + "/" + std::to_string(nodes0[i].output_shape.numel()) + ":" +
+              std::to_string(piece_of[i]) + (i + 1 < N ? "," : "");
+    const auto all = link->all_gather(mine);
+    std::string differ;
+    for (std::size_t k = 0; k < all.size(); ++k)
+      if (all[k] != mine) differ += (differ.empty() ? "" : ", ") + std::to_string(k);
+    if (!differ.empty())
+      throw std::invalid_argument("pipeline: rank " + std::to_string(me_) + " and rank" +
+                                  (differ.find(',') == std::string::npos ? " " : "s ") + differ +
+                                  " were built differently (start every rank with the same model, cut, schedule and "
+                                  "placement); here: " + mine);
+  }
 }
 
 void pipeline::stop_all() {
@@ -284,6 +402,42 @@ layers::bus_traffic pipeline::traffic() const {
   return t;
 }
 
+namespace {
+
+/// The byte form of a stage report between ranks (both ends are this program).
+struct report_writer {
+  std::string& out;
+  template <class V>
+  void put(const V& v) {
+    static_assert(std::is_trivially_copyable_v<V>);
+    out.append(reinterpret_cast<const char*>(&v), sizeof(V));
+  }
+  template <class V>
+  void put_all(const std::vector<V>& v) {
+    put(std::uint64_t(v.size()));
+    for (auto& x : v) put(x);
+  }
+};
+struct report_reader {
+  std::string_view in;
+  template <class V>
+  V get() {
+    if (in.size() < sizeof(V)) throw std::runtime_error("pipeline: a stage report from another rank is cut short");
+    V v;
+    std::memcpy(&v, in.data(), sizeof(V));
+    in.remove_prefix(sizeof(V));
+    return v;
+  }
+  template <class V>
+  std::vector<V> get_all() {
+    std::vector<V> v(get<std::uint64_t>());
+    for (auto& x : v) x = get<V>();
+    return v;
+  }
+};
+
+}  // namespace
+
 layers::optimizer_state pipeline::optimizer_state_of() const {
   // Each CPU layer's optimizer, named as a network names them (replica 0's: every replica
   // steps the same sums), and each device stage's, as its backend names them.
@@ -298,21 +452,71 @@ layers::optimizer_state pipeline::optimizer_state_of() const {
       for (auto& b : st.buffers) all.buffers.push_back(std::move(b));
       all.counters.merge(st.counters);
     }
-  return all;
+  if (!options_.link) return all;
+  // Across ranks: every rank's replica-0 stages, gathered on every rank, in rank order.
+  std::string mine;
+  report_writer w{mine};
+  const auto put_text = [&](const std::string& t) {
+    w.put(std::uint64_t(t.size()));
+    mine += t;
+  };
+  w.put(std::uint64_t(all.buffers.size()));
+  for (const auto& b : all.buffers) {
+    put_text(b.parameter);
+    put_text(b.name);
+    w.put_all(b.values);
+  }
+  w.put(std::uint64_t(all.counters.size()));
+  for (const auto& [k, v] : all.counters) {
+    put_text(k);
+    w.put(v);
+  }
+  layers::optimizer_state merged;
+  for (const auto& part : options_.link->all_gather(mine)) {
+    report_reader in{part};
+    const auto get_text = [&] {
+      const auto n = in.get<std::uint64_t>();
+      if (in.in.size() < n) throw std::runtime_error("pipeline: an optimizer state from another rank is cut short");
+      std::string t(in.in.substr(0, n));
+      in.in.remove_prefix(n);
+      return t;
+    };
+    for (auto n = in.get<std::uint64_t>(); n > 0; --n) {
+      layers::optimizer_state::buffer b;
+      b.parameter = get_text();
+      b.name = get_text();
+      b.values = in.get_all<float>();
+      merged.buffers.push_back(std::move(b));
+    }
+    for (auto n = in.get<std::uint64_t>(); n > 0; --n) {
+      auto k = get_text();
+      merged.counters.emplace(std::move(k), in.get<std::int64_t>());
+    }
+  }
+  return merged;
 }
 
 void pipeline::load_optimizer_state(const layers::optimizer_state& state) {
   const auto& nodes = graph_->nodes();
   std::vector<layers::optimizer_state> parts(nodes.size()), devices(plan_.stages);
+  // The node a parameter's name belongs to, whichever rank runs it (`nodes.size()`: none).
+  const auto owner_of = [&](const std::string& name) {
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+      const auto& n = nodes[i].name;
+      if (!nodes[i].is_input() && name.size() > n.size() && name.compare(0, n.size(), n) == 0 && name[n.size()] == '.')
+        return i;
+    }
+    return nodes.size();
+  };
   for (const auto& b : state.buffers) {
-    const auto i = layers::owner_of(*graph_, layers_, b.parameter);
+    const auto i = owner_of(b.parameter);
     if (i == nodes.size())
       throw std::invalid_argument("optimizer state: '" + b.parameter + "' belongs to no layer of the pipeline");
     if (backend_of(i)) devices[node_stage_[i]].buffers.push_back(b);  // named as the backend names them
     else parts[i].buffers.push_back({b.parameter.substr(nodes[i].name.size() + 1), b.name, b.values});
   }
   for (const auto& [k, v] : state.counters) {
-    const auto i = layers::owner_of(*graph_, layers_, k);
+    const auto i = owner_of(k);
     if (i < nodes.size() && backend_of(i)) devices[node_stage_[i]].counters[k] = v;
     else if (i < nodes.size()) parts[i].counters[k.substr(nodes[i].name.size() + 1)] = v;
     else  // a stage-wide counter (`steps` of a checkpoint written by stage optimizers): every layer's
@@ -335,6 +539,79 @@ layers::backend* pipeline::backend_of(std::size_t node) const noexcept {
 void pipeline::download() {
   for (auto& be : backends_)
     if (be) be->download();
+  if (!options_.link) return;
+  // Every rank sends the weights of replica 0's stages it runs, in node order (parameters,
+  // then buffers), and takes the others'. Both ends know the layout from the partition.
+  const auto each_tensor = [&](std::uint32_t s, auto&& f) {
+    for (auto i : nodes_of_stage(s)) {
+      auto& l = *graph_->nodes()[i].layer;
+      for (auto& p : l.parameters()) f(*p.value);
+      for (auto& b : l.buffers()) f(*b.value);
+    }
+  };
+  std::string mine;
+  for (std::uint32_t s = 0; s < plan_.stages; ++s)
+    if (here(0, s))
+      each_tensor(s, [&](const layers::tensor& t) {
+        mine.append(reinterpret_cast<const char*>(t.data()), std::size_t(t.size()) * sizeof(float));
+      });
+  const auto all = options_.link->all_gather(mine);
+  std::vector<std::size_t> at(all.size(), 0);
+  for (std::uint32_t s = 0; s < plan_.stages; ++s) {
+    const auto k = std::size_t(rank_of(0, s));
+    if (int(k) == me_) continue;
+    each_tensor(s, [&](layers::tensor& t) {
+      const auto bytes = std::size_t(t.size()) * sizeof(float);
+      if (at[k] + bytes > all[k].size())
+        throw std::runtime_error("pipeline: rank " + std::to_string(k) + " sent fewer weights than stage " +
+                                 std::to_string(s) + " holds (the ranks were built differently)");
+      std::memcpy(t.data(), all[k].data() + at[k], bytes);
+      at[k] += bytes;
+    });
+  }
+}
+
+std::vector<std::size_t> pipeline::nodes_of_stage(std::uint32_t s) const {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < node_stage_.size(); ++i)
+    if (!graph_->nodes()[i].is_input() && node_stage_[i] == s) out.push_back(i);
+  return out;
+}
+
+
+void pipeline::exchange(std::vector<stage_report>& reports, const std::vector<bool>& local) {
+  std::string mine;
+  report_writer w{mine};
+  for (std::size_t i = 0; i < reports.size(); ++i) {
+    if (!local[i]) continue;
+    const auto& r = reports[i];
+    w.put(std::uint64_t(i));
+    w.put_all(r.losses);
+    w.put_all(r.correct);
+    for (auto v : {r.begin_ns, r.end_ns, r.busy_ns, r.input_wait_ns, r.backpressure_ns, r.optimizer_ns}) w.put(v);
+    w.put(r.peak_stashed);
+    w.put(r.peak_bytes);
+    w.put_all(r.actions);
+  }
+  const auto all = options_.link->all_gather(mine);
+  for (std::size_t k = 0; k < all.size(); ++k) {
+    if (int(k) == me_) continue;
+    report_reader in{all[k]};
+    while (!in.in.empty()) {
+      const auto i = in.get<std::uint64_t>();
+      if (i >= reports.size() || local[i] || rank_of(std::uint32_t(i / plan_.stages), std::uint32_t(i % plan_.stages)) != int(k))
+        throw std::runtime_error("pipeline: rank " + std::to_string(k) + " reported stage " + std::to_string(i) +
+                                 ", which is not its own");
+      auto& r = reports[i];
+      r.losses = in.get_all<double>();
+      r.correct = in.get_all<std::int64_t>();
+      for (auto* v : {&r.begin_ns, &r.end_ns, &r.busy_ns, &r.input_wait_ns, &r.backpressure_ns, &r.optimizer_ns})
+        *v = in.get<std::int64_t>();
+      r.peak_stashed = in.get<std::size_t>();
+      r.peak_bytes = in.get<std::size_t>();
+      r.actions = in.get_all<timed_action>();
+    }
+  }
 }
 
 bool pipeline::stopped() const noexcept {
@@ -367,15 +644,19 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
   // The one split rule (layers/plan.hpp), twice: the batch over the replicas, each part
   // over the micro-batches.
   const auto parts = layers::split_micro_batches(n, R);
-  for (std::uint32_t r = 0; r < R; ++r) {
+  // Across ranks a rank asks only its own stages (the others' slices are not cut).
+  std::vector<bool> local(msgs.size());
+  for (std::size_t i = 0; i < msgs.size(); ++i) local[i] = here(std::uint32_t(i / S), std::uint32_t(i % S));
+    for (std::uint32_t r = 0; r < R; ++r) {
     const auto micro = layers::split_micro_batches(parts[r].count, M);
     for (std::uint32_t m = 0; m < M; ++m) {
       const std::int64_t first = parts[r].first + micro[m].first, count = micro[m].count;
-      auto& in = msgs[r * S].inputs;
       auto& out = msgs[r * S + S - 1];
-      in.push_back(M == 1 && R == 1 ? std::move(input) : input.slice(first, count));
-      out.targets.push_back(M == 1 && R == 1 ? t.clone() : t.slice(first, count));
-      out.shares.push_back(double(count) / double(n));
+      if (local[r * S]) msgs[r * S].inputs.push_back(M == 1 && R == 1 ? std::move(input) : input.slice(first, count));
+      if (local[r * S + S - 1]) {
+        out.targets.push_back(M == 1 && R == 1 ? t.clone() : t.slice(first, count));
+        out.shares.push_back(double(count) / double(n));
+      }
       counts.push_back(count);
     }
   }
@@ -383,6 +664,7 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
   std::vector<std::future<stage_report>> futures(msgs.size());
   // Last stage first: a stage's first message of the step is then usually its step_msg.
   for (std::size_t i = msgs.size(); i-- > 0;) {
+    if (!local[i]) continue;
     msgs[i].step = step;
     msgs[i].lr = lr;
     msgs[i].t0_ns = t0;
@@ -396,6 +678,7 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
   // with `stage_aborted` (see abort_msg): rethrow the error itself.
   std::exception_ptr first_error, aborted;
   for (std::size_t i = 0; i < msgs.size(); ++i) {
+    if (!local[i]) continue;
     try {
       reports[i] = futures[i].get();
     } catch (const stage_aborted&) {
@@ -415,6 +698,7 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
   }
   const auto t1 = rt_.trace().now();
   const double wall = double(t1 - t0) * 1e-9;
+  if (options_.link) exchange(reports, local);
   layers::step_result result;
   result.samples = n;
   for (std::uint32_t r = 0; r < R; ++r) {
@@ -456,6 +740,7 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
   auto& rec = rt_.trace();
   if (rec.enabled()) {
     for (std::size_t i = 0; i < reports.size(); ++i) {
+      if (!local[i]) continue;  // another rank records its own
       // The wait before the first action and after the optimizer: the step barrier.
       const auto track = stage_track(std::uint32_t(i));
       if (reports[i].begin_ns > t0) rec.span(track, "idle", "idle", t0, reports[i].begin_ns, -1, "optimizer", int(i % S));
@@ -480,6 +765,7 @@ nlohmann::json pipeline::trace_metadata() const {
                       {"actors", ids},
                       {"layers", layer_ids},
                       {"loop", stages_[s].loop()},
+                      {"rank", rank_of(0, s)},
                       {"device", backends_[s] ? std::string(backends_[s]->name()) : "cpu"}});
   }
   nlohmann::json actions = nlohmann::json::array();

@@ -27,8 +27,18 @@
 /// stage of another device or the CPU is copied over by the layer that sends it (see
 /// `layers::crossing`); a device last stage's gate enqueues the loss on its stream.
 ///
+/// **Across processes** (`pipeline_options::link`): every rank builds the same pipeline
+/// and spawns the gates and layer actors of its own stages only; an edge between stages
+/// of two ranks is a bus subscription through the link's endpoint (a `forward_msg` or
+/// `backward_msg` on the wire), and a layer's replicas on several ranks sum through the
+/// link's all-reduce, in the in-process member order. So the weights are bitwise those of
+/// one process. After each step the ranks exchange their stages' reports, so every rank
+/// returns the whole step's figures; `download` brings every stage's weights into every
+/// rank's graph.
+///
 /// Thread safety: `train_step` and the accessors are called from one thread outside the
-/// runtime's loops; a step returns once every stage reported.
+/// runtime's loops; a step returns once every stage reported. Across ranks, `train_step`,
+/// `download`, `optimizer_state_of` are collectives: every rank calls them in the same order.
 
 #include <cstdint>
 #include <functional>
@@ -43,9 +53,14 @@
 #include "layers/executor.hpp"
 #include "layers/network.hpp"
 #include "layers/pipeline/partition.hpp"
+#include "layers/pipeline/ranks.hpp"
 #include "layers/pipeline/schedule.hpp"
 
 namespace nerve::pipeline {
+
+namespace detail {
+struct stage_report;
+}
 
 /// Figures of one stage, summed over the steps since construction or `reset_metrics`.
 struct stage_metrics {
@@ -95,6 +110,11 @@ struct pipeline_options {
   /// entry: that stage on the CPU), called with the graph and the stage's layer nodes. Its
   /// backend's kernels run the stage's layer actors (docs/gpu.md); one replica only.
   std::vector<stage_backend_factory> backends;
+  /// Across processes: the transport between ranks (null: every stage in this process).
+  std::shared_ptr<rank_link> link;
+  /// With `link`: the rank of replica r's stage s at r * S + s (empty: rank r * S + s, for
+  /// exactly S·R ranks). The replicas of one stage are all on one rank or each on its own.
+  std::vector<int> ranks;
 };
 
 class pipeline {
@@ -133,7 +153,7 @@ class pipeline {
   void reset_metrics();
   /// The actions of the last step as they ran, per stage (the measured schedule).
   const std::vector<std::vector<timed_action>>& last_step() const noexcept { return last_step_; }
-  /// The stage gates: replica r's stage s at r * S + s.
+  /// The stage gates: replica r's stage s at r * S + s (empty where it runs on another rank).
   const std::vector<actors::address>& stage_actors() const noexcept { return stages_; }
   /// The layer actors of replica r's stage s.
   const bus::group& stage_group(std::uint32_t replica, std::uint32_t stage) const {
@@ -141,7 +161,8 @@ class pipeline {
   }
   /// What went through the layer actors' bus signals so far: one step of M
   /// micro-batches adds `gradient_edges * M` forwards and as many backwards of the graph's
-  /// plan, per replica.
+  /// plan, per replica. Across ranks: what this rank's actors emitted (to local or remote
+  /// subscribers).
   layers::bus_traffic traffic() const;
   std::uint32_t replicas() const noexcept { return replicas_; }
   /// The optimizer state of every stage, parameters named as in the graph (replica 0's:
@@ -151,6 +172,7 @@ class pipeline {
   void load_optimizer_state(const layers::optimizer_state& state);
   /// Copies the weights of the device stages into the graph (waits for their streams:
   /// call between steps, never on a loop). CPU stages train the graph's layers in place.
+  /// Across ranks, every rank's replica-0 graph then gets every other rank's stages too.
   void download();
   /// The backend of each stage (null for a CPU stage).
   const std::vector<std::shared_ptr<layers::backend>>& backends() const noexcept { return backends_; }
@@ -162,6 +184,13 @@ class pipeline {
  private:
   /// The backend of a node's stage (null: the CPU).
   layers::backend* backend_of(std::size_t node) const noexcept;
+  /// The rank of replica r's stage s, and whether it is this one.
+  int rank_of(std::uint32_t r, std::uint32_t s) const noexcept { return ranks_.empty() ? 0 : ranks_[r * plan_.stages + s]; }
+  bool here(std::uint32_t r, std::uint32_t s) const noexcept { return rank_of(r, s) == me_; }
+  /// Across ranks: every stage's report from the local ones (a collective).
+  void exchange(std::vector<detail::stage_report>& reports, const std::vector<bool>& local);
+  /// Across ranks: the nodes of stage s, in node order.
+  std::vector<std::size_t> nodes_of_stage(std::uint32_t s) const;
   void spawn_groups(const std::vector<layers::graph*>& replicas, std::shared_ptr<const schedule> shared_plan,
                     std::shared_ptr<const layers::loss> criterion, const layers::optimizer_factory& make_optimizer,
                     const std::function<unsigned(std::uint32_t, std::uint32_t)>& loop_of);
@@ -181,6 +210,8 @@ class pipeline {
   std::vector<std::uint32_t> node_stage_;                   // by node index (inputs: stage 0)
   std::vector<stage_metrics> metrics_;
   std::vector<std::vector<timed_action>> last_step_;
+  std::vector<int> ranks_;  // by r * S + s; empty: one process
+  int me_ = 0;
   bool failed_ = false;
 };
 

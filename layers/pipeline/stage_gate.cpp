@@ -64,7 +64,7 @@ void stage_gate::fail(std::exception_ptr e, bool aborted) {
   if (!aborted && stages_) {  // every other stage (of every replica) ends its step too
     const std::string what = detail::what_of(e);
     for (std::uint32_t s = 0; s < stages_->size(); ++s)
-      if (s != replica_ * S_ + c_.stage)
+      if (s != replica_ * S_ + c_.stage && (*stages_)[s])  // empty: a stage on another rank
         (void)try_send((*stages_)[s], detail::abort_msg{c_.stage, what}, actors::lane::urgent);
   }
   // The layers stop; this gate stays to hear of their failures until the pipeline stops it.

@@ -1,0 +1,46 @@
+#include "layers/pipeline/mpi_ranks.hpp"
+
+#include <utility>
+
+#include "bus/mpi/all_reduce.hpp"
+#include "layers/wire/mpi_codecs.hpp"
+
+namespace nerve::pipeline {
+
+namespace {
+
+class link final : public rank_link {
+ public:
+  link(bus::mpi::transport& t, channel first) : t_(t), first_(first) {}
+
+  int rank() const noexcept override { return t_.rank(); }
+  int size() const noexcept override { return t_.size(); }
+
+  std::shared_ptr<bus::endpoint<layers::forward_msg>> forward_to(int to, channel ch) override {
+    return std::make_shared<bus::mpi::remote<layers::forward_msg>>(t_, to, first_ + ch);
+  }
+  std::shared_ptr<bus::endpoint<layers::backward_msg>> backward_to(int to, channel ch) override {
+    return std::make_shared<bus::mpi::remote<layers::backward_msg>>(t_, to, first_ + ch);
+  }
+  void receive_forward(channel ch, actors::address to) override { t_.listen<layers::forward_msg>(first_ + ch, std::move(to)); }
+  void receive_backward(channel ch, actors::address to) override {
+    t_.listen<layers::backward_msg>(first_ + ch, std::move(to));
+  }
+  actors::address spawn_reducer(actors::runtime& rt, unsigned loop, channel ch, std::vector<int> ranks, std::uint32_t me,
+                                actors::address local, std::string name) override {
+    return bus::mpi::spawn_all_reduce(rt, loop, t_, first_ + ch, std::move(ranks), me, std::move(local), std::move(name));
+  }
+  std::vector<std::string> all_gather(const std::string& mine) override { return t_.all_gather(mine); }
+
+ private:
+  bus::mpi::transport& t_;
+  channel first_;
+};
+
+}  // namespace
+
+std::shared_ptr<rank_link> mpi_ranks(bus::mpi::transport& t, bus::mpi::transport::channel first_channel) {
+  return std::make_shared<link>(t, first_channel);
+}
+
+}  // namespace nerve::pipeline

@@ -1,0 +1,21 @@
+#pragma once
+/// \file
+/// `mpi_ranks`: a pipeline's `rank_link` over `bus::mpi::transport` (target
+/// `nerve::pipeline_mpi`, built where MPI is found). Forwards and gradients cross as
+/// `layers/wire/mpi_codecs.hpp` frames their tensors sent in place; a replica group's
+/// all-reduce is `bus::mpi::all_reduce`; `all_gather` is the transport's.
+///
+/// Channels: the link numbers its channels from `first_channel`, so that other users of the
+/// same transport (a second pipeline, a program's own traffic) keep theirs apart.
+
+#include <memory>
+
+#include "bus/mpi/transport.hpp"
+#include "layers/pipeline/ranks.hpp"
+
+namespace nerve::pipeline {
+
+/// Makes the link over `t`, which must outlive it and the pipeline.
+std::shared_ptr<rank_link> mpi_ranks(bus::mpi::transport& t, bus::mpi::transport::channel first_channel = 1u << 20);
+
+}  // namespace nerve::pipeline

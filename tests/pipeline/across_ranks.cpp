@@ -1,0 +1,228 @@
+// A pipeline whose stages and replicas run on several ranks: run under `mpirun -np N`
+// (N = 2 and 3 in ctest). Every rank runs every case and computes the one-process
+// reference itself; a failed check on any rank fails the job.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "bus/mpi/transport.hpp"
+#include "layers/pipeline/mpi_ranks.hpp"
+#include "layers/pipeline/pipeline.hpp"
+#include "layers/presets.hpp"
+#include "tests/pipeline/chain.hpp"
+
+using namespace nerve;
+using namespace nerve::pipeline;
+using layers::tensor;
+
+namespace {
+
+bus::mpi::transport* world = nullptr;
+
+// Each pipeline takes channels of its own: a transport's listeners stay for its life.
+std::shared_ptr<rank_link> fresh_link() {
+  static bus::mpi::transport::channel next = 1u << 20;
+  next += 1u << 16;
+  return mpi_ranks(*world, next);
+}
+
+struct batch {
+  tensor x;
+  layers::targets t;
+};
+
+batch make_batch(const layers::graph& g, std::int64_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d;
+  const auto& shape = g.nodes()[g.inputs()[0]].output_shape;
+  batch b{tensor(n, shape), {}};
+  for (std::int64_t i = 0; i < b.x.size(); ++i) b.x.data()[i] = d(rng);
+  const auto classes = g.nodes()[g.output()].output_shape.numel();
+  for (std::int64_t i = 0; i < n; ++i) b.t.labels.push_back(std::int32_t(rng() % std::uint64_t(classes)));
+  return b;
+}
+
+layers::optimizer_factory sgd_factory() {
+  return [] { return layers::make_optimizer<float>("sgd", 0.05, 0.9); };
+}
+
+layers::graph model(const std::string& name) { return name == "chain" ? test::small_chain() : layers::make_preset(name, 3); }
+
+/// The number of parameters of `a` whose bits differ from `b`'s.
+int differing(layers::graph& a, layers::graph& b) {
+  auto pa = a.parameters(), pb = b.parameters();
+  REQUIRE(pa.size() == pb.size());
+  int n = 0;
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    CAPTURE(pa[i].name);
+    REQUIRE(pa[i].value->size() == pb[i].value->size());
+    const bool same =
+        std::memcmp(pa[i].value->data(), pb[i].value->data(), std::size_t(pa[i].value->size()) * sizeof(float)) == 0;
+    CHECK(same);
+    n += same ? 0 : 1;
+  }
+  return n;
+}
+
+/// Sum over the ranks of `v` (every rank gets it).
+std::uint64_t total(std::uint64_t v) {
+  std::uint64_t sum = 0;
+  for (auto& s : world->all_gather(std::to_string(v))) sum += std::stoull(s);
+  return sum;
+}
+
+/// Trains `steps` steps through `plan` placed on the ranks as `options` says, and through
+/// the reference (`replicas` graphs in one process, or the direct executor for one); checks
+/// weights bitwise on every rank, the loss, and the forwards and gradients counted over
+/// the ranks.
+void check_across(const std::string& name, const schedule& plan, std::uint32_t replicas, int steps,
+                  std::int64_t batch_size, pipeline_options options = {}) {
+  options.link = fresh_link();
+  auto crit = std::make_shared<layers::cross_entropy>();
+  actors::runtime rt(actors::runtime_options{.loops = 2});
+  std::vector<layers::graph> spread, here;
+  for (std::uint32_t r = 0; r < replicas; ++r) {
+    spread.push_back(model(name));
+    here.push_back(model(name));
+  }
+  std::vector<layers::graph*> sp, hp;
+  for (std::uint32_t r = 0; r < replicas; ++r) {
+    sp.push_back(&spread[r]);
+    hp.push_back(&here[r]);
+  }
+  const auto pieces = partition_by_parameters(spread[0], plan.pieces());
+  nerve::pipeline::pipeline across(rt, sp, pieces, plan, crit, sgd_factory(), options);
+  pipeline_options one_process = options;
+  one_process.link = nullptr;
+  one_process.ranks.clear();
+  nerve::pipeline::pipeline reference(rt, hp, pieces, plan, crit, sgd_factory(), one_process);
+  for (int s = 0; s < steps; ++s) {
+    auto a = make_batch(spread[0], batch_size, 100 + std::uint64_t(s));
+    auto b = make_batch(spread[0], batch_size, 100 + std::uint64_t(s));
+    const auto ra = across.train_step(std::move(a.x), a.t, std::uint64_t(s));
+    const auto rb = reference.train_step(std::move(b.x), b.t, std::uint64_t(s));
+    CHECK(ra.loss == rb.loss);  // the same expression over the same per-micro-batch losses
+    CHECK(ra.correct == rb.correct);
+    CHECK(ra.samples == rb.samples);
+  }
+  across.download();
+  // Every rank's replica-0 graph now holds every stage's weights.
+  CHECK(differing(spread[0], here[0]) == 0);
+  // What crossed the bus, summed over the ranks: E·M forwards and gradients per replica and step.
+  std::uint64_t E = 1;
+  for (auto& n : spread[0].nodes())
+    for (std::size_t p : n.inputs) E += spread[0].nodes()[p].is_input() ? 0 : 1;
+  const auto t = across.traffic();
+  const auto want = E * plan.micro_batches * replicas * std::uint64_t(steps);
+  CHECK(total(t.forward) == want);
+  CHECK(total(t.backward) == want);
+  // Every rank sees every stage's figures.
+  for (const auto& m : across.metrics()) CHECK(m.actions > 0);
+  world->barrier();
+}
+
+}  // namespace
+
+TEST_CASE("stages on the ranks, one each: every schedule gives the one-process weights bitwise") {
+  const auto S = std::uint32_t(world->size());
+  for (std::uint32_t M : {1u, S, 2 * S + 1}) {
+    CAPTURE(M);
+    for (auto name : {"gpipe", "1f1b", "zb-h1"}) {
+      CAPTURE(name);
+      check_across("chain", make_schedule(name, S, M), 1, 3, 19);
+    }
+    check_across("chain", make_schedule("interleaved", S, M, 2), 1, 3, 19);
+    pipeline_options emergent;
+    emergent.emergent = true;
+    check_across("chain", make_schedule("1f1b", S, M), 1, 2, 19, emergent);
+  }
+}
+
+TEST_CASE("skip connections that cross ranks sum in the same order") {
+  const auto S = std::uint32_t(world->size());
+  check_across("resmlp", make_schedule("1f1b", S, S + 1), 1, 2, 8);
+  check_across("resmlp", make_schedule("zb-h1", S, S + 1), 1, 2, 8);
+}
+
+TEST_CASE("replicas on the ranks, one each: the weights of the replicas in one process, bitwise") {
+  const auto R = std::uint32_t(world->size());
+  for (auto name : {"1f1b", "zb-h1"}) {
+    CAPTURE(name);
+    check_across("chain", make_schedule(name, 1, 2), R, 3, 6 * std::int64_t(R));
+  }
+}
+
+TEST_CASE("two stages x two replicas on two ranks: a stage's replicas on one rank reduce in process") {
+  if (world->size() != 2) return;
+  pipeline_options o;
+  o.ranks = {0, 1, 0, 1};  // replica r's stage s at r * 2 + s: stage 0 on rank 0, stage 1 on rank 1
+  check_across("chain", make_schedule("1f1b", 2, 3), 2, 3, 12, o);
+  o.ranks = {0, 0, 1, 1};  // each replica on a rank of its own
+  check_across("chain", make_schedule("zb-h1", 2, 3), 2, 3, 12, o);
+}
+
+TEST_CASE("the optimizer state across ranks is the one-process pipeline's, and loads back") {
+  const auto S = std::uint32_t(world->size());
+  auto crit = std::make_shared<layers::cross_entropy>();
+  actors::runtime rt(actors::runtime_options{.loops = 2});
+  auto ga = test::small_chain(), gb = test::small_chain(), gc = test::small_chain();
+  pipeline_options o;
+  o.link = fresh_link();
+  const auto plan = make_schedule("1f1b", S, 3);
+  nerve::pipeline::pipeline across(rt, ga, partition_by_parameters(ga, S), plan, crit, sgd_factory(), o);
+  nerve::pipeline::pipeline one(rt, gb, partition_by_parameters(gb, S), plan, crit, sgd_factory());
+  for (std::uint64_t s = 0; s < 2; ++s) {
+    auto a = make_batch(ga, 9, 20 + s), b = make_batch(ga, 9, 20 + s);
+    across.train_step(std::move(a.x), a.t, s);
+    one.train_step(std::move(b.x), b.t, s);
+  }
+  auto by_name = [](const layers::optimizer_state& st) {
+    std::map<std::string, std::vector<float>> m;
+    for (auto& b : st.buffers) m[b.parameter + "/" + b.name] = b.values;
+    return m;
+  };
+  const auto sa = across.optimizer_state_of(), sb = one.optimizer_state_of();
+  REQUIRE(sa.buffers.size() == 10);  // every layer's, from whichever rank runs it
+  CHECK(by_name(sa) == by_name(sb));
+  CHECK(sa.counters == sb.counters);
+  // Loaded into a fresh pipeline across the ranks, each rank takes its stages' part.
+  pipeline_options o2;
+  o2.link = fresh_link();
+  nerve::pipeline::pipeline fresh(rt, gc, partition_by_parameters(gc, S), plan, crit, sgd_factory(), o2);
+  fresh.load_optimizer_state(sa);
+  CHECK(by_name(fresh.optimizer_state_of()) == by_name(sa));
+  world->barrier();
+}
+
+TEST_CASE("a placement that does not fit the job is refused on every rank") {
+  auto g = test::small_chain();
+  actors::runtime rt(actors::runtime_options{.loops = 1});
+  pipeline_options o;
+  o.link = fresh_link();
+  const auto S = std::uint32_t(world->size()) + 1;
+  const std::string want = "run on " + std::to_string(S) + " ranks";
+  CHECK_THROWS_WITH_AS(nerve::pipeline::pipeline(rt, g, partition_by_parameters(g, S), make_schedule("1f1b", S, 2),
+                                                 std::make_shared<layers::cross_entropy>(), sgd_factory(), o),
+                       doctest::Contains(want.c_str()), std::invalid_argument);
+  o.ranks = {0, world->size()};
+  CHECK_THROWS_WITH_AS(nerve::pipeline::pipeline(rt, g, partition_by_parameters(g, 2), make_schedule("1f1b", 2, 2),
+                                                 std::make_shared<layers::cross_entropy>(), sgd_factory(), o),
+                       doctest::Contains("is not in a job of"), std::invalid_argument);
+}
+
+int main(int argc, char** argv) {
+  int rc = 0;
+  {
+    bus::mpi::transport t;
+    world = &t;
+    doctest::Context ctx(argc, argv);
+    rc = ctx.run();
+    world = nullptr;
+  }
+  return rc;
+}
