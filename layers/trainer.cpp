@@ -497,7 +497,8 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
   if (!o.resume.empty()) engine->load_optimizer_state(resumed_opt);
   auto save_state = [&](const run_position& at) {
     engine->sync_weights();
-    write_train_state(o.checkpoint, g, engine->optimizer_state_of(), o, at);
+    auto state = engine->optimizer_state_of();  // on every rank: across ranks it is gathered
+    if (o.lead) write_train_state(o.checkpoint, g, state, o, at);
   };
   const std::size_t batches = (train_set->size() + o.batch - 1) / o.batch;
   // The run ends at the first limit reached, epochs or steps, and the schedule spans the
@@ -523,7 +524,7 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
   std::int64_t step = pos.step;
   // Opened only now, with the run about to start: a run refused above leaves the old file.
   std::optional<metrics_log> metrics;
-  if (!o.metrics.empty()) {
+  if (!o.metrics.empty() && o.lead) {
     metrics.emplace(o.metrics, !o.resume.empty());
     nlohmann::ordered_json run = {{"kind", "run"},
                                   {"format", "nerve-metrics-1"},
@@ -666,9 +667,9 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
   if (!o.trace.empty()) {
     nlohmann::json extra = {{"model", o.model}, {"device", o.device}};
     engine->trace_metadata(extra);
-    rt.write_trace(o.trace.string(), extra);
+    if (!engine->write_trace(rt, o.trace.string(), extra) && o.lead) rt.write_trace(o.trace.string(), extra);
   }
-  if (!o.save.empty() && !report.interrupted) save_weights(g, o.save, o.model);
+  if (!o.save.empty() && !report.interrupted && o.lead) save_weights(g, o.save, o.model);
   return report;
 }
 

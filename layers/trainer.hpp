@@ -91,6 +91,10 @@ struct train_options {
   /// are not (`save` would hold a half-trained model under the finished one's name).
   /// A signal handler may set it (a lock-free atomic store is async-signal-safe).
   const std::atomic<bool>* stop = nullptr;
+  /// This process writes the run's files (`save`, `metrics`, `checkpoint`, and `trace`
+  /// unless the engine writes it). The other ranks of a multi-rank run say false: they take
+  /// the same steps, checkpoints included (their parts are gathered), and write nothing.
+  bool lead = true;
 };
 
 /// Throws `std::invalid_argument` naming the option (as its command-line flag) and the
@@ -165,6 +169,11 @@ class train_engine {
   /// Adds what the trace's `nerve` metadata should say besides the runtime's (device,
   /// stages, schedule) to the object `extra`.
   virtual void trace_metadata(nlohmann::json& /*extra*/) const {}
+  /// Writes the trace itself (an engine across ranks merges every rank's into one file),
+  /// on every rank; false: the trainer writes `rt`'s trace where `train_options::lead`.
+  virtual bool write_trace(actors::runtime& /*rt*/, const std::string& /*path*/, const nlohmann::json& /*extra*/) {
+    return false;
+  }
 };
 
 /// Makes the engine that trains `g` on `rt`'s loops as `options` say.

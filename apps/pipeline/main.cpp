@@ -23,6 +23,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
@@ -36,6 +37,8 @@
 #include "layers/pipeline/pipeline.hpp"
 #include "layers/presets.hpp"
 #include "layers/trainer.hpp"
+#include "apps/common/job.hpp"
+#include "apps/common/pipeline_engine.hpp"
 #include "apps/common/run_control.hpp"
 
 using namespace nerve;
@@ -43,6 +46,8 @@ namespace np = nerve::pipeline;
 namespace nl = nerve::layers;
 
 using nerve::apps::install_stop_handlers;
+using nerve::apps::pipeline_engine;
+using nerve::apps::pipeline_outcome;
 using nerve::apps::progress_bar;
 using nerve::apps::stop_requested;
 using nerve::apps::stop_signal;
@@ -58,125 +63,6 @@ std::vector<std::string> split_list(const std::string& s) {
     if (!w.empty()) v.push_back(w);
   return v;
 }
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-/// What the run leaves for the report, taken before the pipeline's actors go.
-struct pipeline_outcome {
-  std::vector<np::stage_metrics> metrics;
-  std::string measured;  // the last step's timeline table
-  std::vector<std::string> device_of;
-  double train_seconds = 0;  // in train_step, without data loading and evaluation
-  std::int64_t trained = 0;  // samples
-};
-
-/// The trainer's engine for a pipeline: its stages (and replicas) on the trainer's
-/// runtime, device stages on the devices `devices` names.
-class pipeline_engine : public nl::train_engine {
- public:
-  pipeline_engine(actors::runtime& rt, const std::vector<nl::graph*>& graphs, const np::partition& pieces,
-                  const np::schedule& plan, const nl::train_options& o, np::pipeline_options po,
-                  const std::vector<std::string>& devices, pipeline_outcome& out, bool announce)
-      : rt_(rt), g_(*graphs[0]), out_(out), threads_(o.threads) {
-    // Replicas start from replica 0's weights: the trainer loaded --init or --resume there.
-    for (std::size_t r = 1; r < graphs.size(); ++r) {
-      auto from = graphs[0]->parameters(), to = graphs[r]->parameters();
-      for (std::size_t i = 0; i < from.size(); ++i) to[i].value->matrix() = from[i].value->matrix();
-      auto bf = graphs[0]->buffers(), bt = graphs[r]->buffers();
-      for (std::size_t i = 0; i < bf.size(); ++i) bt[i].value->matrix() = bf[i].value->matrix();
-    }
-    const auto stages = plan.stages;
-    out_.device_of.assign(stages, "cpu");
-    for (std::uint32_t s = 0; s < stages && s < devices.size(); ++s) {
-      int backend = 0, ordinal = 0;
-      if (!gpu::parse_device(devices[s], backend, ordinal)) {
-        po.backends.push_back(nullptr);
-        continue;
-      }
-      auto& dev = opened_[{backend, ordinal}];
-      if (!dev) {
-        gpu::device_options d;
-        d.backend = gpu::backend_kind(backend);
-        d.ordinal = ordinal;
-        if (rt.trace().enabled()) d.recorder = &rt.trace();  // GPU spans on a track per stream
-        dev = std::make_unique<gpu::device>(d);
-      }
-      out_.device_of[s] = devices[s] + " (" + dev->name() + ")";
-      gpu::device_backend_options so;
-      so.optimizer = gpu::device_optimizer{o.optimizer, o.lr, o.momentum, o.weight_decay, o.nesterov};
-      so.max_batch = std::max(so.max_batch, o.batch);  // the last stage's loss stages a batch's labels
-      po.backends.push_back([d = dev.get(), so](nl::graph& g, const std::vector<std::size_t>& nodes) mutable {
-        so.nodes = nodes;
-        return std::make_shared<gpu::device_backend>(*d, g, so);
-      });
-    }
-    nl::set_gemm_threads(1);  // one product thread per stage loop
-    pipe_ = std::make_unique<np::pipeline>(rt, graphs, pieces, plan, std::make_shared<nl::cross_entropy>(),
-                                           nl::make_optimizer_factory(o), po);
-    min_rows_ = std::size_t(plan.micro_batches) * pipe_->replicas();
-    if (announce)
-      for (std::uint32_t s = 0; s < stages; ++s) std::printf("stage %u on %s\n", s, out_.device_of[s].c_str());
-  }
-
-  std::future<nl::step_result> train_step(nl::tensor x, nl::targets y, std::size_t, std::uint64_t step,
-                                          double lr) override {
-    std::promise<nl::step_result> p;
-    try {
-      const auto t0 = std::chrono::steady_clock::now();
-      auto r = pipe_->train_step(std::move(x), y, step, lr);
-      out_.train_seconds += seconds_since(t0);
-      out_.trained += r.samples;
-      p.set_value(r);
-    } catch (...) {
-      p.set_exception(std::current_exception());
-    }
-    downloaded_ = false;
-    return p.get_future();
-  }
-
-  /// Evaluation runs the graph's layers directly once device stages have handed their
-  /// weights back: the stages are idle between steps.
-  std::future<nl::step_result> evaluate(nl::tensor x, nl::targets y) override {
-    if (!downloaded_) pipe_->download();
-    downloaded_ = true;
-    nl::set_gemm_threads(int(threads_));
-    nl::direct_executor exec(g_);
-    auto r = exec.evaluate(std::move(x), y, nl::cross_entropy{});
-    nl::set_gemm_threads(1);
-    std::promise<nl::step_result> p;
-    p.set_value(r);
-    return p.get_future();
-  }
-  std::size_t min_rows() const override { return min_rows_; }
-
-  void finish() override {
-    if (!downloaded_) pipe_->download();
-    downloaded_ = true;
-    out_.metrics = pipe_->metrics();
-    out_.measured = np::measured_table(*pipe_);
-    np::name_stage_tracks(rt_, *pipe_);  // one lane per stage in trace viewers
-  }
-  void trace_metadata(nlohmann::json& extra) const override { extra.update(pipe_->trace_metadata()); }
-  nl::optimizer_state optimizer_state_of() override { return pipe_->optimizer_state_of(); }
-  void load_optimizer_state(const nl::optimizer_state& state) override { pipe_->load_optimizer_state(state); }
-  void sync_weights() override {
-    if (!downloaded_) pipe_->download();
-    downloaded_ = true;
-  }
-
- private:
-  actors::runtime& rt_;
-  nl::graph& g_;
-  pipeline_outcome& out_;
-  unsigned threads_;
-  // Devices open after the runtime and close before it: they post to its loops.
-  std::map<std::pair<int, int>, std::unique_ptr<gpu::device>> opened_;
-  std::unique_ptr<np::pipeline> pipe_;  // destroyed before the devices its stages use
-  std::size_t min_rows_ = 1;
-  bool downloaded_ = true;
-};
 
 
 /// `value` of option `name` as an unsigned 32-bit count in [lo, hi]; throws naming both.
@@ -257,7 +143,11 @@ int main(int argc, char** argv) {
   app.add_flag("--quiet", quiet, "No progress bar");
   CLI11_PARSE(app, argc, argv);
 
+  std::optional<nerve::apps::job> ranks;  // the processes of the run: one, or mpirun's ranks
   try {
+    ranks.emplace(argc, argv);
+    // Rank 0 speaks for the job: the others print nothing but their own errors.
+    const bool speak = ranks->lead();
     const auto loops = static_cast<long long>(nl::max_threads);
     const char* per_loop = ": each stage of each replica is an actor, by default on its own event loop";
     stages = count_in_range("--stages", stages_in, 1, loops, per_loop);
@@ -327,6 +217,7 @@ int main(int argc, char** argv) {
     }
     if (!emergent) ignored("--credits", (load_schedule_file.empty() ? "--schedule " + schedule_name : std::string("a schedule file")) + " (emergent only)");
     if (!write_schedule_file.empty()) np::save_schedule(plan, write_schedule_file);
+    if (print_schedule && !speak) return 0;
     if (print_schedule) {
       if (emergent)
         std::printf("emergent: no list; per-edge credits and backward-first priority. With S-s credits on stage s "
@@ -358,7 +249,13 @@ int main(int argc, char** argv) {
     if (o.batch < std::size_t(micro) * replicas)
       throw std::invalid_argument("--batch " + std::to_string(o.batch) + " cannot split into " +
                                   std::to_string(replicas) + " x " + std::to_string(micro) + " micro-batches");
-    if (threads == 0) threads = stages * replicas;
+    if (ranks->size() > 1 && ranks->size() != int(stages * replicas))
+      throw std::invalid_argument("--stages " + std::to_string(stages) + " x --replicas " + std::to_string(replicas) +
+                                  " place one stage of one replica on each rank: start " +
+                                  std::to_string(stages * replicas) + " ranks (mpirun -np " +
+                                  std::to_string(stages * replicas) + "), not " + std::to_string(ranks->size()));
+    // One loop per stage here: across ranks, a rank runs one.
+    if (threads == 0) threads = ranks->size() > 1 ? 1 : stages * replicas;
     o.model = model;
     o.init.clear();  // loaded below into every replica, not by the trainer
     o.save = save;
@@ -397,7 +294,7 @@ int main(int argc, char** argv) {
                                     {"credits", credits}, {"devices", devices}, {"cut", cut}}
                          .dump();
 
-    if (!json)
+    if (!json && speak)
       std::printf("nerve-pipeline: %s, %u stages x %u replica%s, %s, %u micro-batches of ~%zu (batch %zu), %s lr %g, "
                   "%u loops\npieces: %s\n",
                   model.c_str(), stages, replicas, replicas == 1 ? "" : "s", emergent ? "emergent" : plan.name.c_str(),
@@ -407,6 +304,8 @@ int main(int argc, char** argv) {
     np::pipeline_options po;
     po.emergent = emergent;
     po.credits = credits;
+
+    o.lead = speak;
     for (std::uint32_t s = 0; s < stages * replicas; ++s) po.loops.push_back(s % threads);
     std::vector<std::string> device_list(stages, "cpu");
     if (!devices.empty()) {
@@ -417,10 +316,12 @@ int main(int argc, char** argv) {
     }
     pipeline_outcome outcome;
     auto make_engine = [&](actors::runtime& rt, nl::graph&, const nl::train_options& opts) {
+      // Across ranks: the link's poller on this rank's stage loop.
+      if (ranks->size() > 1) po.link = ranks->link_on(rt, po.loops[std::size_t(ranks->rank())]);
       return std::make_unique<pipeline_engine>(rt, replica_graphs, pieces, plan, opts, po, device_list, outcome,
-                                               !json && !devices.empty());
+                                               !json && speak && !devices.empty());
     };
-    progress_bar bar(quiet || json);
+    progress_bar bar(quiet || json || !speak);
     install_stop_handlers();
     nlohmann::json epochs_json = nlohmann::json::array();
     auto report = nl::train(
@@ -434,7 +335,7 @@ int main(int argc, char** argv) {
                                  {"test_accuracy", e.test_accuracy},
                                  {"seconds", e.seconds},
                                  {"samples_per_s", e.samples_per_s}});
-          if (!json) {
+          if (!json && speak) {
             std::printf("epoch %2d  train loss %.4f  train acc %6.2f%%", e.epoch, e.train_loss, 100 * e.train_accuracy);
             if (o.evaluate && !e.interrupted) std::printf("  test acc %6.2f%%", 100 * e.test_accuracy);
             std::printf("  %6.2f s  %8.0f samples/s%s\n", e.seconds, e.samples_per_s, e.interrupted ? "  (interrupted)" : "");
@@ -450,7 +351,8 @@ int main(int argc, char** argv) {
     const double theory = np::bubble_theory(plan);
     const auto& metrics = outcome.metrics;
     const auto predicted = np::predicted_bubbles(plan, metrics);
-    if (json) {
+    if (!speak) {
+    } else if (json) {
       nlohmann::json j;
       j["model"] = model;
       j["schedule"] = emergent ? "emergent" : plan.name;
@@ -458,6 +360,7 @@ int main(int argc, char** argv) {
       j["microbatches"] = micro;
       j["chunks"] = plan.chunks;
       j["replicas"] = replicas;
+      j["ranks"] = ranks->size();
       j["batch"] = o.batch;
       j["lr"] = o.lr;
       j["threads"] = threads;
@@ -512,7 +415,8 @@ int main(int argc, char** argv) {
       return 128 + (stop_signal ? int(stop_signal) : SIGINT);
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "nerve-pipeline: %s\n", e.what());
+    if (ranks) ranks->fail("nerve-pipeline", e.what());  // in a multi-rank job: leaves at once
+    else std::fprintf(stderr, "nerve-pipeline: %s\n", e.what());
     return 1;
   }
   return 0;

@@ -43,4 +43,18 @@ std::shared_ptr<rank_link> mpi_ranks(bus::mpi::transport& t, bus::mpi::transport
   return std::make_shared<link>(t, first_channel);
 }
 
+namespace {
+// A link that owns its transport (declared first, so it is destroyed last).
+struct owning_link {
+  bus::mpi::transport t;
+  link l;
+  owning_link(actors::runtime& rt, unsigned loop) : t(rt, loop), l(t, 0) {}
+};
+}  // namespace
+
+std::shared_ptr<rank_link> mpi_ranks_on(actors::runtime& rt, unsigned loop) {
+  auto own = std::make_shared<owning_link>(rt, loop);
+  return std::shared_ptr<rank_link>(own, &own->l);  // shares the owner's life
+}
+
 }  // namespace nerve::pipeline

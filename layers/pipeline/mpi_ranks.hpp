@@ -18,4 +18,10 @@ namespace nerve::pipeline {
 /// Makes the link over `t`, which must outlive it and the pipeline.
 std::shared_ptr<rank_link> mpi_ranks(bus::mpi::transport& t, bus::mpi::transport::channel first_channel = 1u << 20);
 
+/// Makes the link over a transport of its own whose poller runs on loop `loop` of `rt`
+/// (MPI already initialised, e.g. by another transport): put on the loop of the stage that
+/// talks to other ranks, a message crosses with no thread switch. A collective (every rank
+/// makes its link at the same point). `rt` must outlive the link.
+std::shared_ptr<rank_link> mpi_ranks_on(actors::runtime& rt, unsigned loop);
+
 }  // namespace nerve::pipeline

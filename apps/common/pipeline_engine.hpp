@@ -1,0 +1,166 @@
+#pragma once
+/// \file
+/// The trainer's engine for a pipeline (`layers/trainer.hpp`): its stages and replicas on
+/// the trainer's runtime, device stages on the devices named per stage, and, in a
+/// multi-rank job, each rank's own stages (`pipeline_options::link`). nerve-pipeline runs
+/// every pipeline through it; nerve-train runs data-parallel replicas through it (one
+/// stage). Header-only; each app includes it once.
+
+#include <chrono>
+#include <cstdio>
+#include <future>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "gpu/device.hpp"
+#include "gpu/layers/device_backend.hpp"
+#include "layers/executor.hpp"
+#include "layers/gemm.hpp"
+#include "layers/pipeline/pipeline.hpp"
+#include "layers/trainer.hpp"
+
+namespace nerve::apps {
+
+namespace np = nerve::pipeline;
+namespace nl = nerve::layers;
+
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// What the run leaves for the report, taken before the pipeline's actors go.
+struct pipeline_outcome {
+  std::vector<np::stage_metrics> metrics;
+  std::string measured;  // the last step's timeline table
+  std::vector<std::string> device_of;
+  double train_seconds = 0;  // in train_step, without data loading and evaluation
+  std::int64_t trained = 0;  // samples
+};
+
+/// The trainer's engine for a pipeline: its stages (and replicas) on the trainer's
+/// runtime, device stages on the devices `devices` names.
+class pipeline_engine : public nl::train_engine {
+ public:
+  pipeline_engine(actors::runtime& rt, const std::vector<nl::graph*>& graphs, const np::partition& pieces,
+                  const np::schedule& plan, const nl::train_options& o, np::pipeline_options po,
+                  const std::vector<std::string>& devices, pipeline_outcome& out, bool announce)
+      : rt_(rt), g_(*graphs[0]), out_(out), threads_(o.threads) {
+    // Replicas start from replica 0's weights: the trainer loaded --init or --resume there.
+    for (std::size_t r = 1; r < graphs.size(); ++r) {
+      auto from = graphs[0]->parameters(), to = graphs[r]->parameters();
+      for (std::size_t i = 0; i < from.size(); ++i) to[i].value->matrix() = from[i].value->matrix();
+      auto bf = graphs[0]->buffers(), bt = graphs[r]->buffers();
+      for (std::size_t i = 0; i < bf.size(); ++i) bt[i].value->matrix() = bf[i].value->matrix();
+    }
+    const auto stages = plan.stages;
+    out_.device_of.assign(stages, "cpu");
+    // In a multi-rank job a rank opens the devices of its own stages only (replica 0's
+    // stage s on rank s: device stages run one replica).
+    const int me = po.link ? po.link->rank() : 0;
+    lead_ = me == 0;
+    for (std::uint32_t s = 0; s < stages && s < devices.size(); ++s) {
+      int backend = 0, ordinal = 0;
+      const int rank = po.link ? (po.ranks.empty() ? int(s) : po.ranks[s]) : 0;
+      if (!gpu::parse_device(devices[s], backend, ordinal) || rank != me) {
+        if (rank != me && devices[s] != "cpu") out_.device_of[s] = devices[s] + " (rank " + std::to_string(rank) + ")";
+        po.backends.push_back(nullptr);
+        continue;
+      }
+      auto& dev = opened_[{backend, ordinal}];
+      if (!dev) {
+        gpu::device_options d;
+        d.backend = gpu::backend_kind(backend);
+        d.ordinal = ordinal;
+        if (rt.trace().enabled()) d.recorder = &rt.trace();  // GPU spans on a track per stream
+        dev = std::make_unique<gpu::device>(d);
+      }
+      out_.device_of[s] = devices[s] + " (" + dev->name() + ")";
+      gpu::device_backend_options so;
+      so.optimizer = gpu::device_optimizer{o.optimizer, o.lr, o.momentum, o.weight_decay, o.nesterov};
+      so.max_batch = std::max(so.max_batch, o.batch);  // the last stage's loss stages a batch's labels
+      po.backends.push_back([d = dev.get(), so](nl::graph& g, const std::vector<std::size_t>& nodes) mutable {
+        so.nodes = nodes;
+        return std::make_shared<gpu::device_backend>(*d, g, so);
+      });
+    }
+    nl::set_gemm_threads(1);  // one product thread per stage loop
+    pipe_ = std::make_unique<np::pipeline>(rt, graphs, pieces, plan, std::make_shared<nl::cross_entropy>(),
+                                           nl::make_optimizer_factory(o), po);
+    min_rows_ = std::size_t(plan.micro_batches) * pipe_->replicas();
+    if (announce)
+      for (std::uint32_t s = 0; s < stages; ++s) std::printf("stage %u on %s\n", s, out_.device_of[s].c_str());
+  }
+
+  std::future<nl::step_result> train_step(nl::tensor x, nl::targets y, std::size_t, std::uint64_t step,
+                                          double lr) override {
+    std::promise<nl::step_result> p;
+    try {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r = pipe_->train_step(std::move(x), y, step, lr);
+      out_.train_seconds += seconds_since(t0);
+      out_.trained += r.samples;
+      p.set_value(r);
+    } catch (...) {
+      p.set_exception(std::current_exception());
+    }
+    downloaded_ = false;
+    return p.get_future();
+  }
+
+  /// Evaluation runs the graph's layers directly once device stages have handed their
+  /// weights back: the stages are idle between steps. Across ranks every rank takes part
+  /// in the weights' exchange, and rank 0 evaluates (the others report nothing).
+  std::future<nl::step_result> evaluate(nl::tensor x, nl::targets y) override {
+    if (!downloaded_) pipe_->download();
+    downloaded_ = true;
+    if (!lead_) {
+      std::promise<nl::step_result> p;
+      nl::step_result none;
+      none.samples = x.batch();
+      p.set_value(none);
+      return p.get_future();
+    }
+    nl::set_gemm_threads(int(threads_));
+    nl::direct_executor exec(g_);
+    auto r = exec.evaluate(std::move(x), y, nl::cross_entropy{});
+    nl::set_gemm_threads(1);
+    std::promise<nl::step_result> p;
+    p.set_value(r);
+    return p.get_future();
+  }
+  std::size_t min_rows() const override { return min_rows_; }
+
+  void finish() override {
+    if (!downloaded_) pipe_->download();
+    downloaded_ = true;
+    out_.metrics = pipe_->metrics();
+    out_.measured = np::measured_table(*pipe_);
+    np::name_stage_tracks(rt_, *pipe_);  // one lane per stage in trace viewers
+  }
+  void trace_metadata(nlohmann::json& extra) const override { extra.update(pipe_->trace_metadata()); }
+  nl::optimizer_state optimizer_state_of() override { return pipe_->optimizer_state_of(); }
+  void load_optimizer_state(const nl::optimizer_state& state) override { pipe_->load_optimizer_state(state); }
+  void sync_weights() override {
+    if (!downloaded_) pipe_->download();
+    downloaded_ = true;
+  }
+
+ private:
+  actors::runtime& rt_;
+  nl::graph& g_;
+  pipeline_outcome& out_;
+  unsigned threads_;
+  // Devices open after the runtime and close before it: they post to its loops.
+  std::map<std::pair<int, int>, std::unique_ptr<gpu::device>> opened_;
+  std::unique_ptr<np::pipeline> pipe_;  // destroyed before the devices its stages use
+  std::size_t min_rows_ = 1;
+  bool downloaded_ = true;
+  bool lead_ = true;
+};
+
+
+}  // namespace nerve::apps
