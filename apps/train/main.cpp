@@ -6,6 +6,9 @@
 //
 // The epochs, batches and evaluation are the one trainer's (layers/trainer.hpp); --device
 // picks its engine: the layer actors on the CPU, or a device network (cuda, standin).
+// --replicas R trains R data-parallel replicas (each a one-stage pipeline of layer actors,
+// gradients all-reduced per layer while backward goes on): in this process, or one per
+// rank under `mpirun -np R`.
 #include <signal.h>
 #include <unistd.h>
 
@@ -13,7 +16,9 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -21,6 +26,8 @@
 #include "gpu/layers/train.hpp"
 #include "layers/presets.hpp"
 #include "layers/trainer.hpp"
+#include "apps/common/job.hpp"
+#include "apps/common/pipeline_engine.hpp"
 #include "apps/common/run_control.hpp"
 
 using namespace nerve::layers;
@@ -87,11 +94,23 @@ int main(int argc, char** argv) {
                "an error naming the step and the layer, or the tensor)");
   nerve::apps::run_state_options state;
   state.add_to(app);
+  long long replicas_in = 1;
+  app.add_option("--replicas", replicas_in,
+                 "Data-parallel replicas, 1 to 256: the batch splits over them and every layer's gradients are "
+                 "summed across them; under mpirun -np R, one replica per rank")
+      ->capture_default_str();
   app.add_flag("--json", json, "Print one JSON object with the results on stdout");
   app.add_flag("--quiet", quiet, "No progress bar");
   CLI11_PARSE(app, argc, argv);
 
+  std::optional<nerve::apps::job> ranks;  // the processes of the run: one, or mpirun's ranks
   try {
+    ranks.emplace(argc, argv);
+    const bool speak = ranks->lead();  // rank 0 speaks for the job
+    if (replicas_in < 1 || replicas_in > long(max_threads))
+      throw std::invalid_argument("--replicas must be between 1 and " + std::to_string(max_threads) + " (got " +
+                                  std::to_string(replicas_in) + "): each replica is a group of layer actors");
+    auto replicas = std::uint32_t(replicas_in);
     if (!state.resume.empty()) {
       // The checkpoint's settings hold: a training option given beside --resume would be ignored.
       for (const char* opt : {"--model", "--epochs", "--steps", "--batch", "--microbatches", "--lr", "--optimizer",
@@ -102,6 +121,10 @@ int main(int argc, char** argv) {
                                       "settings its checkpoint holds");
       o = resume_options(state.resume);
       model = o.model;
+      if (app.count("--replicas"))
+        throw std::invalid_argument("--replicas cannot be given with --resume: the run goes on with the settings its "
+                                    "checkpoint holds");
+      if (!o.app_settings.empty()) replicas = nlohmann::json::parse(o.app_settings).value("replicas", 1u);
       device = o.device;
       o.save = save;
       o.trace = trace;
@@ -142,22 +165,61 @@ int main(int argc, char** argv) {
       o.stop = &stop_requested;
     }
     state.apply(app, o);
+    if (ranks->size() > 1 && ranks->size() != int(replicas))
+      throw std::invalid_argument("--replicas " + std::to_string(replicas) + " places one replica on each rank: start " +
+                                  std::to_string(replicas) + " ranks (mpirun -np " + std::to_string(replicas) +
+                                  "), not " + std::to_string(ranks->size()));
+    const bool data_parallel = replicas > 1;
+    if (data_parallel) {
+      if (o.device != "cpu")
+        throw std::invalid_argument("--replicas runs on the CPU (--device " + o.device +
+                                    "): replicas on a device are not built yet");
+      if (o.batch < std::size_t(replicas) * o.micro_batches)
+        throw std::invalid_argument("--batch " + std::to_string(o.batch) + " cannot split into " +
+                                    std::to_string(replicas) + " replicas x " + std::to_string(o.micro_batches) +
+                                    " micro-batches");
+      // One loop per replica in this process (unless --threads says), one per rank across ranks.
+      if (!app.count("--threads") && state.resume.empty()) o.threads = ranks->size() > 1 ? 1 : replicas;
+      o.app_settings = nlohmann::json{{"replicas", replicas}}.dump();
+    }
+    o.lead = speak;
     check_options(o);  // before the banner and the data: a bad value costs nothing
 
-    if (!json)
+    if (!json && speak)
       std::printf("nerve-train: %s, %s, batch %zu, %s lr %g%s, %u thread%s\n", o.model.c_str(),
                   (std::to_string(o.epochs) + (o.epochs == 1 ? " epoch" : " epochs") +
                    (o.steps > 0 ? ", " + std::to_string(o.steps) + " steps at most" : ""))
                       .c_str(),
                   o.batch, o.optimizer.c_str(), o.lr, o.momentum > 0 ? (" momentum " + fmt_g(o.momentum)).c_str() : "",
                   o.threads, o.threads == 1 ? "" : "s");
-    progress_bar bar(quiet);
+    if (!json && speak && data_parallel)
+      std::printf("%u replicas%s\n", replicas, ranks->size() > 1 ? ", one per rank" : " in this process");
+    progress_bar bar(quiet || !speak);
     install_stop_handlers();
     nerve::gpu::register_engines();  // --device cuda, cuda:N, standin beside the built-in cpu
+    // Data parallelism: the replicas are a one-stage pipeline each (nerve-pipeline's engine).
+    std::vector<graph> graphs;
+    for (std::uint32_t r = 0; r < replicas; ++r) graphs.push_back(make_preset(o.model, o.seed));
+    std::vector<graph*> replica_graphs;
+    for (auto& rg : graphs) replica_graphs.push_back(&rg);
+    nerve::apps::pipeline_outcome outcome;
+    engine_factory make_engine;
+    if (data_parallel)
+      make_engine = [&](nerve::actors::runtime& rt, graph& g0, const train_options& opts) {
+        namespace np = nerve::pipeline;
+        const auto plan = np::make_schedule("1f1b", 1, std::uint32_t(opts.micro_batches));
+        np::pipeline_options po;
+        for (std::uint32_t r = 0; r < replicas; ++r) po.loops.push_back(r % opts.threads);
+        if (ranks->size() > 1) po.link = ranks->link_on(rt, 0);
+        auto inner = opts;
+        inner.micro_batches = 1;
+        return std::make_unique<nerve::apps::pipeline_engine>(rt, replica_graphs, np::partition_by_parameters(g0, 1),
+                                                              plan, inner, po, std::vector<std::string>{}, outcome, false);
+      };
     auto report = train(
-        o, [&](const train_progress& p) { bar(p); },
+        graphs[0], o, [&](const train_progress& p) { bar(p); },
         [&](const epoch_stats& e) {
-          if (!json) {
+          if (!json && speak) {
             char test[32] = "      -";  // --no-eval or interrupted: no test accuracy to show
             if (o.evaluate && !e.interrupted) std::snprintf(test, sizeof test, "%6.2f%%", 100 * e.test_accuracy);
             std::printf("epoch %2d  train loss %.4f  train acc %6.2f%%  test acc %s  %6.2f s  %8.0f samples/s%s\n",
@@ -165,8 +227,10 @@ int main(int argc, char** argv) {
                         e.interrupted ? "  (interrupted)" : "");
           }
           std::fflush(stdout);
-        });
-    if (json) {
+        },
+        make_engine);
+    if (!speak) {
+    } else if (json) {
       nlohmann::json j;
       j["model"] = o.model;
       j["device"] = device;
@@ -177,6 +241,8 @@ int main(int argc, char** argv) {
       j["lr"] = o.lr;
       j["threads"] = o.threads;
       j["seed"] = o.seed;
+      j["replicas"] = replicas;
+      j["ranks"] = ranks->size();
       j["interrupted"] = report.interrupted;
       j["epochs"] = nlohmann::json::array();
       for (auto& e : report.epochs)
@@ -202,7 +268,8 @@ int main(int argc, char** argv) {
       return 128 + (stop_signal ? int(stop_signal) : SIGINT);
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "nerve-train: %s\n", e.what());
+    if (ranks) ranks->fail("nerve-train", e.what());  // in a multi-rank job: leaves at once
+    else std::fprintf(stderr, "nerve-train: %s\n", e.what());
     return 1;
   }
   return 0;
