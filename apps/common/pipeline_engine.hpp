@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -95,6 +96,9 @@ class pipeline_engine : public nl::train_engine {
       for (std::uint32_t s = 0; s < stages; ++s) std::printf("stage %u on %s\n", s, out_.device_of[s].c_str());
   }
 
+  /// Called with a failed step's error before it is handed to the trainer (may not return).
+  std::function<void(const std::string&)> on_failure;
+
   std::future<nl::step_result> train_step(nl::tensor x, nl::targets y, std::size_t, std::uint64_t step,
                                           double lr) override {
     std::promise<nl::step_result> p;
@@ -104,7 +108,10 @@ class pipeline_engine : public nl::train_engine {
       out_.train_seconds += seconds_since(t0);
       out_.trained += r.samples;
       p.set_value(r);
-    } catch (...) {
+    } catch (const std::exception& e) {
+      // Across ranks a failed step ends the process here, before any unwinding could wait
+      // on ranks that are still in their step (see apps/common/job.hpp).
+      if (on_failure) on_failure(e.what());
       p.set_exception(std::current_exception());
     }
     downloaded_ = false;

@@ -317,9 +317,13 @@ int main(int argc, char** argv) {
     pipeline_outcome outcome;
     auto make_engine = [&](actors::runtime& rt, nl::graph&, const nl::train_options& opts) {
       // Across ranks: the link's poller on this rank's stage loop.
-      if (ranks->size() > 1) po.link = ranks->link_on(rt, po.loops[std::size_t(ranks->rank())]);
-      return std::make_unique<pipeline_engine>(rt, replica_graphs, pieces, plan, opts, po, device_list, outcome,
-                                               !json && speak && !devices.empty());
+      // (A copy: the link lives no longer than the engine, on whose runtime its poller runs.)
+      auto here = po;
+      if (ranks->size() > 1) here.link = ranks->link_on(rt, po.loops[std::size_t(ranks->rank())]);
+      auto e = std::make_unique<pipeline_engine>(rt, replica_graphs, pieces, plan, opts, here, device_list, outcome,
+                                                 !json && speak && !devices.empty());
+      if (ranks->size() > 1) e->on_failure = [&](const std::string& what) { ranks->fail("nerve-pipeline", what); };
+      return e;
     };
     progress_bar bar(quiet || json || !speak);
     install_stop_handlers();

@@ -213,8 +213,11 @@ int main(int argc, char** argv) {
         if (ranks->size() > 1) po.link = ranks->link_on(rt, 0);
         auto inner = opts;
         inner.micro_batches = 1;
-        return std::make_unique<nerve::apps::pipeline_engine>(rt, replica_graphs, np::partition_by_parameters(g0, 1),
-                                                              plan, inner, po, std::vector<std::string>{}, outcome, false);
+        auto e = std::make_unique<nerve::apps::pipeline_engine>(
+            rt, replica_graphs, np::partition_by_parameters(g0, 1), plan, inner, po, std::vector<std::string>{}, outcome,
+            false);
+        if (ranks->size() > 1) e->on_failure = [&](const std::string& what) { ranks->fail("nerve-train", what); };
+        return e;
       };
     auto report = train(
         graphs[0], o, [&](const train_progress& p) { bar(p); },
