@@ -4,6 +4,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -155,6 +156,41 @@ TEST_CASE("replicas on the ranks, one each: the weights of the replicas in one p
     CAPTURE(name);
     check_across("chain", make_schedule(name, 1, 2), R, 3, 6 * std::int64_t(R));
   }
+}
+
+TEST_CASE("across ranks too, a layer's gradient all-reduce starts while backward of the step is still running") {
+  if (world->size() < 2) return;  // one replica: nothing to reduce
+  const auto R = std::uint32_t(world->size()), me = std::uint32_t(world->rank());
+  std::vector<layers::graph> reps;
+  for (std::uint32_t r = 0; r < R; ++r) reps.push_back(test::small_chain());
+  std::vector<layers::graph*> ptrs;
+  for (auto& g : reps) ptrs.push_back(&g);
+  actors::runtime rt(actors::runtime_options{.loops = 1, .record = true});
+  pipeline_options o;
+  o.link = fresh_link();
+  nerve::pipeline::pipeline dp(rt, ptrs, partition_by_parameters(reps[0], 1), make_schedule("1f1b", 1, 3),
+                               std::make_shared<layers::cross_entropy>(), sgd_factory(), o);
+  auto d = make_batch(reps[0], 6 * std::int64_t(R), 1);
+  dp.train_step(std::move(d.x), d.t);
+  rt.synchronize();
+  // This rank's replica: its layers' contributions leave for the reducer (and from there to
+  // the other ranks) before its stage's last action (fc1's B) has ended.
+  const auto& members = dp.stage_group(me, 0).members();
+  REQUIRE(members.size() == 9);
+  auto in_stage = [&](std::uint64_t track) {
+    return std::any_of(members.begin(), members.end(), [&](auto& a) { return a.id() == track; });
+  };
+  std::int64_t first_contribution = -1, last_action_end = 0;
+  for (const auto& r : rt.trace().snapshot()) {
+    if (r.kind == actors::record_kind::send && in_stage(r.track) && r.tag && r.tag->name == "contribution" &&
+        first_contribution < 0)
+      first_contribution = r.ts_ns;
+    if (r.kind == actors::record_kind::span && r.cat && std::string(r.cat) == "action" && r.track == stage_track(me))
+      last_action_end = std::max(last_action_end, r.ts_ns + r.dur_ns);
+  }
+  REQUIRE(first_contribution > 0);
+  CHECK(first_contribution < last_action_end);
+  world->barrier();
 }
 
 TEST_CASE("two stages x two replicas on two ranks: a stage's replicas on one rank reduce in process") {
