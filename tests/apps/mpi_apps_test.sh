@@ -2,7 +2,8 @@
 # mpi_apps_test.sh MPIEXEC PIPELINE TRAIN CASE: nerve-pipeline and nerve-train as a user
 # runs them under mpirun (issue #21).
 #   bitwise   stages and replicas on 2, 3 (and 4) ranks give the weights of one process, byte
-#             for byte, for every schedule; rank 0 alone prints (one JSON object)
+#             for byte, for every schedule and for stand-in device stages; rank 0 alone
+#             prints (one JSON object)
 #   mismatch  ranks started with different arguments stop at once, saying so
 #   ranks     a rank count that does not fit the stages x replicas is refused
 #   kill      rank 1 killed with SIGKILL mid-run: the job ends within 10 s, non-zero, naming
@@ -39,6 +40,8 @@ bitwise)
   check "pipeline 1f1b, 3 stages" 3 "$pipeline" "${small[@]}" --stages 3 --microbatches 3
   check "pipeline resmlp zb-h1" 2 "$pipeline" --model resmlp --steps 3 --batch 48 --no-eval --quiet --stages 2 \
     --microbatches 3 --schedule zb-h1
+  # Device stages on ranks: values leave a stand-in device through pinned host memory.
+  check "pipeline standin,standin" 2 "$pipeline" "${small[@]}" --stages 2 --microbatches 4 --devices standin,standin
   check "pipeline 2 stages x 2 replicas" 4 "$pipeline" "${small[@]}" --stages 2 --replicas 2 --microbatches 2
   check "train 2 replicas" 2 "$train" "${small[@]}" --replicas 2
   check "train 3 replicas" 3 "$train" "${small[@]}" --replicas 3 --microbatches 2
