@@ -9,6 +9,8 @@
 #   kill      rank 1 killed with SIGKILL mid-run: the job ends within 10 s, non-zero, naming
 #             rank 1, and the checkpoint left behind is whole
 #   throw     a layer failing on one rank ends the job within 10 s with that error
+#   hosts     a 2-stage pipeline across two network namespaces over TCP (scripts/mpi-hosts),
+#             bitwise the one-process weights (exit 77, skipped, where namespaces cannot be made)
 set -u
 mpiexec=$1 pipeline=$2 train=$3 case=$4
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -112,6 +114,15 @@ throw)
   [ $ms -lt 10000 ] || fail "the job took $ms ms to end"
   grep -q "rank [01]: actor 'fc[0-9]' failed: layer 'fc[0-9]': step [0-9]*: the gradient of .* is not finite" <<<"$out" ||
     fail "the output lacks a rank's error naming the layer"
+  ;;
+hosts)
+  here=$(cd "$(dirname "$0")/../.." && pwd)
+  "$pipeline" "${small[@]}" --stages 2 --save "$dir/one.st" >/dev/null || fail "one process failed"
+  "$here/scripts/mpi-hosts" "$pipeline" "${small[@]}" --stages 2 --save "$dir/hosts.st"
+  rc=$?
+  [ $rc -eq 77 ] && exit 77
+  [ $rc -eq 0 ] || fail "the job across namespaces failed ($rc)"
+  cmp -s "$dir/one.st" "$dir/hosts.st" || fail "the weights across namespaces differ from one process's"
   ;;
 *) fail "unknown case $case" ;;
 esac
