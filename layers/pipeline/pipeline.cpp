@@ -337,6 +337,10 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       if (nodes0[i].is_input() || !nodes0[i].layer->has_parameters()) continue;
       const std::uint32_t s = stage_of(i);
       if (rank_of(0, s) != rank_of(1, s)) {  // each replica on its own rank (checked): the link's all-reduce
+        for (std::uint32_t r = 0; r < replicas_; ++r)
+          if (backends_[r * S + s])
+            throw std::invalid_argument("pipeline: replicas of a device stage on several ranks are not built (their "
+                                        "gradients stay on the device; the ranks' all-reduce takes host buffers)");
         const auto ch = next_channel++;
         std::vector<int> ranks;
         for (std::uint32_t r = 0; r < replicas_; ++r) ranks.push_back(rank_of(r, s));
