@@ -626,6 +626,23 @@ TEST_SUITE("gpu.replicas") {
     CHECK(first_contribution < last_action_end);  // fc5's bucket leaves during the last B, before fc1's
   }
 
+  TEST_CASE("replicas one per device take the NCCL path, which runs CUDA devices only") {
+    // Two stand-in devices: the wiring picks NCCL (tests/gpu/nccl_test.cpp runs it on two
+    // GPUs) and refuses, by name, before any data flows.
+    auto reps = replicas_of(2);
+    actors::runtime rt(actors::runtime_options{.loops = 2});
+    gpu::device d0(gpu::test::layers_suite_options()), d1(gpu::test::layers_suite_options());
+    pl::pipeline_options o;
+    for (auto* d : {&d0, &d1})
+      o.backends.push_back(device_stages(*d, {true}).backends[0]);
+    if (d0.kind() == gpu::backend_kind::standin)
+      CHECK_THROWS_WITH(pl::pipeline(rt, std::vector<layers::graph*>{&reps[0], &reps[1]},
+                                     pl::partition_by_parameters(reps[0], 1), pl::make_schedule("1f1b", 1, 2),
+                                     std::make_shared<layers::cross_entropy>(),
+                                     [] { return layers::make_optimizer<float>("sgd", lr, momentum); }, o),
+                        doctest::Contains("NCCL"));
+  }
+
   TEST_CASE("replicas of a stage run all on devices or all on the CPU") {
     auto reps = replicas_of(2);
     actors::runtime rt(actors::runtime_options{.loops = 2});
