@@ -19,6 +19,7 @@ void event::wait() const {
 }
 
 std::uint64_t stream::id() const noexcept { return impl_->id; }
+void* stream::native_handle() const noexcept { return impl_ ? impl_->native_handle() : nullptr; }
 
 event stream::record() {
   auto& core = *impl_->core;

@@ -79,6 +79,9 @@ class stream {
   /// for it (`cudaLaunchHostFunc` on a GPU). `fn` must not call nerve::gpu.
   void enqueue_host(detail::unique_function<void()> fn);
 
+  /// The backend's handle (`cudaStream_t` on CUDA, for NCCL), null on the stand-in.
+  void* native_handle() const noexcept;
+
   detail::stream_impl& impl() const noexcept { return *impl_; }
   const std::shared_ptr<detail::stream_impl>& shared_impl() const noexcept { return impl_; }
 

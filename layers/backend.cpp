@@ -119,8 +119,8 @@ class cpu_backend final : public backend {
 
 }  // namespace
 
-std::unique_ptr<layer_kernels> make_cpu_kernels(graph::node_type& node, std::unique_ptr<optimizer> opt) {
-  return std::make_unique<cpu_kernels>(node, std::move(opt));
+std::unique_ptr<layer_kernels> make_cpu_kernels(graph::node_type& n, std::unique_ptr<optimizer> opt) {
+  return std::make_unique<cpu_kernels>(n, std::move(opt));
 }
 
 std::shared_ptr<backend> make_cpu_backend(std::function<std::unique_ptr<optimizer>()> make) {

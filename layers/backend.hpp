@@ -15,17 +15,17 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <string_view>
 #include <vector>
 
+#include "actors/runtime.hpp"
+#include "bus/group.hpp"
 #include "layers/graph.hpp"
 #include "layers/loss.hpp"
 #include "layers/optimizer.hpp"
 #include "layers/tensor.hpp"
-
-namespace nerve::actors {
-class actor;
-}
 
 namespace nerve::layers {
 
@@ -58,6 +58,26 @@ struct kept {
   std::size_t payload_bytes() const noexcept { return device ? device->payload_bytes() : host.payload_bytes(); }
 };
 
+/// Replicas on a device: member `rank`'s parameter gradients for round `key`, left on its
+/// device (`layer_kernels::device_gradients`: where they are and the event after which
+/// they are complete). To the replica group's device all-reduce.
+struct device_contribution {
+  static constexpr std::string_view kind = "device_contribution";
+  std::uint64_t key = 0;
+  unsigned rank = 0;
+  std::shared_ptr<backend_data> grads;
+  std::size_t payload_bytes() const noexcept { return 0; }  // a handle: the floats stay on the device
+};
+
+/// The replica group's sum of round `key`, on the device with its ready event; every
+/// member's kernels take it in stream order (`layer_kernels::take_device_sum`).
+struct device_reduced {
+  static constexpr std::string_view kind = "device_reduced";
+  std::uint64_t key = 0;
+  std::shared_ptr<backend_data> sum;
+  std::size_t payload_bytes() const noexcept { return 0; }
+};
+
 /// A backend's work for the actor it is delivered to finished (or failed): run `then`.
 struct backend_done {
   static constexpr std::string_view kind = "backend_done";
@@ -87,10 +107,17 @@ class layer_kernels {
   virtual void with_host(actors::actor& owner, std::vector<value*> vs,
                          std::function<void(std::vector<tensor>&)> fn) = 0;
   /// The parameter gradients, flattened in `parameters()` order, on the host (the replica
-  /// group's all-reduce), and their replacement by the group's sum. Host kernels only: a
-  /// device backend throws (replicas of device stages are not built yet).
+  /// group's `bus::all_reduce`), and their replacement by the group's sum. Host kernels
+  /// only: a device's gradients stay on it (`device_gradients`), and it throws.
   virtual std::vector<float> gradients() = 0;
   virtual void set_gradients(const std::vector<float>& flat) = 0;
+  /// Replicas on a device: the parameter gradients as they will be once the work enqueued
+  /// so far is done (their device buffers and a ready event), for the group's device
+  /// all-reduce (`backend::spawn_reducer`). Null: host kernels (use `gradients`).
+  virtual std::shared_ptr<backend_data> device_gradients() { return nullptr; }
+  /// The group's sum (a `device_reduced`'s) replaces the gradients, in stream order after
+  /// the sum: no host round trip. Device kernels only.
+  virtual void take_device_sum(std::shared_ptr<backend_data> sum);
   /// The optimizer's state (checkpoints), parameters as the layer names them.
   virtual optimizer_state save_state() { return {}; }
   virtual void load_state(const optimizer_state&) {}
@@ -141,7 +168,21 @@ class backend {
   virtual void download() {}
   virtual optimizer_state save_optimizer_state() { return {}; }
   virtual void load_optimizer_state(const optimizer_state&) {}
+  /// Data parallelism: the replicas of one layer run on `replicas` (this backend is replica
+  /// 0's, member k is replica k's layer actor in `members`). Spawns, with `so`, the actor
+  /// that sums their gradients where they are (`device_contribution` in, `device_reduced`
+  /// out, summed in member order). An empty address: host gradients, the caller spawns a
+  /// `bus::all_reduce`. Off the loops, at wiring.
+  virtual actors::address spawn_reducer(actors::runtime& rt, actors::spawn_options so, std::string name,
+                                        bus::group members, const std::vector<backend*>& replicas) {
+    (void)rt, (void)so, (void)name, (void)members, (void)replicas;
+    return {};
+  }
 };
+
+inline void layer_kernels::take_device_sum(std::shared_ptr<backend_data>) {
+  throw std::logic_error("layer kernels: a device sum reached host kernels");
+}
 
 /// Runs a `backend_done`: rethrows its error (failing the actor) or runs `then`.
 inline void handle_backend_done(backend_done& d) {

@@ -37,6 +37,10 @@ layer_actor::layer_actor(graph::node_type& n, std::uint32_t index, const node_pl
     reduced_sum_ = std::move(m.sum);
     maybe_step();
   });
+  on<device_reduced>([this](device_reduced& m) {
+    device_sum_ = std::move(m.sum);
+    maybe_step();
+  });
   on<allow_nonfinite_gradients>([this](allow_nonfinite_gradients& m) { allow_nonfinite_ = m.allow; });
   for (std::size_t k = 0; k < node_.inputs.size(); ++k)
     grad_.push_back(std::make_unique<bus::signal<backward_msg>>(*this, "grad" + std::to_string(k)));
@@ -235,14 +239,21 @@ void layer_actor::maybe_step() {
   if (params && gating_.reducer) {  // replicas: sum the gradients over the group first
     if (!contributed_) {
       contributed_ = true;
-      send(gating_.reducer, bus::contribution{step_, gating_.rank, kernels_->gradients()});
+      // On a device the gradients stay there: the group sums them on the device, in
+      // stream order after this layer's last W.
+      if (auto d = kernels_->device_gradients())
+        send(gating_.reducer, device_contribution{step_, gating_.rank, std::move(d)});
+      else
+        send(gating_.reducer, bus::contribution{step_, gating_.rank, kernels_->gradients()});
     }
-    if (!reduced_sum_) return;
+    if (!reduced_sum_ && !device_sum_) return;
   }
   if (gating_.defer_step && !step_admitted_) return;
   if (reduced_sum_) kernels_->set_gradients(*reduced_sum_);
+  if (device_sum_) kernels_->take_device_sum(std::move(device_sum_));
   step_admitted_ = contributed_ = false;
   reduced_sum_.reset();
+  device_sum_.reset();
   kernels_->update(step_, allow_nonfinite_);
   backwards_done_ = 0;
   next_w_ = 0;

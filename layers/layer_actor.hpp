@@ -31,7 +31,8 @@
 /// another stage is adopted by the kernels (uploaded to a device stage, say), and one that
 /// leaves for a stage of another device (or the CPU) is handed over first (`crossing`),
 /// so the edges of the graph carry what each side can use. With a replica group
-/// the weight gradients are all-reduced (`bus::all_reduce`) before the optimizer step.
+/// the weight gradients are all-reduced (`bus::all_reduce`) before the optimizer step; on
+/// a device they stay there (`device_contribution`, summed by the backend's reducer).
 ///
 /// With the recorder on, each edge's credits are recorded as a counter on this actor's
 /// track (`credits`, `available`, id = the edge's global index): the step's micro-batches
@@ -186,6 +187,7 @@ class layer_actor : public actors::actor {
   std::size_t pending_bytes_ = 0;
   bool step_admitted_ = false, contributed_ = false;
   std::shared_ptr<const std::vector<float>> reduced_sum_;
+  std::shared_ptr<backend_data> device_sum_;  // replicas on a device: the group's sum there
 };
 
 }  // namespace nerve::layers

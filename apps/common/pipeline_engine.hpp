@@ -59,8 +59,15 @@ class pipeline_engine : public nl::train_engine {
     }
     const auto stages = plan.stages;
     out_.device_of.assign(stages, "cpu");
+    if (po.link && graphs.size() > 1)
+      for (auto& d : devices)
+        if (d != "cpu")
+          throw std::invalid_argument("replicas of device stages run in one process (" + d +
+                                      "): across ranks their gradients would cross through NCCL, not built yet");
     // In a multi-rank job a rank opens the devices of its own stages only (replica 0's
-    // stage s on rank s: device stages run one replica).
+    // stage s on rank s: device stages across ranks run one replica). In one process every
+    // replica's stage s gets a backend of its own on stage s's device (the factory is
+    // called once per replica): several replicas share a device, a stream each.
     const int me = po.link ? po.link->rank() : 0;
     lead_ = me == 0;
     for (std::uint32_t s = 0; s < stages && s < devices.size(); ++s) {

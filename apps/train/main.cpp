@@ -171,9 +171,6 @@ int main(int argc, char** argv) {
                                   "), not " + std::to_string(ranks->size()));
     const bool data_parallel = replicas > 1;
     if (data_parallel) {
-      if (o.device != "cpu")
-        throw std::invalid_argument("--replicas runs on the CPU (--device " + o.device +
-                                    "): replicas on a device are not built yet");
       if (o.batch < std::size_t(replicas) * o.micro_batches)
         throw std::invalid_argument("--batch " + std::to_string(o.batch) + " cannot split into " +
                                     std::to_string(replicas) + " replicas x " + std::to_string(o.micro_batches) +
@@ -213,9 +210,11 @@ int main(int argc, char** argv) {
         if (ranks->size() > 1) po.link = ranks->link_on(rt, 0);
         auto inner = opts;
         inner.micro_batches = 1;
+        // --device cuda or standin: every replica on that device, each on a stream of its own,
+        // their gradients summed there (layers/pipeline: replicas of device stages).
         auto e = std::make_unique<nerve::apps::pipeline_engine>(
-            rt, replica_graphs, np::partition_by_parameters(g0, 1), plan, inner, po, std::vector<std::string>{}, outcome,
-            false);
+            rt, replica_graphs, np::partition_by_parameters(g0, 1), plan, inner, po, std::vector<std::string>{device},
+            outcome, false);
         if (ranks->size() > 1) e->on_failure = [&](const std::string& what) { ranks->fail("nerve-train", what); };
         return e;
       };

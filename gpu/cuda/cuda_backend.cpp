@@ -19,6 +19,7 @@ class cuda_stream final : public stream_impl {
   cublasHandle_t blas = nullptr;
   void* workspace = nullptr;
   int device = 0;
+  void* native_handle() const noexcept override { return stream; }
 
   ~cuda_stream() override {
     // Never blocks: the workspace is freed in stream order, and a destroyed

@@ -39,6 +39,9 @@ class stream_impl {
   std::mutex submit_mutex;
   /// Keeps the device (backend, event pool, completion queue) alive as long as the stream.
   std::shared_ptr<device_core> core;
+  /// The backend's own handle (a `cudaStream_t`), for libraries that enqueue on it (NCCL);
+  /// null on the stand-in.
+  virtual void* native_handle() const noexcept { return nullptr; }
 };
 
 /// An event of one backend (timing disabled). Backends derive from it.

@@ -2,6 +2,8 @@
 
 #include "actors/actor.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/layers/device_all_reduce.hpp"
+#include "gpu/layers/nccl_all_reduce.hpp"
 #include "gpu/status.hpp"
 #include "layers/graph.hpp"
 
@@ -129,6 +131,11 @@ struct device_backend::impl {
   // be recorded again before the wait passed it (the stand-in's wait follows the latest
   // record), so they are kept until the next completion after the wait.
   std::vector<event> waited;
+  // Device sums of the replica group this stream copied from: they live until the
+  // completion after the copy, as the events above.
+  std::vector<std::shared_ptr<layers::backend_data>> sums;
+  // Replica 0's backend of a stage: the stream its layers' device all-reduces sum on.
+  gpu::stream reduce;
 
   impl(device& d, device_backend_options o)
       : dev(d), s(d.create_stream(o.stream)), options(std::move(o)), pool(std::make_shared<staging>(d)) {}
@@ -136,8 +143,8 @@ struct device_backend::impl {
   /// `then` as a `backend_done` in `owner`'s mailbox once the work enqueued so far is done;
   /// `what` names the wait's span in the trace.
   void when_done(actors::actor& owner, std::function<void()> then, const char* what) {
-    s.async_wait(owner.executor(), [to = owner.self(), then = std::move(then),
-                                    keep = std::exchange(waited, {})](std::error_code ec) mutable {
+    s.async_wait(owner.executor(), [to = owner.self(), then = std::move(then), keep = std::exchange(waited, {}),
+                                    sums = std::exchange(sums, {})](std::error_code ec) mutable {
       auto* a = to.get();
       if (!a) return;  // the network is gone
       std::exception_ptr err;
@@ -149,9 +156,9 @@ struct device_backend::impl {
 
 namespace {
 
-std::logic_error replicas_unsupported() {
-  return std::logic_error("device backend: replicas of device stages are not built yet (their all-reduce needs the "
-                          "gradients on the host)");
+std::logic_error host_gradients() {
+  return std::logic_error("device backend: the gradients of a device layer stay on the device (its replicas sum "
+                          "them with a device all-reduce)");
 }
 
 class device_kernels final : public layers::layer_kernels {
@@ -194,8 +201,30 @@ class device_kernels final : public layers::layer_kernels {
     e_.params.step(b_.s, lr_);
     e_.params.zero_grad(b_.s);
   }
-  std::vector<float> gradients() override { throw replicas_unsupported(); }
-  void set_gradients(const std::vector<float>&) override { throw replicas_unsupported(); }
+  std::vector<float> gradients() override { throw host_gradients(); }
+  void set_gradients(const std::vector<float>&) override { throw host_gradients(); }
+  std::shared_ptr<layers::backend_data> device_gradients() override {
+    auto g = std::make_shared<gpu::device_gradients>();
+    for (auto& p : e_.layer->parameters()) g->parts.emplace_back(p.grad->data(), p.grad->size());
+    g->ready = b_.s.record();
+    g->domain = &b_.dev.core();
+    g->ordinal = b_.dev.ordinal();
+    return g;
+  }
+  void take_device_sum(std::shared_ptr<layers::backend_data> sum) override {
+    auto* d = dynamic_cast<device_sum*>(sum.get());
+    if (!d) throw std::logic_error("device backend: '" + e_.node->name + "' got a sum that is not on a device");
+    b_.s.wait(d->ready);
+    b_.waited.push_back(d->ready);
+    if (!d->in_place) {  // the group's sum into this replica's gradients, before the update reads them
+      std::size_t at = 0;
+      for (auto& p : e_.layer->parameters()) {
+        copy_async(b_.s, p.grad->data(), d->sum->data() + at, p.grad->bytes());
+        at += p.grad->size();
+      }
+    }
+    b_.sums.push_back(std::move(sum));
+  }
   void when_done(actors::actor& owner, std::function<void()> then) override {
     b_.when_done(owner, std::move(then), "update");
   }
@@ -417,6 +446,39 @@ void device_backend::load_optimizer_state(const layers::optimizer_state& state) 
   for (const auto& b : state.buffers) parts[owner(b.parameter)].buffers.push_back(b);
   for (const auto& [k, v] : state.counters) parts[owner(k)].counters[k] = v;
   for (std::size_t i = 0; i < parts.size(); ++i) impl_->nodes[i]->params.load(impl_->s, parts[i]);
+}
+
+actors::address device_backend::spawn_reducer(actors::runtime& rt, actors::spawn_options so, std::string name,
+                                              bus::group members, const std::vector<layers::backend*>& replicas) {
+  std::vector<device_backend*> all;
+  bool one_device = true;
+  for (auto* b : replicas) {
+    auto* d = dynamic_cast<device_backend*>(b);
+    if (!d)
+      throw std::invalid_argument("pipeline: the replicas of a device stage must all run on devices ('" + name +
+                                  "' has one on the CPU)");
+    one_device = one_device && d->domain() == domain();
+    all.push_back(d);
+  }
+  if (one_device) {
+    auto& m = *impl_;
+    if (!m.reduce.valid()) m.reduce = m.dev.create_stream(m.options.stream);
+    return rt.spawn_with<device_all_reduce>(std::move(so), std::move(name), std::move(members), m.reduce);
+  }
+  // One replica per device: NCCL among the devices, each on a reduce stream of its own.
+  std::vector<device*> devices;
+  std::vector<gpu::stream> streams;
+  for (auto* d : all) {
+    for (auto* e : devices)
+      if (&e->core() == &d->impl_->dev.core())
+        throw error(errc::not_supported, "device backend: '" + name +
+                                             "': replicas on several devices run one per device (NCCL), or all on one");
+    devices.push_back(&d->impl_->dev);
+    if (!d->impl_->reduce.valid()) d->impl_->reduce = d->impl_->dev.create_stream(d->impl_->options.stream);
+    streams.push_back(d->impl_->reduce);
+  }
+  return rt.spawn_with<nccl_all_reduce>(std::move(so), std::move(name), std::move(members), std::move(devices),
+                                        std::move(streams));
 }
 
 void device_backend::synchronize() { impl_->s.synchronize(); }

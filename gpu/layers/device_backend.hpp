@@ -61,6 +61,11 @@ class device_backend final : public layers::backend {
             std::function<void(layers::loss_figures&)> report) override;
 
   const void* domain() const noexcept override;
+  /// Replicas of a layer: all on this device, a `device_all_reduce` on a reduce stream of
+  /// this backend (shared by its stage's layers); one per CUDA device, an `nccl_all_reduce`
+  /// (where NCCL was built; else `gpu::error` `not_supported`).
+  actors::address spawn_reducer(actors::runtime& rt, actors::spawn_options so, std::string name, bus::group members,
+                                const std::vector<layers::backend*>& replicas) override;
   /// Copies the device parameters into the graph's layers (waits for the stream).
   void download() override;
   /// The optimizer's state, parameters as the graph names them (`fc1.weight`). Waits.

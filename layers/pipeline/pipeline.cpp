@@ -27,7 +27,7 @@ using detail::step_msg;
 /// How a value of a node in stage `from` leaves for stage `to`: CPU stages and values
 /// that stay in their stage leave as they are; a device stage's go to another stream of
 /// its device as a copy with its ready event, anywhere else through the host.
-layers::crossing crossing_between(const std::vector<std::shared_ptr<layers::backend>>& backends, std::uint32_t from,
+layers::crossing crossing_between(const std::shared_ptr<layers::backend>* backends, std::uint32_t from,
                                   std::uint32_t to) {
   const auto& a = backends[from];
   if (from == to || !a) return layers::crossing::none;
@@ -69,13 +69,12 @@ pipeline::pipeline(actors::runtime& rt, std::vector<layers::graph*> replicas, pa
   if (!options_.loops.empty() && options_.loops.size() != std::size_t(S) * replicas_)
     throw std::invalid_argument("pipeline: " + std::to_string(options_.loops.size()) + " loops given for " +
                                 std::to_string(S * replicas_) + " stages");
-  if (!options_.backends.empty()) {
-    if (options_.backends.size() != S)
-      throw std::invalid_argument("pipeline: " + std::to_string(options_.backends.size()) + " stage backends given for " +
-                                  std::to_string(S) + " stages");
-    if (replicas_ > 1 && std::any_of(options_.backends.begin(), options_.backends.end(), [](auto& f) { return bool(f); }))
-      throw std::invalid_argument("pipeline: device stages run one replica");
-  }
+  if (!options_.backends.empty() && options_.backends.size() != S &&
+      options_.backends.size() != std::size_t(S) * replicas_)
+    throw std::invalid_argument("pipeline: " + std::to_string(options_.backends.size()) + " stage backends given for " +
+                                std::to_string(S) + " stages" +
+                                (replicas_ > 1 ? " (or " + std::to_string(S * replicas_) + ", one per replica's stage)"
+                                               : std::string()));
   if (options_.link) {
     const int size = options_.link->size();
     me_ = options_.link->rank();
@@ -144,14 +143,27 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
   if (piece_of[g0.output()] + 1 != P)
     throw std::invalid_argument("pipeline: the graph output '" + nodes0[g0.output()].name + "' is not in the last piece");
   const std::uint32_t last_stage = (P - 1) % S;
-  // Device stages: a backend over the stage's nodes (one replica, checked above).
-  backends_.assign(S, nullptr);
-  for (std::uint32_t s = 0; s < S && !options_.backends.empty(); ++s) {
-    if (!options_.backends[s] || !here(0, s)) continue;
-    std::vector<std::size_t> mine;
-    for (std::uint32_t k = 0; k < plan_.chunks; ++k)
-      for (auto i : pieces_[plan_.piece(s, k)]) mine.push_back(i);
-    backends_[s] = options_.backends[s](g0, mine);
+  // Device stages: a backend over the stage's nodes, one per replica (each its own stream:
+  // several replicas may share a device), made from its replica's graph.
+  backends_.assign(std::size_t(S) * replicas_, nullptr);
+  const auto factory = [&](std::uint32_t r, std::uint32_t s) -> const stage_backend_factory* {
+    if (options_.backends.empty()) return nullptr;
+    const auto& f = options_.backends.size() == S ? options_.backends[s] : options_.backends[r * S + s];
+    return f ? &f : nullptr;
+  };
+  for (std::uint32_t s = 0; s < S; ++s) {
+    // The replicas of a stage sum their gradients where they are: all on devices or all on the CPU.
+    for (std::uint32_t r = 1; r < replicas_; ++r)
+      if (bool(factory(r, s)) != bool(factory(0, s)))
+        throw std::invalid_argument("pipeline: the replicas of stage " + std::to_string(s) +
+                                    " must all run on devices or all on the CPU");
+    for (std::uint32_t r = 0; r < replicas_; ++r) {
+      if (!factory(r, s) || !here(r, s)) continue;
+      std::vector<std::size_t> mine;
+      for (std::uint32_t k = 0; k < plan_.chunks; ++k)
+        for (auto i : pieces_[plan_.piece(s, k)]) mine.push_back(i);
+      backends_[r * S + s] = (*factory(r, s))(*replicas[r], mine);
+    }
   }
   node_stage_.assign(N, 0);
   for (std::size_t i = 0; i < N; ++i) node_stage_[i] = piece_of[i] % S;
@@ -159,19 +171,24 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
   // How a value leaves stage `from` for stage `to` of replica r: through the host when the
   // two are on different ranks (the wire carries host tensors).
   const auto crossing = [&](std::uint32_t r, std::uint32_t from, std::uint32_t to) {
-    if (rank_of(r, from) != rank_of(r, to)) return backends_[from] ? layers::crossing::host : layers::crossing::none;
-    return crossing_between(backends_, from, to);
+    if (rank_of(r, from) != rank_of(r, to))
+      return backends_[r * S + from] ? layers::crossing::host : layers::crossing::none;
+    return crossing_between(&backends_[r * S], from, to);
   };
   // Edges between ranks: a channel each, numbered in wiring order (the same on every rank).
   auto* link = options_.link.get();
   rank_link::channel next_channel = 0;
   // A device last stage computes the loss on its stream where it can (its gate then
   // enqueues it), so the logits and their gradient stay on the device.
-  std::shared_ptr<layers::backend> loss_backend = backends_[last_stage];
-  try {
-    if (loss_backend) loss_backend->check_loss(*criterion);
-  } catch (const std::invalid_argument&) {
-    loss_backend = nullptr;
+  bool device_loss = false;
+  for (std::uint32_t r = 0; r < replicas_; ++r) {
+    const auto& b = backends_[r * S + last_stage];
+    if (!b) continue;
+    try {
+      b->check_loss(*criterion);
+      device_loss = true;
+    } catch (const std::invalid_argument&) {
+    }
   }
 
   layers_.assign(std::size_t(replicas_) * N, actors::address{});
@@ -180,6 +197,8 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
     auto& g = *replicas[r];
     auto& nodes = g.nodes();
     const std::string group = replicas_ > 1 ? "replica " + std::to_string(r) : "pipeline";
+    const auto* stage_backends = &backends_[std::size_t(r) * S];
+    const auto loss_backend = device_loss ? stage_backends[last_stage] : nullptr;
     // The gates first: they supervise their layers.
     std::vector<stage_gate*> gates(S);
     for (std::uint32_t s = 0; s < S; ++s) {
@@ -209,7 +228,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       so.supervisor = stages_[r * S + s];
       // Every forward and gradient of a step fits, held or not, with the gate's admits.
       so.capacity = std::size_t(M + 1) * (nodes[i].inputs.size() + flow_.nodes[i].edge_count() + 4) + 16;
-      auto& be = backends_[s];
+      auto& be = stage_backends[s];
       at[i] = rt_.spawn_with<layers::layer_actor>(
           so, nodes[i], std::uint32_t(i), flow_.nodes[i],
           be ? be->kernels_for(nodes[i]) : layers::make_cpu_kernels(nodes[i], make_optimizer()));
@@ -274,7 +293,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       std::sort(to.begin(), to.end());
       to.erase(std::unique(to.begin(), to.end()), to.end());
       for (auto t : to) gate.output = std::max(gate.output, crossing(r, p % S, t));
-      if (np.feeds_loss && backends_[p % S] && !loss_backend) gate.output = layers::crossing::host;  // a loss on the host
+      if (np.feeds_loss && stage_backends[p % S] && !loss_backend) gate.output = layers::crossing::host;  // a loss on the host
       if (gate.output == layers::crossing::device && to.size() > 1) gate.output = layers::crossing::host;
       for (auto x : nodes[i].inputs)
         gate.gradients.push_back(nodes[x].is_input() ? layers::crossing::none : crossing(r, p % S, stage_of(x)));
@@ -318,6 +337,10 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       if (nodes0[i].is_input() || !nodes0[i].layer->has_parameters()) continue;
       const std::uint32_t s = stage_of(i);
       if (rank_of(0, s) != rank_of(1, s)) {  // each replica on its own rank (checked): the link's all-reduce
+        for (std::uint32_t r = 0; r < replicas_; ++r)
+          if (backends_[r * S + s])
+            throw std::invalid_argument("pipeline: replicas of a device stage on several ranks are not built (their "
+                                        "gradients stay on the device; the ranks' all-reduce takes host buffers)");
         const auto ch = next_channel++;
         std::vector<int> ranks;
         for (std::uint32_t r = 0; r < replicas_; ++r) ranks.push_back(rank_of(r, s));
@@ -335,7 +358,16 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       actors::spawn_options so;
       so.loop = layers_[i].loop();
       so.supervisor = stages_[s];
-      reducers_.push_back(rt_.spawn_with<bus::all_reduce>(so, "all-reduce " + nodes0[i].name, std::move(members)));
+      // Device stages sum where the gradients are (on the device, or NCCL across devices);
+      // the CPU's on the host.
+      actors::address reducer;
+      if (auto& be = backends_[s]) {
+        std::vector<layers::backend*> each;
+        for (std::uint32_t r = 0; r < replicas_; ++r) each.push_back(backends_[r * S + s].get());
+        reducer = be->spawn_reducer(rt_, so, "all-reduce " + nodes0[i].name, members, each);
+      }
+      if (!reducer) reducer = rt_.spawn_with<bus::all_reduce>(so, "all-reduce " + nodes0[i].name, std::move(members));
+      reducers_.push_back(reducer);
       for (std::uint32_t r = 0; r < replicas_; ++r) gating[r * N + i].reducer = reducers_.back();
     }
   for (std::size_t k = 0; k < layers_.size(); ++k)
@@ -522,8 +554,8 @@ void pipeline::load_optimizer_state(const layers::optimizer_state& state) {
     else  // a stage-wide counter (`steps` of a checkpoint written by stage optimizers): every layer's
       for (auto& part : parts) part.counters.emplace(k, v);
   }
-  for (std::uint32_t s = 0; s < plan_.stages; ++s)
-    if (backends_[s]) backends_[s]->load_optimizer_state(devices[s]);
+  for (std::size_t k = 0; k < backends_.size(); ++k)  // every replica's: they step alike
+    if (backends_[k]) backends_[k]->load_optimizer_state(devices[k % plan_.stages]);
   std::vector<std::future<bool>> done;
   for (std::size_t k = 0; k < layers_.size(); ++k)
     if (layers_[k] && !backend_of(k % nodes.size()))
@@ -537,7 +569,7 @@ layers::backend* pipeline::backend_of(std::size_t node) const noexcept {
 }
 
 void pipeline::download() {
-  for (auto& be : backends_)
+  for (auto& be : backends_)  // every replica's into its own graph
     if (be) be->download();
   if (!options_.link) return;
   // Every rank sends the weights of replica 0's stages it runs, in node order (parameters,

@@ -108,7 +108,13 @@ struct pipeline_options {
   std::uint32_t credits = 0;
   /// Device stages: one factory per stage (empty: every stage on its loop's CPU; a null
   /// entry: that stage on the CPU), called with the graph and the stage's layer nodes. Its
-  /// backend's kernels run the stage's layer actors (docs/gpu.md); one replica only.
+  /// backend's kernels run the stage's layer actors (docs/gpu.md). With replicas the
+  /// factory is called once per replica, with that replica's graph: each replica's stage
+  /// gets a backend of its own (a stream of its own, several may share a device). Or give
+  /// S·R factories, replica r's stage s at r * S + s (one device per replica, say). The
+  /// replicas of a stage are all on devices or all on the CPU; on devices their gradients
+  /// are summed there (`backend::spawn_reducer`: on one device in member order, NCCL across
+  /// devices).
   std::vector<stage_backend_factory> backends;
   /// Across processes: the transport between ranks (null: every stage in this process).
   std::shared_ptr<rank_link> link;
@@ -130,7 +136,8 @@ class pipeline {
   /// replica (the micro-batch rule), each replica runs it through its own stages, and the
   /// replicas of each layer form a bus group whose `bus::all_reduce` sums its gradients,
   /// started as soon as the layer's last W ran — while the rest of backward goes on.
-  /// Every replica then steps the same summed gradients. CPU stages only.
+  /// Every replica then steps the same summed gradients. Device stages (`options.backends`)
+  /// give each replica's stage its own backend and sum on the device.
   pipeline(actors::runtime& rt, std::vector<layers::graph*> replicas, partition pieces, schedule plan,
            std::shared_ptr<const layers::loss> criterion, layers::optimizer_factory make_optimizer,
            pipeline_options options = {});
@@ -174,8 +181,10 @@ class pipeline {
   /// call between steps, never on a loop). CPU stages train the graph's layers in place.
   /// Across ranks, every rank's replica-0 graph then gets every other rank's stages too.
   void download();
-  /// The backend of each stage (null for a CPU stage).
+  /// The backend of each stage (null for a CPU stage): replica r's stage s at r * S + s.
   const std::vector<std::shared_ptr<layers::backend>>& backends() const noexcept { return backends_; }
+  /// The replica groups' all-reduce actors (one per layer with parameters; none for one replica).
+  const std::vector<actors::address>& reducers() const noexcept { return reducers_; }
   /// True once every gate and layer actor stopped (after a failure, or never while running).
   bool stopped() const noexcept;
   /// `nerve.stages` and `nerve.schedule` for `runtime::write_trace` (docs/trace-format.md).
@@ -206,7 +215,7 @@ class pipeline {
   std::vector<actors::address> layers_;  // replica r's node i at r * nodes + i (none for inputs)
   std::vector<bus::group> groups_;       // replica r's stage s at r * S + s
   layers::graph_plan flow_;              // the graph's edges
-  std::vector<std::shared_ptr<layers::backend>> backends_;  // by stage; null: the CPU
+  std::vector<std::shared_ptr<layers::backend>> backends_;  // replica r's stage s at r * S + s; null: the CPU
   std::vector<std::uint32_t> node_stage_;                   // by node index (inputs: stage 0)
   std::vector<stage_metrics> metrics_;
   std::vector<std::vector<timed_action>> last_step_;

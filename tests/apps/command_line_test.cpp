@@ -10,6 +10,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+#include <iterator>
+#include <map>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -233,5 +236,97 @@ TEST_SUITE("apps.command_line") {
     auto j = nlohmann::json::parse(in);
     CHECK(j["traceEvents"].size() > 0);
     CHECK_FALSE(fs::exists(save));
+  }
+}
+
+namespace {
+
+/// The tensors of a safetensors file (fp32), by name.
+std::map<std::string, std::vector<float>> read_safetensors(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, '\0');
+  in.read(header.data(), std::streamsize(n));
+  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::map<std::string, std::vector<float>> out;
+  const auto j = nlohmann::json::parse(header);
+  for (auto& [name, t] : j.items()) {
+    if (name == "__metadata__") continue;
+    const auto b = t.at("data_offsets")[0].get<std::size_t>(), e = t.at("data_offsets")[1].get<std::size_t>();
+    std::vector<float> v((e - b) / sizeof(float));
+    std::memcpy(v.data(), data.data() + b, e - b);
+    out[name] = std::move(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_SUITE("apps.replicas") {
+  // Replicas on the stand-in device against the same replicas on the CPU, as a user runs
+  // them (--save). The device all-reduce sums in the CPU's member order, but the
+  // stand-in's products sum in another order than OpenBLAS, so not bitwise. The bound:
+  // a product of length k is within 2·(k+2)·u·Σ|aᵢbᵢ| (u = 2⁻²⁴); mlp's longest is k = 784
+  // (fc1's forward, and its weight gradient over a micro-batch's rows, ≤ 32 here), so each
+  // op is within 1,572·u ≈ 9.4e-5 of its magnitude, and a step's ≈ 8 dependent ops (two
+  // Linear layers × 3 products, softmax, ReLU) within ≈ 7.5e-4. SGD with momentum 0.9 sums
+  // at most 10 gradients, so after 3 steps at lr 0.05 a weight is within 3·0.05·10·7.5e-4
+  // ≈ 1.1e-3 of max|grad| of the CPU's; mlp's gradients here are smaller than its largest
+  // weights, so 2e-3 of each tensor's largest entry bounds it (with the R − 1 = 1 addition
+  // of the all-reduce, u, far below). Both runs must have moved the weights.
+  TEST_CASE("nerve-train --device standin --replicas 2 and nerve-pipeline --devices standin,standin --replicas 2 write the CPU replicas' weights") {
+    tiny_fashion_mnist data(192, 64);
+    const auto dir = data.dir;
+    struct variant {
+      std::vector<std::string> device, cpu;
+    };
+    const std::vector<std::string> common{"--model", "mlp", "--steps", "3", "--batch", "64", "--lr", "0.05",
+                                          "--momentum", "0.9", "--no-eval", "--data", dir.string(), "--quiet"};
+    for (auto v : {variant{{train_bin, "--device", "standin", "--replicas", "2"}, {train_bin, "--replicas", "2"}},
+                   variant{{pipeline_bin, "--stages", "2", "--devices", "standin,standin", "--replicas", "2"},
+                           {pipeline_bin, "--stages", "2", "--replicas", "2"}}}) {
+      CAPTURE(v.device[0]);
+      std::map<std::string, std::map<std::string, std::vector<float>>> w;
+      for (auto* args : {&v.device, &v.cpu}) {
+        auto a = *args;
+        a.insert(a.end(), common.begin(), common.end());
+        const auto file = (dir / (args == &v.device ? "device.safetensors" : "cpu.safetensors")).string();
+        a.insert(a.end(), {"--save", file});
+        const auto r = run(a);
+        INFO(r.err);
+        REQUIRE(r.exit_code == 0);
+        w[args == &v.device ? "device" : "cpu"] = read_safetensors(file);
+      }
+      const auto& d = w["device"];
+      const auto& c = w["cpu"];
+      REQUIRE(d.size() == c.size());
+      REQUIRE(c.size() == 4);  // fc1 and fc2, weight and bias
+      double worst_ratio = 0;
+      for (auto& [name, cv] : c) {
+        CAPTURE(name);
+        REQUIRE(d.count(name) == 1);
+        const auto& dv = d.at(name);
+        REQUIRE(dv.size() == cv.size());
+        double largest = 0, worst = 0;
+        for (std::size_t k = 0; k < cv.size(); ++k) {
+          largest = std::max(largest, double(std::abs(cv[k])));
+          worst = std::max(worst, double(std::abs(cv[k] - dv[k])));
+        }
+        CHECK(worst <= 2e-3 * largest);
+        worst_ratio = std::max(worst_ratio, worst / (2e-3 * largest));
+      }
+      MESSAGE(v.device[0] << ": largest |cpu − standin| / bound = " << worst_ratio);
+    }
+  }
+
+  TEST_CASE("nerve-pipeline with --replicas takes one device per stage, for every replica") {
+    // --devices names one device per stage for every replica: nothing to refuse there; a
+    // device stage across ranks with replicas is refused by the engine (apps/common).
+    tiny_fashion_mnist data(64, 16);
+    const auto r = run({pipeline_bin, "--stages", "2", "--devices", "standin", "--replicas", "2", "--steps", "1",
+                        "--data", data.dir.string(), "--quiet"});
+    CHECK(r.exit_code != 0);
+    CHECK(r.err.find("--devices names 1 devices for 2 stages") != std::string::npos);
   }
 }

@@ -1,0 +1,95 @@
+#include "gpu/layers/device_all_reduce.hpp"
+
+#include "gpu/kernels.hpp"
+#include "gpu/status.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace nerve::gpu {
+
+std::unique_ptr<layers::backend_data> device_gradients::clone() const {
+  throw std::logic_error("device all-reduce: a contribution is not cloned");
+}
+std::size_t device_gradients::floats() const noexcept {
+  std::size_t n = 0;
+  for (auto& p : parts) n += p.second;
+  return n;
+}
+std::size_t device_gradients::payload_bytes() const noexcept { return floats() * sizeof(float); }
+std::unique_ptr<layers::backend_data> device_sum::clone() const {
+  throw std::logic_error("device all-reduce: a sum is not cloned");
+}
+
+device_all_reduce::device_all_reduce(std::string name, bus::group members, stream s)
+    : actor(std::move(name)), members_(std::move(members)), s_(std::move(s)) {
+  if (members_.size() == 0) throw actors::wiring_error("device_all_reduce '" + this->name() + "' over an empty group");
+  members_.require_handler(actors::tag_of<layers::device_reduced>());
+  on<layers::device_contribution>([this](layers::device_contribution& c) { on_contribution(c); });
+  on<layers::backend_done>([](layers::backend_done& d) { layers::handle_backend_done(d); });
+}
+
+void device_all_reduce::on_contribution(layers::device_contribution& c) {
+  const auto n = members_.size();
+  if (c.rank >= n)
+    throw std::invalid_argument("device_all_reduce '" + name() + "': rank " + std::to_string(c.rank) + " in a group of " +
+                                std::to_string(n));
+  auto* g = dynamic_cast<device_gradients*>(c.grads.get());
+  if (!g) throw std::logic_error("device_all_reduce '" + name() + "': a contribution that is not on a device");
+  auto& r = open_[c.key];
+  if (r.parts.empty()) r.parts.resize(n);
+  if (r.parts[c.rank])
+    throw std::invalid_argument("device_all_reduce '" + name() + "': rank " + std::to_string(c.rank) +
+                                " contributed twice to round " + std::to_string(c.key));
+  for (auto& p : r.parts) {
+    if (!p) continue;
+    auto& q = static_cast<device_gradients&>(*p);
+    if (q.parts.size() != g->parts.size() || q.floats() != g->floats() || q.domain != g->domain)
+      throw std::invalid_argument("device_all_reduce '" + name() + "': round " + std::to_string(c.key) +
+                                  " got gradients of another shape or device (" + std::to_string(q.floats()) + " and " +
+                                  std::to_string(g->floats()) + " floats)");
+  }
+  r.parts[c.rank] = std::move(c.grads);
+  if (++r.got < n) return;
+
+  // Every member's gradients are complete on the device once its event is: wait for all,
+  // then sum in member order from member 0's (bus::all_reduce's association).
+  auto parts = std::move(r.parts);
+  open_.erase(c.key);
+  std::vector<event> waited;
+  for (auto& p : parts) {
+    auto& q = static_cast<device_gradients&>(*p);
+    s_.wait(q.ready);
+    waited.push_back(q.ready);
+  }
+  const auto& g0 = static_cast<device_gradients&>(*parts[0]);
+  auto sum = std::make_shared<device_tensor>(s_, shape_t{std::max<std::size_t>(g0.floats(), 1)});
+  std::size_t at = 0;
+  for (auto& [p, count] : g0.parts) {
+    copy_async(s_, sum->data() + at, p, count * sizeof(float));
+    at += count;
+  }
+  for (std::size_t k = 1; k < n; ++k) {
+    at = 0;
+    for (auto& [p, count] : static_cast<device_gradients&>(*parts[k]).parts) {
+      axpy(s_, count, 1.0f, p, sum->data() + at);
+      at += count;
+    }
+  }
+  auto out = std::make_shared<device_sum>();
+  out->sum = std::move(sum);
+  out->ready = s_.record();
+  // The members' events stay recorded until this stream passed its waits (a pooled event
+  // given back early could be recorded again first); an error of the sum fails this actor.
+  s_.async_wait(executor(), [to = self(), keep = std::move(waited)](std::error_code ec) {
+    auto* a = to.get();
+    if (!ec || !a) return;
+    auto err = std::make_exception_ptr(error(ec, "device all-reduce: '" + a->name() + "'"));
+    (void)a->try_tell(layers::backend_done{std::move(err), [] {}}, actors::lane::urgent);
+  });
+  ++rounds_;
+  const auto key = c.key;
+  for (auto& m : members_.members()) send(m, layers::device_reduced{key, out});
+}
+
+}  // namespace nerve::gpu
