@@ -83,6 +83,50 @@ runtime* world_rt = nullptr;
 }  // namespace
 
 TEST_SUITE("bus.mpi.trace") {
+  TEST_CASE("merging shifts each rank onto rank 0's clock and keeps flow ids apart") {
+    // Two ranks that both use the recorder's id 1 within themselves, and one arrow across.
+    const std::uint64_t across = mpi::cross_rank_flow | 1;
+    auto rank_trace = [&](int k, bool sends) {
+      json events = json::array(
+          {{{"ph", "M"}, {"name", "process_name"}, {"pid", 0}, {"tid", 0}, {"args", {{"name", "nerve rank 0"}}}},
+           {{"ph", "s"}, {"cat", "msg"}, {"name", "m"}, {"id", 1}, {"pid", 0}, {"tid", 1}, {"ts", 1.0}},
+           {{"ph", "f"}, {"bp", "e"}, {"cat", "msg"}, {"name", "m"}, {"id", 1}, {"pid", 0}, {"tid", 2}, {"ts", 2.0}},
+           {{"ph", sends ? "s" : "f"}, {"cat", "msg"}, {"name", "x"}, {"id", across}, {"pid", 0}, {"tid", 1}, {"ts", 3.0}},
+           {{"ph", "C"}, {"name", "mailbox"}, {"id", 7}, {"pid", 0}, {"tid", 1}, {"ts", 3.0}, {"args", {{"depth", 1}}}}});
+      json nerve = {{"version", 1}, {"actors", json::array({{{"id", 1}, {"name", "a"}}})}, {"lost_records", k},
+                    {"model", "mlp"}, {"stage_count", k}};
+      return mpi::rank_trace{k, 1'000'000 + 500'000 * k, {{"traceEvents", events}, {"nerve", nerve}}};
+    };
+    // Rank 1's clock is 200 µs ahead of rank 0's; its recorder started 500 µs later on its own
+    // clock: 300 µs later on rank 0's.
+    const std::vector<mpi::clock_offset> offsets{{0, 0}, {200'000, 3'000}};
+    mpi::merged_trace_stats stats;
+    const auto merged = mpi::merge_rank_traces({rank_trace(0, true), rank_trace(1, false)}, offsets, &stats);
+    CHECK(stats.ranks == 2);
+    CHECK(stats.cross_rank_arrows == 1);
+    std::map<std::pair<std::int64_t, std::string>, std::vector<json>> by;  // (pid, ph)
+    for (const auto& e : merged["traceEvents"]) by[{e["pid"].get<std::int64_t>(), e["ph"].get<std::string>()}].push_back(e);
+    CHECK(by[{1, "s"}].at(0)["ts"].get<double>() == doctest::Approx(301.0));
+    CHECK(by[{0, "s"}].at(0)["ts"].get<double>() == doctest::Approx(1.0));
+    // Ids: the two ranks' own id 1 differ; the arrow across keeps one id at both ends.
+    const auto own0 = by[{0, "s"}].at(0)["id"], own1 = by[{1, "s"}].at(0)["id"];
+    CHECK(own0 != own1);
+    CHECK(by[{0, "s"}].at(1)["id"] == by[{1, "f"}].at(1)["id"]);
+    CHECK(by[{0, "s"}].at(1)["id"].get<std::uint64_t>() < (std::uint64_t{1} << 53));
+    CHECK(by[{1, "C"}].at(0)["id"] == 7);  // a counter's id is no flow id
+    CHECK(by[{1, "M"}].at(0)["args"]["name"] == "rank 1");
+    const auto& nerve = merged["nerve"];
+    CHECK(nerve["model"] == "mlp");
+    CHECK(!nerve.contains("stage_count"));
+    CHECK(nerve["ranks"][1]["stage_count"] == 1);
+    CHECK(nerve["ranks"][1]["offset_ns"] == 200'000);
+    CHECK(nerve["ranks"][1]["rtt_ns"] == 3'000);
+    CHECK(nerve["lost_records"] == 1);
+    CHECK(nerve["clock"]["error_bound_ns"] == 1'500);
+    CHECK(nerve["actors"][1]["pid"] == 1);
+    CHECK_THROWS_AS(mpi::merge_rank_traces({rank_trace(0, true)}, offsets), std::invalid_argument);
+  }
+
   TEST_CASE("the merged trace has one process per rank and one forward arrow per message across ranks") {
     const int n = world->size(), me = world->rank();
     auto& rt = *world_rt;
@@ -150,9 +194,10 @@ TEST_SUITE("bus.mpi.trace") {
       CHECK(r["rank"] == k);
       CHECK(r["offset_ns"] == offsets[std::size_t(k)].offset_ns);
       CHECK(r["rtt_ns"] == offsets[std::size_t(k)].rtt_ns);
-      CHECK(r["rank_note"] == k);
+      if (n > 1) CHECK(r["rank_note"] == k);  // differs between ranks: kept per rank
     }
-    CHECK(nerve["test"] == "mpi_trace");
+    CHECK(nerve["test"] == "mpi_trace");  // alike on every rank: at the top
+    if (n == 1) CHECK(nerve["rank_note"] == 0);
     CHECK(nerve["stages"].size() == std::size_t(n));
     CHECK(nerve["actors"].size() >= std::size_t(3 * n));  // poller, collector, sender on each
 
@@ -181,9 +226,12 @@ TEST_SUITE("bus.mpi.trace") {
     };
     std::int64_t across = 0, backwards = 0, bound = 0;
     std::map<std::int64_t, std::int64_t> per_sender;
+    // The arrows across ranks start on the sender (the same actor id on every rank: spawned
+    // in the same order); the poller's own handing over of a note draws one within a rank.
     for (const auto& [id, st] : starts) {
       auto it = ends.find(id);
-      if (it == ends.end() || it->second.pid == st.pid) continue;
+      if (st.tid != std::int64_t(s.id()) || st.name != "note") continue;
+      REQUIRE(it != ends.end());
       ++across;
       ++per_sender[st.pid];
       CHECK(st.name == "note");
