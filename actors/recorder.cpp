@@ -17,6 +17,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <thread>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
@@ -406,6 +407,19 @@ void recorder::flow(record_kind start_or_end, std::uint32_t track, const char* n
   write(r);
 }
 
+void recorder::bound_flow(record_kind start_or_end, std::uint32_t track, std::uint32_t peer, const type_tag* tag,
+                          std::uint64_t id, std::int64_t ts_ns) noexcept {
+  record r;
+  r.kind = start_or_end;
+  r.ts_ns = ts_ns;
+  r.track = track;
+  r.peer = peer;
+  r.tag = tag;
+  r.flow = id;
+  r.aux = bound_to_message;
+  write(r);
+}
+
 void recorder::name_track(std::uint32_t track, std::string name, long sort_index) {
   std::lock_guard lk(mu_);
   for (auto& t : tracks_)
@@ -487,6 +501,47 @@ std::vector<record> recorder::snapshot() const {
     if (m.sent_run == 0) continue;
     m.sent = std::min(groups.start_of(m.sender, m.sent, m.sent_run), m.start);
   }
+  // Flow ends and starts bound to messages (bound_flow): the k-th of a pair, in time
+  // order, takes the time of the k-th message of that pair, in handling order (one
+  // sender's messages to one receiver are handled in the order they were sent).
+  std::unordered_map<const record*, std::int64_t> bound_at;  // ns
+  {
+    std::vector<const record*> bound;
+    for (auto& b : buffers_)
+      for (auto& o : b->others)
+        if ((o.r.kind == record_kind::flow_start || o.r.kind == record_kind::flow_end) && o.r.aux == bound_to_message)
+          bound.push_back(&o.r);
+    if (!bound.empty()) {
+      // Pair keys: (sender, receiver) of the message each binds to.
+      auto key_of = [](const record& r) {
+        return r.kind == record_kind::flow_start ? std::pair{r.track, r.peer} : std::pair{r.peer, r.track};
+      };
+      std::stable_sort(bound.begin(), bound.end(), [&](const record* a, const record* b) {
+        if (a->kind != b->kind) return a->kind < b->kind;
+        if (key_of(*a) != key_of(*b)) return key_of(*a) < key_of(*b);
+        return a->ts_ns < b->ts_ns;
+      });
+      std::vector<const message_record*> pair_msgs;
+      for (auto& m : msgs) pair_msgs.push_back(&m);
+      std::sort(pair_msgs.begin(), pair_msgs.end(), [](const message_record* a, const message_record* b) {
+        if (a->sender != b->sender) return a->sender < b->sender;
+        if (a->receiver != b->receiver) return a->receiver < b->receiver;
+        return a->start < b->start;
+      });
+      for (std::size_t i = 0; i < bound.size();) {
+        const auto kind = bound[i]->kind;
+        const auto key = key_of(*bound[i]);
+        auto lo = std::lower_bound(pair_msgs.begin(), pair_msgs.end(), key, [](const message_record* m, const auto& want) {
+          return std::pair{m->sender, m->receiver} < want;
+        });
+        for (; i < bound.size() && bound[i]->kind == kind && key_of(*bound[i]) == key; ++i) {
+          if (lo == pair_msgs.end() || std::pair{(*lo)->sender, (*lo)->receiver} != key) continue;
+          bound_at[bound[i]] = ns(kind == record_kind::flow_start ? (*lo)->sent : (*lo)->start);
+          ++lo;
+        }
+      }
+    }
+  }
   struct pop_at {
     actor_id receiver;
     std::int64_t start;
@@ -549,6 +604,7 @@ std::vector<record> recorder::snapshot() const {
     for (const auto& o : b->others) {
       out.push_back(o.r);
       if (o.in_ticks) out.back().ts_ns = ns(o.r.ts_ns);
+      if (auto it = bound_at.find(&o.r); it != bound_at.end()) out.back().ts_ns = it->second;
     }
   }
   std::stable_sort(out.begin(), out.end(), [](const record& a, const record& b) { return a.ts_ns < b.ts_ns; });
@@ -632,10 +688,12 @@ nlohmann::json recorder::to_chrome_trace(const nlohmann::json& actors, const nlo
                           {"tid", r.track}, {"ts", us(r.ts_ns)}, {"args", {{"mb", r.mb}}}});
         break;
       case record_kind::flow_start:
+        if (r.flow == 0) break;  // a bound flow's place holder (bound_flow)
         events.push_back({{"ph", "s"}, {"cat", r.cat ? r.cat : "msg"}, {"name", name}, {"id", r.flow}, {"pid", 0},
                           {"tid", r.track}, {"ts", us(r.ts_ns)}});
         break;
       case record_kind::flow_end:
+        if (r.flow == 0) break;
         events.push_back({{"ph", "f"}, {"bp", "e"}, {"cat", r.cat ? r.cat : "msg"}, {"name", name}, {"id", r.flow},
                           {"pid", 0}, {"tid", r.track}, {"ts", us(r.ts_ns)}});
         break;
@@ -652,11 +710,15 @@ nlohmann::json recorder::to_chrome_trace(const nlohmann::json& actors, const nlo
 }
 
 void recorder::write_file(const std::string& path, const nlohmann::json& actors, const nlohmann::json& extra) const {
+  write_file_atomically(path, to_chrome_trace(actors, extra).dump());
+}
+
+void write_file_atomically(const std::string& path, std::string_view text, std::string_view what) {
   // The same rules as a checkpoint's atomic_file (layers/checkpoint, which actors/ cannot
   // use): follow symlinks to the file they name, replace only a regular file and keep its
   // permission bits, and leave no temporary behind when a write fails (a full disk).
-  auto fail = [&](const std::string& what, int err) {
-    throw std::runtime_error("trace file '" + path + "': " + what + (err ? std::string(": ") + std::strerror(err) : ""));
+  auto fail = [&](const std::string& why, int err) {
+    throw std::runtime_error(std::string(what) + " '" + path + "': " + why + (err ? std::string(": ") + std::strerror(err) : ""));
   };
   std::filesystem::path target = path;
   struct stat old {};
@@ -686,7 +748,6 @@ void recorder::write_file(const std::string& path, const nlohmann::json& actors,
     replacing = true;
     break;
   }
-  const auto text = to_chrome_trace(actors, extra).dump();
   static std::atomic<unsigned> counter{0};
   std::string name(1, '.');  // appended piece by piece: "." + std::string trips GCC 12's -Wrestrict (bug 105329)
   name += target.filename().string();
@@ -697,11 +758,11 @@ void recorder::write_file(const std::string& path, const nlohmann::json& actors,
   const auto tmp = target.parent_path() / name;
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd < 0) fail("cannot create " + tmp.string(), errno);
-  auto abandon = [&](const std::string& what) {
+  auto abandon = [&](const std::string& why) {
     const int err = errno;
     if (fd >= 0) ::close(fd);
     ::unlink(tmp.c_str());
-    fail(what, err);
+    fail(why, err);
   };
   if (replacing && ::fchmod(fd, old.st_mode & 07777) != 0) abandon("cannot set the mode of " + tmp.string());
   for (std::size_t at = 0; at < text.size();) {

@@ -84,11 +84,14 @@ struct record {
   const type_tag* tag = nullptr;
   std::uint32_t track = 0;     ///< the actor (or GPU stream track) the event is drawn on
   std::uint32_t peer = 0;      ///< send: receiver; handle: sender
-  std::int32_t aux = -1;       ///< handle: loop; span: stage (action) or stream (gpu); counter: id
+  std::int32_t aux = -1;       ///< handle: loop; span: stage (action) or stream (gpu); counter: id; flow_start/flow_end: `bound_to_message` when bound (`recorder::bound_flow`)
   std::int32_t aux2 = -1;      ///< span: planned step (action) or device (gpu); handle: runs timed together (-1: alone)
   std::int32_t depth = -1;     ///< send: receiver's queued normal messages after the enqueue (-1: not known)
   record_kind kind = record_kind::send;
 };
+
+/// `record::aux` of a flow start or end that binds to a message (`recorder::bound_flow`).
+inline constexpr std::int32_t bound_to_message = 1;
 
 /// One handled message: the send and the handler run together, as `actor` hands a timed
 /// run that does not pack (or meets a full chunk) to `recorder::write_slow`, and as the
@@ -346,6 +349,12 @@ struct recorder_tls {
 inline constinit thread_local recorder_tls tls_last_recorder{};
 }  // namespace detail
 
+/// Writes `text` to `path` through a temporary file in the same folder renamed into place,
+/// so a reader never sees half a file: follows symlinks to the file they name, replaces only
+/// a regular file and keeps its permission bits, and leaves no temporary behind when a write
+/// fails. Throws `std::runtime_error` naming the path and the reason. Any thread.
+void write_file_atomically(const std::string& path, std::string_view text, std::string_view what = "trace file");
+
 class recorder {
  public:
   /// How handler runs are timed (see the file comment).
@@ -382,6 +391,12 @@ class recorder {
   /// Any thread: nanoseconds on the recorder clock (steady, origin at construction).
   std::int64_t now() const noexcept {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - epoch_).count();
+  }
+  /// Any thread: the recorder clock's origin as `std::chrono::steady_clock` nanoseconds
+  /// since its epoch (`now()` + `origin_ns()` is the steady clock), for aligning the traces
+  /// of several processes (bus/mpi/trace.hpp).
+  std::int64_t origin_ns() const noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(epoch_.time_since_epoch()).count();
   }
   /// Any thread: the hot-path clock, in ticks (the TSC on x86-64, steady-clock
   /// nanoseconds elsewhere); never 0. Converted to nanoseconds at export, against the
@@ -463,6 +478,19 @@ class recorder {
   /// enclosing that time there. `id` from `next_flow()`.
   void flow(record_kind start_or_end, std::uint32_t track, const char* name, std::uint64_t id,
             std::int64_t ts_ns) noexcept;
+  /// Any thread: a flow arrow's start or end bound to a message between `track` and
+  /// `peer` (the bus across processes: an arrow from a rank's sending handler to the
+  /// handler that runs the value on another rank). A start binds to the next message
+  /// `track` sends `peer` (exported at that send's time), an end to the next message
+  /// `peer` sends `track` (exported at its handling's start, so it binds to that handler
+  /// run): the k-th bound start (or end) of a pair, in time order, goes to the k-th
+  /// recorded message of that pair in handling order. Write one for *every* message of
+  /// the pair sent while recording is on, right after sending it; `id` 0 holds a place in
+  /// that order and is not exported. With no recorded message to bind to (fewer were
+  /// recorded, or the recorder was toggled during the traffic), it stays at `ts_ns`.
+  /// `tag` names the arrow (its message kind).
+  void bound_flow(record_kind start_or_end, std::uint32_t track, std::uint32_t peer, const type_tag* tag,
+                  std::uint64_t id, std::int64_t ts_ns) noexcept;
   /// Names a track that is not an actor (a GPU stream, a stage): `thread_name` metadata at export.
   void name_track(std::uint32_t track, std::string name, long sort_index = -1);
 

@@ -423,6 +423,10 @@ void runtime::throw_send_error(send_status s, const address& to) const {
 void runtime::write_trace(const std::string& path) const { write_trace(path, nlohmann::json::object()); }
 
 void runtime::write_trace(const std::string& path, const nlohmann::json& extra) const {
+  recorder_.write_file(path, trace_actors(), extra);
+}
+
+nlohmann::json runtime::trace_actors() const {
   nlohmann::json actors = nlohmann::json::array();
   {
     std::lock_guard lk(table_mu_);
@@ -434,7 +438,7 @@ void runtime::write_trace(const std::string& path, const nlohmann::json& extra) 
                         {"group", an.group}});
     }
   }
-  recorder_.write_file(path, actors, extra);
+  return actors;
 }
 
 }  // namespace nerve::actors

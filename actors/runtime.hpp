@@ -216,6 +216,10 @@ class runtime {
   void write_trace(const std::string& path) const;
   /// Same, with `extra` merged into the top-level `nerve` object (stages, schedule, ...).
   void write_trace(const std::string& path, const nlohmann::json& extra) const;
+  /// Any thread: the `nerve.actors` array of the trace ({id, name, loop, stage, group} per
+  /// actor spawned so far), for writers that build the trace themselves (a merged trace
+  /// across MPI ranks: bus/mpi/trace.hpp).
+  nlohmann::json trace_actors() const;
   /// Labels an actor's lane in the trace with its pipeline stage and group.
   void annotate(actor_id id, int stage, std::string group);
 

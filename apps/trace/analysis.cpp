@@ -76,6 +76,8 @@ trace_index::trace_index(const timeline& t) : tl(t) {
   for (const auto& [pid, span] : process_span)
     if (!steps.count(pid)) steps[pid].push_back({pid, 0, span});
 
+  job = t.ranks.size() >= 2 && process_span.size() >= 2;
+
   incoming_flow.assign(ev.size(), -1);
   flow_sender_run.assign(t.flows.size(), -1);
   flow_handler_run.assign(t.flows.size(), -1);
@@ -120,6 +122,15 @@ std::int32_t trace_index::stage_of(const event& e) const {
 
 std::optional<window> trace_index::window_for(std::int64_t pid, const selection& sel) const {
   if (sel.range) return sel.range;
+  if (job) {
+    auto s = step_for(pid, sel);
+    if (!s) return std::nullopt;
+    if (sel.step) return s->span;
+    // The whole job: every rank's span.
+    std::optional<window> w;
+    for (const auto& [p, span] : process_span) w = w ? window{std::min(w->start, span.start), std::max(w->end, span.end)} : span;
+    return w;
+  }
   if (sel.step) {
     auto s = step_for(pid, sel);
     if (!s) return std::nullopt;
@@ -131,6 +142,24 @@ std::optional<window> trace_index::window_for(std::int64_t pid, const selection&
 }
 
 std::optional<step_window> trace_index::step_for(std::int64_t pid, const selection& sel) const {
+  if (job && pid >= 0) return step_for(-1, sel);
+  if (job) {
+    // One step of the job: the ranks' steps of that number (or their last ones), joined.
+    if (sel.range) return step_window{-1, -1, *sel.range};
+    std::optional<step_window> out;
+    for (const auto& [p, list] : steps) {
+      if (list.empty()) continue;
+      auto s = list.back();
+      if (sel.step) {
+        auto hit = std::find_if(list.begin(), list.end(), [&](const step_window& x) { return x.step == *sel.step; });
+        if (hit == list.end()) continue;
+        s = *hit;
+      }
+      if (!out) out = step_window{-1, s.step, s.span};
+      else out->span = {std::min(out->span.start, s.span.start), std::max(out->span.end, s.span.end)};
+    }
+    return out;
+  }
   auto it = steps.find(pid);
   if (it == steps.end() || it->second.empty()) return std::nullopt;
   if (sel.range) return step_window{pid, -1, *sel.range};

@@ -62,10 +62,18 @@ class trace_index {
   /// Stage of each action/idle event: `args.stage`, else the stage of its track's actor.
   [[nodiscard]] std::int32_t stage_of(const event& e) const;
 
-  /// The window a selection means for `pid` (the whole process when nothing is chosen).
+  /// True for the ranks of one job (a merged trace, `timeline::ranks`, of two or more
+  /// processes): their numbers cover one window, the job's, and one critical path follows
+  /// arrows across them (`step_window::pid` -1).
+  bool job = false;
+
+  /// The window a selection means for `pid` (the whole process when nothing is chosen; in
+  /// a job, the union of that window over the job's processes).
   /// Returns nullopt when the chosen step does not exist in that process.
   [[nodiscard]] std::optional<window> window_for(std::int64_t pid, const selection& sel) const;
-  /// The step used for the critical path: the chosen one, else the last complete step.
+  /// The step used for the critical path: the chosen one, else the last complete step. In
+  /// a job, any `pid` gives the job's step (pid -1): the union of the ranks' steps of that
+  /// number (or of their last steps).
   [[nodiscard]] std::optional<step_window> step_for(std::int64_t pid, const selection& sel) const;
 
   /// The handler run on `tr` whose span contains `ts` (ends inclusive), or -1.

@@ -29,7 +29,7 @@ critical_path find_critical_path(const trace_index& index, const step_window& st
 
   std::int64_t last = -1;
   for (const auto& [tr, runs] : index.handlers) {
-    if (tr.first != step.pid) continue;
+    if (step.pid >= 0 && tr.first != step.pid) continue;  // -1: every process of a job
     for (auto i : runs) {
       if (!in_step(i)) continue;
       if (last < 0 || ev[i].end() > ev[last].end() || (ev[i].end() == ev[last].end() && ev[i].ts > ev[last].ts)) last = i;

@@ -30,7 +30,8 @@ struct path_link {
   double send_ts = -1;    ///< via message: when the previous link sent it
 };
 
-/// The critical path of one step of one process.
+/// The critical path of one step of one process, or of a job's ranks together (pid -1:
+/// its links lie on every rank, and message links cross between them).
 struct critical_path {
   std::int64_t pid = 0;
   step_window step;

@@ -449,11 +449,17 @@ class page_builder {
       }
       paths.push_back({{"pid", path.pid}, {"step", path.step.step}, {"length_us", path.length_us}, {"links", links}});
       char buf[160];
-      std::snprintf(buf, sizeof buf, "critical path (pid %lld, step %d): %.1f µs over %zu runs. ", static_cast<long long>(path.pid),
-                    path.step.step, path.length_us, path.links.size());
+      if (path.pid < 0)  // a job's ranks together
+        std::snprintf(buf, sizeof buf, "critical path (all ranks, step %d): %.1f µs over %zu runs. ", path.step.step,
+                      path.length_us, path.links.size());
+      else
+        std::snprintf(buf, sizeof buf, "critical path (pid %lld, step %d): %.1f µs over %zu runs. ",
+                      static_cast<long long>(path.pid), path.step.step, path.length_us, path.links.size());
       info += buf;
     }
+    const bool several = sum.windows.size() > 1;  // say whose stage it is
     for (const auto& st : sum.stages) {
+      if (several) info += process_label(st.pid) + " ";
       char buf[160];
       if (st.planned_bubble_pct >= 0)
         std::snprintf(buf, sizeof buf, "stage %d bubble %.1f%% (plan %.1f%%). ", st.stage, st.bubble_pct, st.planned_bubble_pct);

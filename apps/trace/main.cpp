@@ -282,7 +282,12 @@ int run(int argc, char** argv) {
     std::size_t slices = 0;
     for (const auto& e : tl.events) slices += e.ph == 'X';
     std::cout << (ok ? "valid: " : "INVALID: ") << files.size() << " file(s), " << tl.events.size() << " events (" << slices
-              << " slices), " << tl.flows.size() << " matched flows; " << diags.error_count() << " error(s), "
+              << " slices), " << tl.flows.size() << " matched flows";
+    // Arrows between processes (the ranks of a merged trace) must go forward in time.
+    if (tl.cross_process_flows > 0 || tl.backward_flows > 0)
+      std::cout << " (" << tl.cross_process_flows << " across processes, "
+                << (tl.backward_flows == 0 ? std::string("all forward") : std::to_string(tl.backward_flows) + " backward") << ")";
+    std::cout << "; " << diags.error_count() << " error(s), "
               << diags.warning_count() << " warning(s)\n";
     return ok ? 0 : 1;
   }

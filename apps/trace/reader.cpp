@@ -586,6 +586,7 @@ class reader {
     std::stable_sort(keyed.begin(), keyed.end(), [&](auto a, auto b) { return ev[a].ts < ev[b].ts; });
     std::unordered_map<id_key, std::uint32_t, id_key_hash> open_flows, open_async;
     std::vector<std::pair<std::uint32_t, std::uint32_t>> matched;
+    std::vector<std::uint32_t> early_ends;  // flow ends met before any start of their id
     for (auto pos : keyed) {
       const auto& e = ev[pos];
       const auto& key = keys[pos];
@@ -605,7 +606,7 @@ class reader {
         case 'f': {
           auto it = open_flows.find(key);
           if (it == open_flows.end()) {
-            error(e.index, "flow end (f) with id " + id_text + " at ts " + number(e.ts) + " has no start (s) with that id before it");
+            early_ends.push_back(pos);  // a start later in time is an arrow going backwards (below)
           } else {
             matched.emplace_back(it->second, pos);
             open_flows.erase(it);
@@ -622,6 +623,31 @@ class reader {
           break;
       }
     }
+    // An end whose start comes later: an arrow back in time. Across processes (the ranks of
+    // a merged trace) the clocks were aligned wrongly; within one, the writer is wrong.
+    // Either way an error naming both ends; the pair counts as matched, so it is reported
+    // once. An end with no start at all is the plain error.
+    for (auto pos : early_ends) {
+      const auto& e = ev[pos];
+      const auto& key = keys[pos];
+      const std::string id_text = key.is_string ? "(string id)" : std::to_string(key.value);
+      auto it = open_flows.find(key);
+      if (it == open_flows.end()) {
+        error(e.index, "flow end (f) with id " + id_text + " at ts " + number(e.ts) + " has no start (s) with that id before it");
+        continue;
+      }
+      const auto& st = ev[it->second];
+      const bool across = st.pid != e.pid;
+      error(e.index, std::string(across ? "arrow across processes" : "arrow") + " " + in_quotes(out_.str(st.name)) + " (flow id " +
+                         id_text + ") goes back in time: it starts at ts " + number(st.ts) + " on pid " + std::to_string(st.pid) +
+                         " tid " + std::to_string(st.tid) + " and ends " + number(st.ts - e.ts) + " µs earlier, at ts " +
+                         number(e.ts) + " on pid " + std::to_string(e.pid) + " tid " + std::to_string(e.tid) +
+                         (across ? " (the ranks' clocks are misaligned: were the offsets measured at the start of the run?)" : ""));
+      ++out_.backward_flows;
+      matched.emplace_back(it->second, pos);
+      open_flows.erase(it);
+    }
+    for (auto [s, f] : matched) out_.cross_process_flows += ev[s].pid != ev[f].pid;
     std::vector<std::uint32_t> unmatched;
     for (auto& [key, pos] : open_flows) unmatched.push_back(pos);
     std::sort(unmatched.begin(), unmatched.end());
@@ -731,6 +757,22 @@ class reader {
           out_.stages.push_back(std::move(info));
         }
       }
+    }
+    if (auto it = nerve.find("ranks"); it != nerve.end()) {
+      if (!it->is_array()) error(-1, "nerve.ranks must be an array");
+      else
+        for (auto& r : *it) {
+          if (!r.is_object() || !r.contains("rank") || !r["rank"].is_number_integer()) {
+            error(-1, "nerve.ranks entries need an integer \"rank\", got " + clipped(r.dump(), 80));
+            continue;
+          }
+          rank_info info;
+          info.rank = static_cast<std::int32_t>(int_field(r, "rank", 0, 0, int32_max));
+          info.pid = int_field(r, "pid", info.rank, int64_min, int64_max);
+          info.offset_ns = int_field(r, "offset_ns", 0, int64_min, int64_max);
+          info.rtt_ns = int_field(r, "rtt_ns", 0, 0, int64_max);
+          out_.ranks.push_back(info);
+        }
     }
     if (auto it = nerve.find("schedule"); it != nerve.end() && it->is_object()) {
       schedule_info s;

@@ -171,8 +171,15 @@ summary summarize(const trace_index& index, const summary_options& options) {
     out.stages.push_back(std::move(s));
   }
 
-  // Critical path: one per process.
+  // Critical path: one per process; one for the ranks of a job together.
+  if (index.job) {
+    if (auto step = index.step_for(-1, options.select)) {
+      auto path = find_critical_path(index, *step);
+      if (!path.links.empty()) out.paths.push_back(std::move(path));
+    }
+  }
   for (const auto& [pid, w] : out.windows) {
+    if (index.job) break;
     auto step = index.step_for(pid, options.select);
     if (!step) continue;
     auto path = find_critical_path(index, *step);
@@ -218,6 +225,8 @@ nlohmann::json to_json(const summary& s, const timeline& t) {
     json p = {{"pid", pid}, {"window_us", {w.start, w.end}}};
     if (auto it = t.process_names.find(pid); it != t.process_names.end()) p["name"] = it->second;
     if (auto it = s.step_counts.find(pid); it != s.step_counts.end()) p["steps"] = it->second;
+    for (const auto& r : t.ranks)
+      if (r.pid == pid) p["rank"] = {{"rank", r.rank}, {"offset_ns", r.offset_ns}, {"rtt_ns", r.rtt_ns}};
     processes.push_back(std::move(p));
   }
   out["processes"] = std::move(processes);
@@ -241,7 +250,7 @@ nlohmann::json to_json(const summary& s, const timeline& t) {
     json links = json::array();
     for (const auto& l : p.links) {
       const auto& e = t.events[l.run];
-      links.push_back({{"actor", t.actor_name(e.pid, e.tid)}, {"id", e.tid}, {"message", t.str(e.name)}, {"mb", e.mb},
+      links.push_back({{"pid", e.pid}, {"actor", t.actor_name(e.pid, e.tid)}, {"id", e.tid}, {"message", t.str(e.name)}, {"mb", e.mb},
                        {"ts", e.ts}, {"dur", e.dur}, {"via", to_string(l.via)}, {"wait_us", l.wait_us}});
     }
     paths.push_back({{"pid", p.pid}, {"step", p.step.step}, {"step_window_us", {p.step.span.start, p.step.span.end}},
@@ -265,6 +274,10 @@ void print_summary(const summary& s, const timeline& t, std::ostream& out) {
     if (auto it = t.process_names.find(pid); it != t.process_names.end()) out << " \"" << it->second << "\"";
     out << ": " << fixed(w.start) << " .. " << fixed(w.end) << " µs (" << fixed(w.length() / 1000.0, 3) << " ms)";
     if (auto it = s.step_counts.find(pid); it != s.step_counts.end()) out << ", " << it->second << " step(s)";
+    for (const auto& r : t.ranks)
+      if (r.pid == pid)
+        out << ", rank " << r.rank << ", clock " << fixed(static_cast<double>(r.offset_ns) / 1000.0, 3) << " µs ahead of rank 0's (± "
+            << fixed(static_cast<double>(r.rtt_ns) / 2000.0, 3) << ")";
     out << "\n";
   }
 
@@ -297,16 +310,17 @@ void print_summary(const summary& s, const timeline& t, std::ostream& out) {
   }
 
   for (const auto& p : s.paths) {
-    out << "\ncritical path, pid " << p.pid << " step " << p.step.step << " (" << fixed(p.step.span.start) << " .. "
+    out << "\ncritical path, " << (p.pid < 0 ? std::string("all ranks") : "pid " + std::to_string(p.pid)) << " step " << p.step.step << " (" << fixed(p.step.span.start) << " .. "
         << fixed(p.step.span.end) << " µs): " << fixed(p.length_us) << " µs = " << fixed(p.handler_us) << " in handlers + "
         << fixed(p.wait_us) << " waiting, " << p.links.size() << " runs\n";
-    out << "  " << pad("#", 5) << pad("start", 12, true) << pad("dur", 10, true) << "  " << pad("actor", 18) << pad("message", 14)
-        << pad("mb", 4, true) << "  via (wait)\n";
+    const bool ranks = p.pid < 0;  // links on several processes: say which
+    out << "  " << pad("#", 5) << pad("start", 12, true) << pad("dur", 10, true) << "  " << (ranks ? pad("pid", 5) : "")
+        << pad("actor", 18) << pad("message", 14) << pad("mb", 4, true) << "  via (wait)\n";
     std::size_t k = 0;
     for (const auto& l : p.links) {
       const auto& e = t.events[l.run];
       out << "  " << pad(std::to_string(++k), 5) << pad(fixed(e.ts), 12, true) << pad(fixed(e.dur), 10, true) << "  "
-          << pad(t.actor_name(e.pid, e.tid), 18) << pad(t.str(e.name), 14) << pad(std::to_string(e.mb), 4, true) << "  "
+          << (ranks ? pad(std::to_string(e.pid), 5) : "") << pad(t.actor_name(e.pid, e.tid), 18) << pad(t.str(e.name), 14) << pad(std::to_string(e.mb), 4, true) << "  "
           << to_string(l.via) << (l.via == path_edge::first ? "" : " (" + fixed(l.wait_us) + ")") << "\n";
     }
   }

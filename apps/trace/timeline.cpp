@@ -94,6 +94,12 @@ void timeline::append(timeline&& other) {
     s.pid = pid_of(s.pid);
     stages.push_back(std::move(s));
   }
+  for (auto r : other.ranks) {
+    r.pid = pid_of(r.pid);
+    ranks.push_back(r);
+  }
+  cross_process_flows += other.cross_process_flows;
+  backward_flows += other.backward_flows;
   for (auto& s : other.schedules) {
     for (auto& p : s.pids) p = pid_of(p);
     s.file += file_base;

@@ -101,6 +101,15 @@ struct schedule_info {
   std::vector<std::vector<planned_action>> actions;  ///< per stage, in run order
 };
 
+/// One MPI rank of a merged trace (`nerve.ranks`, written by bus::mpi::write_merged_trace):
+/// its process and how its clock was aligned onto rank 0's.
+struct rank_info {
+  std::int64_t pid = 0;
+  std::int32_t rank = 0;
+  std::int64_t offset_ns = 0;  ///< its steady clock minus rank 0's
+  std::int64_t rtt_ns = 0;     ///< the round trip the offset was measured in (error ≤ half)
+};
+
 /// A file that went into the view, and how its pids were renumbered on merge.
 struct source_file {
   std::string path;
@@ -121,6 +130,14 @@ class timeline {
   std::vector<stage_info> stages;
   std::vector<schedule_info> schedules;
   std::map<std::int64_t, std::string> process_names;
+  /// The ranks of a merged trace (empty for a trace of one process). Their pids are the
+  /// processes of one job: the summary and the page look at them over one window and follow
+  /// arrows between them for one critical path.
+  std::vector<rank_info> ranks;
+  /// Matched flows whose ends lie in different processes (arrows across ranks), and how
+  /// many of them end before they start (clocks aligned wrongly; `validate` reports each).
+  std::size_t cross_process_flows = 0;
+  std::size_t backward_flows = 0;
   std::vector<source_file> files;
   std::uint32_t async_ids = 0;      ///< the largest `event::async` in use (ids are 1..async_ids)
 

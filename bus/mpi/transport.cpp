@@ -41,8 +41,11 @@ int byte_count(std::size_t n, const char* what) {
 // A received frame: delivered once its payload is in and every earlier frame was (a small
 // message must not pass a large one still coming in).
 struct arrival {
-  std::function<actors::send_status()> deliver;
+  std::function<actors::send_status(actors::actor_id)> deliver;
   bool complete = false;
+  std::uint64_t flow = 0;  // the sender's cross-rank arrow (0: none)
+  const actors::address* to = nullptr;  // the inbox's (inboxes are never erased)
+  const actors::type_tag* tag = nullptr;
 };
 
 // The poller's own messages.
@@ -211,6 +214,7 @@ class transport::poller : public actors::actor {
       frame_reader rd{frame_};
       const auto ch = rd.get<channel>();
       const auto size = rd.get<std::uint64_t>();
+      const auto flow = rd.get<std::uint64_t>();
       const inbox* in = nullptr;
       {
         std::lock_guard lock(s_.m);
@@ -227,7 +231,7 @@ class transport::poller : public actors::actor {
         throw std::runtime_error("bus::mpi: channel " + std::to_string(ch) + ": rank " +
                                  std::to_string(st.MPI_SOURCE) + " sent " + std::to_string(size) +
                                  " payload bytes, its frame describes " + std::to_string(payload.size()));
-      auto a = std::make_shared<arrival>(arrival{std::move(deliver), size == 0});
+      auto a = std::make_shared<arrival>(arrival{std::move(deliver), size == 0, flow, &in->to, in->tag});
       arrivals_.push_back(a);
       if (size > 0) {
         MPI_Request r;
@@ -280,13 +284,38 @@ class transport::poller : public actors::actor {
     while (!arrivals_.empty() && arrivals_.front()->complete) {
       // Counted before the push, so a receiver that has the message sees it counted.
       s_.received.fetch_add(1, std::memory_order_relaxed);
-      if (arrivals_.front()->deliver() == actors::send_status::full) {
+      const auto status = arrivals_.front()->deliver(id());
+      if (status == actors::send_status::full) {
         s_.received.fetch_sub(1, std::memory_order_relaxed);
         s_.full_retries.fetch_add(1, std::memory_order_relaxed);
         return;
       }
+      if (status == actors::send_status::ok) traced_arrival(*arrivals_.front());
       arrivals_.pop_front();  // ok, or closed: a stopped receiver's run is ending with its own error
       progressed_ = true;
+    }
+  }
+
+  // The arrow's end on the receiver's track, bound to the handler run that takes the value
+  // when the receiver shares the poller's runtime (its recorder then holds the poller's
+  // message to it); otherwise at the delivery. One per delivery while the receiver's
+  // recorder is on, arrow or not: bound ends pair with messages in order.
+  void traced_arrival(const arrival& a) noexcept {
+    auto* to = a.to->get();
+    if (!to) return;
+    auto& rec = to->system().trace();
+    if (!rec.enabled()) [[likely]]
+      return;
+    if (&to->system() == s_.rt) {
+      rec.bound_flow(actors::record_kind::flow_end, to->id(), id(), a.tag, a.flow, rec.now());
+    } else if (a.flow != 0) {
+      actors::record r;
+      r.kind = actors::record_kind::flow_end;
+      r.ts_ns = rec.now();
+      r.track = to->id();
+      r.tag = a.tag;
+      r.flow = a.flow;
+      rec.write(r);
     }
   }
 
@@ -336,6 +365,7 @@ void transport::start(actors::runtime& rt, unsigned loop) {
   check_mpi(MPI_Comm_rank(impl_->comm, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(impl_->comm, &size_), "MPI_Comm_size");
   impl_->rt = &rt;
+  outside_ = &rt.trace();
   // Its mailbox holds what every actor of the rank may send at once.
   actors::spawn_options o;
   o.loop = loop;
@@ -376,6 +406,24 @@ void transport::enqueue(actors::actor* from, outgoing o) {
     --impl_->unsent;
     throw;
   }
+}
+
+void transport::traced_send(actors::actor* from, std::uint64_t flow, const actors::type_tag* tag) noexcept {
+  // From an actor of the poller's runtime, the arrow leaves the sending handler run: bound
+  // to the send to the poller that the recorder holds. Otherwise (outside the loops, or an
+  // actor of another runtime) at this moment.
+  auto& rec = from ? from->system().trace() : *outside_;
+  if (from && &from->system() == impl_->rt) {
+    rec.bound_flow(actors::record_kind::flow_start, from->id(), impl_->poller.id(), tag, flow, rec.now());
+    return;
+  }
+  actors::record r;
+  r.kind = actors::record_kind::flow_start;
+  r.ts_ns = rec.now();
+  r.track = from ? from->id() : 0;
+  r.tag = tag;
+  r.flow = flow;
+  rec.write(r);
 }
 
 void transport::add_inbox(channel ch, inbox in) {
@@ -439,6 +487,31 @@ std::vector<std::string> transport::all_gather(const std::string& mine) {
               "MPI_Allgatherv");
     std::vector<std::string> out;
     for (int r = 0; r < n; ++r) out.push_back(all.substr(std::size_t(displs[std::size_t(r)]), std::size_t(lens[std::size_t(r)])));
+    return out;
+  });
+}
+
+std::vector<std::string> transport::gather(const std::string& mine, int root) {
+  if (root < 0 || root >= size_)
+    throw std::invalid_argument("bus::mpi: gather to rank " + std::to_string(root) + " of " + std::to_string(size_));
+  const MPI_Comm comm = impl_->comm;
+  const int n = size_, me = rank_;
+  return on_poller<std::vector<std::string>>(*impl_->rt, impl_->poller, [comm, n, me, root, mine] {
+    int len = byte_count(mine.size(), "a gathered value");
+    std::vector<int> lens(static_cast<std::size_t>(n)), displs(static_cast<std::size_t>(n));
+    check_mpi(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, root, comm), "MPI_Gather");
+    std::size_t total = 0;
+    for (int r = 0; r < n && me == root; ++r) {
+      displs[std::size_t(r)] = byte_count(total, "the gathered values");
+      total += std::size_t(lens[std::size_t(r)]);
+    }
+    std::string all(me == root ? byte_count(total, "the gathered values") : 0, '\0');
+    check_mpi(MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, root, comm),
+              "MPI_Gatherv");
+    std::vector<std::string> out;
+    if (me == root)
+      for (int r = 0; r < n; ++r)
+        out.push_back(all.substr(std::size_t(displs[std::size_t(r)]), std::size_t(lens[std::size_t(r)])));
     return out;
   });
 }

@@ -164,13 +164,15 @@ TEST_SUITE("bus.mpi") {
     auto& out = static_cast<sender*>(s.get())->out;
     if (me == 0) out.subscribe(std::make_shared<mpi::remote<blob>>(*world, 1, 2));
     const auto before = world->stats();  // before the barrier: rank 0 sends right after it
+    // The collector's loop waits from before the barrier: sent after it, the hold could meet
+    // a mailbox the poller had already filled (and `send` throws on a full one).
+    if (me == 1) rt.send(c, hold{gate});
     world->barrier();
     if (me == 0) {
       for (std::int64_t k = 0; k < count; ++k) rt.send_wait(s, k);
       world->flush();
     }
     if (me == 1) {
-      rt.send(c, hold{gate});  // the collector's loop waits: its mailbox fills
       while (world->stats().full_retries == before.full_retries) world->check();
       open.set_value();
       while (f.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) world->check();
