@@ -34,6 +34,7 @@
 namespace {
 
 namespace nl = nerve::layers;
+using bus_session = nerve::bus::mpi::session;
 namespace np = nerve::pipeline;
 using clock_type = std::chrono::steady_clock;
 
@@ -99,39 +100,41 @@ double median(std::vector<double> v) {
 
 void run(const options& o) {
   nl::set_gemm_threads(1);
-  // The transport's poller on loop 0, where each rank's stage or replica runs; the
-  // one-process runs use loops 0 … N-1 of rank 0.
-  auto world = std::make_unique<nerve::bus::mpi::transport>();
-  const int size = world->size(), rank = world->rank();
+  bus_session mpi;
+  const int size = mpi.size(), rank = mpi.rank();
   if (size < 2) throw std::runtime_error("training: run it under mpirun with 2 or more ranks");
-  world->agree("the benchmark's options", o.model + " " + std::to_string(o.batch) + " " + std::to_string(o.micro) +
-                                              " " + std::to_string(o.steps));
+  mpi.agree("the benchmark's options",
+            o.model + " " + std::to_string(o.batch) + " " + std::to_string(o.micro) + " " + std::to_string(o.steps));
   const auto N = std::uint32_t(size);
   std::vector<double> dp_ranks, dp_one, pipe_ranks, pipe_one;
   {
+    // One transport (MPI is called from one thread at a time), its poller on loop 0, where
+    // each rank's stage or replica runs; the one-process runs use loops 0 … N-1 of rank 0.
     nerve::actors::runtime rt({.loops = N});
-    auto link_dp = np::mpi_ranks_on(rt, 0);
-    auto link_pipe = np::mpi_ranks_on(rt, 0);
-    bench_pipeline dp(rt, o, 1, N, o.batch * N, link_dp);
-    bench_pipeline pipe(rt, o, N, 1, o.batch, link_pipe);
-    std::unique_ptr<bench_pipeline> dp_here, pipe_here;
-    if (rank == 0) {
-      dp_here = std::make_unique<bench_pipeline>(rt, o, 1, N, o.batch * N, nullptr);
-      pipe_here = std::make_unique<bench_pipeline>(rt, o, N, 1, o.batch, nullptr);
-    }
-    std::uint64_t s1 = 0, s2 = 0, s3 = 0, s4 = 0;
-    for (int r = 0; r < o.repeats; ++r) {
-      if (rank == 0 && !o.json) std::fprintf(stderr, "\rrepeat %d/%d", r + 1, o.repeats);
-      dp_ranks.push_back(dp.run(o, s1));
-      world->barrier();
-      if (rank == 0) dp_one.push_back(dp_here->run(o, s2));
-      world->barrier();
-      pipe_ranks.push_back(pipe.run(o, s3));
-      world->barrier();
-      if (rank == 0) pipe_one.push_back(pipe_here->run(o, s4));
-      world->barrier();
-    }
-    if (rank == 0 && !o.json) std::fprintf(stderr, "\n");
+    {
+      nerve::bus::mpi::transport world(rt, 0);
+      bench_pipeline dp(rt, o, 1, N, o.batch * N, np::mpi_ranks(world, 1u << 20));
+      bench_pipeline pipe(rt, o, N, 1, o.batch, np::mpi_ranks(world, 2u << 20));
+      std::unique_ptr<bench_pipeline> dp_here, pipe_here;
+      if (rank == 0) {
+        dp_here = std::make_unique<bench_pipeline>(rt, o, 1, N, o.batch * N, nullptr);
+        pipe_here = std::make_unique<bench_pipeline>(rt, o, N, 1, o.batch, nullptr);
+      }
+      std::uint64_t s1 = 0, s2 = 0, s3 = 0, s4 = 0;
+      for (int r = 0; r < o.repeats; ++r) {
+        if (rank == 0 && !o.json) std::fprintf(stderr, "\rrepeat %d/%d", r + 1, o.repeats);
+        dp_ranks.push_back(dp.run(o, s1));
+        world.barrier();
+        if (rank == 0) dp_one.push_back(dp_here->run(o, s2));
+        world.barrier();
+        pipe_ranks.push_back(pipe.run(o, s3));
+        world.barrier();
+        if (rank == 0) pipe_one.push_back(pipe_here->run(o, s4));
+        world.barrier();
+      }
+      if (rank == 0 && !o.json) std::fprintf(stderr, "\n");
+    }  // the pipelines, then the transport, before the loop it polls on
+    rt.shutdown();
   }
   if (rank != 0) return;
   const double a = median(dp_ranks), b = median(dp_one), c = median(pipe_ranks), d = median(pipe_one);

@@ -3,10 +3,10 @@
 /// The processes of a run: one, or the ranks `mpirun` started. Header-only, for
 /// nerve-train and nerve-pipeline.
 ///
-/// Under `mpirun -np N` (N > 1) each rank joins the job: MPI comes up (the transport's own
-/// poller thread makes every MPI call), every rank checks that all were started with the
-/// same arguments, and the run's stages or replicas are placed on the ranks
-/// (`pipeline_options::link`). Rank 0 prints and writes; the others compute alike and
+/// Under `mpirun -np N` (N > 1) each rank joins the job: MPI comes up, every rank checks
+/// that all were started with the same arguments, and the run's stages or replicas are
+/// placed on the ranks (`pipeline_options::link`, whose transport polls MPI on the stage's
+/// loop); `--trace` becomes one merged trace of every rank. Rank 0 prints and writes; the others compute alike and
 /// write nothing. A failure on one rank ends the whole job: that rank prints its error and
 /// leaves at once (`fail`), and `mpirun` takes the others down (docs/distributed.md).
 /// Without mpirun, or with one rank, MPI is not started at all.
@@ -17,6 +17,9 @@
 #include <stdexcept>
 #include <string>
 
+#include <nlohmann/json_fwd.hpp>
+
+#include "actors/runtime.hpp"
 #include "layers/pipeline/ranks.hpp"
 #if NERVE_HAS_MPI
 #include "bus/mpi/transport.hpp"
@@ -33,13 +36,14 @@ class job {
     if (!size) size = std::getenv("PMI_SIZE");
     if (!size || std::atoi(size) <= 1) return;
 #if NERVE_HAS_MPI
-    transport_ = std::make_unique<bus::mpi::transport>();
-    rank_ = transport_->rank();
-    size_ = transport_->size();
-    link_ = pipeline::mpi_ranks(*transport_);
+    // MPI comes up here; the run's one transport comes with its link, on the stage's loop
+    // (`link_on`): MPI is called from one thread at a time.
+    session_ = std::make_unique<bus::mpi::session>();
+    rank_ = session_->rank();
+    size_ = session_->size();
     std::string args;
     for (int i = 1; i < argc; ++i) args += std::string(i > 1 ? " " : "") + argv[i];
-    transport_->agree("the command line", args);
+    session_->agree("the command line", args);
 #else
     (void)argc;
     (void)argv;
@@ -51,8 +55,6 @@ class job {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   bool lead() const noexcept { return rank_ == 0; }
-  /// The ranks' link for a pipeline (null in one process), its poller on its own thread.
-  std::shared_ptr<pipeline::rank_link> link() const { return link_; }
   /// A link whose poller runs on loop `loop` of `rt` (a collective: every rank at the same
   /// point; null in one process): the stage's messages then cross with no thread switch.
   std::shared_ptr<pipeline::rank_link> link_on([[maybe_unused]] actors::runtime& rt, [[maybe_unused]] unsigned loop) const {
@@ -60,6 +62,13 @@ class job {
     if (size_ > 1) return pipeline::mpi_ranks_on(rt, loop);
 #endif
     return nullptr;
+  }
+  /// Writes the job's one trace through `link` (from `link_on`); every rank calls it.
+  void write_trace([[maybe_unused]] pipeline::rank_link& link, [[maybe_unused]] actors::runtime& rt,
+                   [[maybe_unused]] const std::string& path, [[maybe_unused]] const nlohmann::json& extra) const {
+#if NERVE_HAS_MPI
+    pipeline::write_merged_trace(link, rt, path, extra);
+#endif
   }
 
   /// Reports `what` (rank-qualified in a multi-rank job) and, in a multi-rank job, leaves
@@ -77,9 +86,8 @@ class job {
  private:
   int rank_ = 0, size_ = 1;
 #if NERVE_HAS_MPI
-  std::unique_ptr<bus::mpi::transport> transport_;
+  std::unique_ptr<bus::mpi::session> session_;
 #endif
-  std::shared_ptr<pipeline::rank_link> link_;
 };
 
 }  // namespace nerve::apps

@@ -156,6 +156,13 @@ class pipeline_engine : public nl::train_engine {
     np::name_stage_tracks(rt_, *pipe_);  // one lane per stage in trace viewers
   }
   void trace_metadata(nlohmann::json& extra) const override { extra.update(pipe_->trace_metadata()); }
+  /// Across ranks: writes the job's one merged trace (set by the app; every rank calls it).
+  std::function<void(actors::runtime&, const std::string&, const nlohmann::json&)> trace_writer;
+  bool write_trace(actors::runtime& rt, const std::string& path, const nlohmann::json& extra) override {
+    if (!trace_writer) return false;
+    trace_writer(rt, path, extra);
+    return true;
+  }
   nl::optimizer_state optimizer_state_of() override { return pipe_->optimizer_state_of(); }
   void load_optimizer_state(const nl::optimizer_state& state) override { pipe_->load_optimizer_state(state); }
   void sync_weights() override {

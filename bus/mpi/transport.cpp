@@ -5,6 +5,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
@@ -340,7 +341,66 @@ transport::transport() : impl_(std::make_unique<impl>()) {
 
 transport::transport(actors::runtime& rt, unsigned loop) : impl_(std::make_unique<impl>()) { start(rt, loop); }
 
+namespace {
+std::atomic<int> live_transports{0};  // see the class comment: one polls at a time
+}  // namespace
+
+session::session() {
+  int initialised = 0;
+  check_mpi(MPI_Initialized(&initialised), "MPI_Initialized");
+  if (!initialised) {
+    int provided = 0;
+    check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+    owns_ = true;
+    if (provided < MPI_THREAD_SERIALIZED) {
+      MPI_Finalize();
+      throw std::runtime_error("bus::mpi: this MPI does not provide MPI_THREAD_SERIALIZED");
+    }
+  }
+  check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+}
+
+session::~session() {
+  if (owns_) MPI_Finalize();
+}
+
+void session::agree(const std::string& what, const std::string& mine) {
+  if (live_transports.load() != 0)
+    throw std::logic_error("bus::mpi::session::agree: a transport is polling; use its agree()");
+  int len = int(mine.size());
+  std::vector<int> lens(static_cast<std::size_t>(size_)), displs(static_cast<std::size_t>(size_));
+  check_mpi(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, MPI_COMM_WORLD), "MPI_Allgather");
+  int total = 0;
+  for (int r = 0; r < size_; ++r) {
+    displs[std::size_t(r)] = total;
+    total += lens[std::size_t(r)];
+  }
+  std::string all(std::size_t(total), '\0');
+  check_mpi(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, MPI_COMM_WORLD),
+            "MPI_Allgatherv");
+  std::vector<std::string> each;
+  for (int r = 0; r < size_; ++r)
+    each.push_back(all.substr(std::size_t(displs[std::size_t(r)]), std::size_t(lens[std::size_t(r)])));
+  check_agreement(what, each);
+}
+
 void transport::start(actors::runtime& rt, unsigned loop) {
+  if (live_transports.fetch_add(1) != 0) {
+    live_transports.fetch_sub(1);
+    throw std::logic_error(
+        "bus::mpi: a transport is already polling in this process; MPI is called from one thread at a time "
+        "(MPI_THREAD_SERIALIZED): share that one, or make this one after it is gone");
+  }
+  try {
+    start_polling(rt, loop);
+  } catch (...) {
+    live_transports.fetch_sub(1);
+    throw;
+  }
+}
+
+void transport::start_polling(actors::runtime& rt, unsigned loop) {
   int initialised = 0;
   check_mpi(MPI_Initialized(&initialised), "MPI_Initialized");
   if (!initialised) {
@@ -388,6 +448,7 @@ transport::~transport() {
   // The poller has stopped: this thread may call MPI again (serialised).
   MPI_Comm_free(&impl_->comm);
   if (owns_mpi_) MPI_Finalize();
+  live_transports.fetch_sub(1);
 }
 
 void transport::enqueue(actors::actor* from, outgoing o) {
@@ -516,8 +577,7 @@ std::vector<std::string> transport::gather(const std::string& mine, int root) {
   });
 }
 
-void transport::agree(const std::string& what, const std::string& mine) {
-  const auto all = all_gather(mine);
+void check_agreement(const std::string& what, const std::vector<std::string>& all) {
   std::string diff;
   for (std::size_t r = 1; r < all.size(); ++r)
     if (all[r] != all[0]) diff += (diff.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " has '" + all[r] + "'";
@@ -525,6 +585,8 @@ void transport::agree(const std::string& what, const std::string& mine) {
     throw std::invalid_argument("the ranks disagree on " + what + ": rank 0 has '" + all[0] + "', " + diff +
                                 " (start every rank with the same arguments)");
 }
+
+void transport::agree(const std::string& what, const std::string& mine) { check_agreement(what, all_gather(mine)); }
 
 std::vector<clock_offset> transport::clock_offsets(int rounds) {
   const MPI_Comm comm = impl_->comm;

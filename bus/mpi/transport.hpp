@@ -131,10 +131,38 @@ struct clock_offset {
 /// Bit 62 of a flow id marks an arrow across ranks (`transport` header comment).
 inline constexpr std::uint64_t cross_rank_flow = std::uint64_t{1} << 62;
 
+/// MPI for a program whose transports come and go: initialises MPI (at
+/// `MPI_THREAD_SERIALIZED`) unless it is up, and finalises it at the end if it did. While
+/// no transport exists, the thread that made it may call MPI itself (`agree`).
+class session {
+ public:
+  session();
+  ~session();
+  session(const session&) = delete;
+  session& operator=(const session&) = delete;
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  /// `transport::agree` before any transport: from this thread, while none exists.
+  void agree(const std::string& what, const std::string& mine);
+
+ private:
+  int rank_ = 0, size_ = 1;
+  bool owns_ = false;
+};
+
+/// Throws `std::invalid_argument` naming `what` and each rank whose value in `all` (indexed
+/// by rank) differs from rank 0's, with both values.
+void check_agreement(const std::string& what, const std::vector<std::string>& all);
+
 class transport {
  public:
   using channel = std::uint32_t;
 
+  /// One transport polls at a time in a process: MPI is called from one thread at a time
+  /// (`MPI_THREAD_SERIALIZED`), and a transport's poller is that thread. A second one while
+  /// the first lives is refused (`std::logic_error`); share the first instead (several
+  /// pipelines share one through `pipeline::mpi_ranks(t, first_channel)`).
+  ///
   /// Initialises MPI (unless the program already did) and spawns the poller on a runtime
   /// of its own. With no `mpirun` around, MPI makes a world of one rank.
   transport();
@@ -206,6 +234,7 @@ class transport {
   class poller;
 
   void start(actors::runtime& rt, unsigned loop);
+  void start_polling(actors::runtime& rt, unsigned loop);
   void enqueue(actors::actor* from, outgoing o);
   // Tracing (the header comment): a fresh cross-rank flow id; the arrow's start, once sent.
   std::uint64_t next_flow() noexcept {

@@ -1,16 +1,22 @@
 #include "layers/pipeline/mpi_ranks.hpp"
 
+#include <stdexcept>
 #include <utility>
+#include <vector>
 
 #include "bus/mpi/all_reduce.hpp"
+#include "bus/mpi/trace.hpp"
 #include "layers/wire/mpi_codecs.hpp"
 
 namespace nerve::pipeline {
 
 namespace {
 
+struct owning_link;
+
 class link final : public rank_link {
  public:
+  owning_link* owner = nullptr;  // set when the link owns its transport
   link(bus::mpi::transport& t, channel first) : t_(t), first_(first) {}
 
   int rank() const noexcept override { return t_.rank(); }
@@ -37,24 +43,33 @@ class link final : public rank_link {
   channel first_;
 };
 
+// A link that owns its transport (declared first, so it is destroyed last), with the
+// ranks' clock offsets measured when it was made.
+struct owning_link {
+  bus::mpi::transport t;
+  link l;
+  std::vector<bus::mpi::clock_offset> offsets;
+  owning_link(actors::runtime& rt, unsigned loop) : t(rt, loop), l(t, 0), offsets(t.clock_offsets()) { l.owner = this; }
+};
+
 }  // namespace
 
 std::shared_ptr<rank_link> mpi_ranks(bus::mpi::transport& t, bus::mpi::transport::channel first_channel) {
   return std::make_shared<link>(t, first_channel);
 }
 
-namespace {
-// A link that owns its transport (declared first, so it is destroyed last).
-struct owning_link {
-  bus::mpi::transport t;
-  link l;
-  owning_link(actors::runtime& rt, unsigned loop) : t(rt, loop), l(t, 0) {}
-};
-}  // namespace
-
 std::shared_ptr<rank_link> mpi_ranks_on(actors::runtime& rt, unsigned loop) {
   auto own = std::make_shared<owning_link>(rt, loop);
   return std::shared_ptr<rank_link>(own, &own->l);  // shares the owner's life
+}
+
+void write_merged_trace(rank_link& l, actors::runtime& rt, const std::string& path, const nlohmann::json& extra) {
+  auto* mine = dynamic_cast<link*>(&l);
+  if (!mine || !mine->owner)
+    throw std::invalid_argument("write_merged_trace: the link was not made by mpi_ranks_on");
+  rt.synchronize();
+  mine->owner->t.flush();
+  bus::mpi::write_merged_trace(mine->owner->t, rt, path, extra, mine->owner->offsets);
 }
 
 }  // namespace nerve::pipeline

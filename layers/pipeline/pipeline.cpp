@@ -784,21 +784,28 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
 }
 
 nlohmann::json pipeline::trace_metadata() const {
+  // Across ranks each rank describes the stages it runs (the merged trace keeps each
+  // rank's under its process).
   nlohmann::json stages = nlohmann::json::array();
   for (std::uint32_t s = 0; s < plan_.stages; ++s) {
     nlohmann::json ids = nlohmann::json::array();
-    nlohmann::json layer_ids = nlohmann::json::array();  // the stage's group (CPU stages), every replica's
+    nlohmann::json layer_ids = nlohmann::json::array();  // the stage's group, every replica's here
+    int first = -1;
     for (std::uint32_t r = 0; r < replicas_; ++r) {
+      if (!here(r, s)) continue;
+      if (first < 0) first = int(r);
       ids.push_back(stages_[r * plan_.stages + s].id());
       if (!groups_.empty())
         for (auto& a : stage_group(r, s).members()) layer_ids.push_back(a.id());
     }
+    if (first < 0) continue;
+    const auto& be = backends_[std::size_t(first) * plan_.stages + s];
     stages.push_back({{"stage", s},
                       {"actors", ids},
                       {"layers", layer_ids},
-                      {"loop", stages_[s].loop()},
-                      {"rank", rank_of(0, s)},
-                      {"device", backends_[s] ? std::string(backends_[s]->name()) : "cpu"}});
+                      {"loop", stages_[std::size_t(first) * plan_.stages + s].loop()},
+                      {"rank", me_},
+                      {"device", be ? std::string(be->name()) : "cpu"}});
   }
   nlohmann::json actions = nlohmann::json::array();
   for (const auto& l : plan_.actions) {
@@ -819,6 +826,7 @@ nlohmann::json pipeline::trace_metadata() const {
 void name_stage_tracks(actors::runtime& rt, const pipeline& p) {
   const std::uint32_t S = p.plan().stages;
   for (std::uint32_t s = 0; s < S * p.replicas(); ++s)
+    if (p.stage_actors()[s])  // empty: a stage on another rank, which names its own
     rt.trace().name_track(stage_track(s),
                           p.replicas() > 1 ? "replica " + std::to_string(s / S) + " stage " + std::to_string(s % S)
                                            : "stage " + std::to_string(s),

@@ -1,6 +1,8 @@
 // A job that loses a rank mid-traffic, run by mpi_fault_test.sh under mpirun.
 //   mpi_fault kill:   rank 1 is SIGKILLed after 100 of rank 0's messages arrived
 //   mpi_fault throw:  rank 1's receiving actor throws on message 100
+//   mpi_fault channel: rank 0 sends to a channel nothing on rank 1 listens to; rank 1's
+//                      transport stops with an error naming it
 // Rank 0 keeps sending and then waits for an answer that never comes: only the job's end
 // (mpirun taking every rank down) stops it. The script checks how and how fast it ends.
 #include <csignal>
@@ -54,6 +56,7 @@ struct sink : actor {
 
 int main(int argc, char** argv) {
   const bool do_throw = argc > 1 && std::strcmp(argv[1], "throw") == 0;
+  const bool wrong_channel = argc > 1 && std::strcmp(argv[1], "channel") == 0;
   runtime rt({.loops = 1});
   int code = 0;
   {
@@ -62,12 +65,13 @@ int main(int argc, char** argv) {
     auto snk = rt.spawn<sink>();
     static_cast<sink*>(snk.get())->throw_at_100 = do_throw;
     t.listen<tick_msg>(0, snk);
-    if (t.rank() == 0) static_cast<source*>(src.get())->out.subscribe(std::make_shared<nerve::bus::mpi::remote<tick_msg>>(t, 1, 0));
+    if (t.rank() == 0) static_cast<source*>(src.get())->out.subscribe(std::make_shared<nerve::bus::mpi::remote<tick_msg>>(t, 1, wrong_channel ? 424242 : 0));
     t.barrier();
     if (t.rank() == 0) rt.send(src, std::int64_t{1000});
     auto ended = static_cast<sink*>(snk.get())->ended.get_future();
     try {
-      if (t.rank() == 1) ended.wait();  // the sink fails (throw) or the process dies (kill)
+      if (t.rank() == 1 && wrong_channel) t.barrier();  // rank 0 never comes: the transport's error ends the wait
+      else if (t.rank() == 1) ended.wait();  // the sink fails (throw) or the process dies (kill)
       rt.synchronize();  // rethrows the sink's failure
       t.check();
       if (t.rank() == 0) std::promise<void>().get_future().wait();  // only the job's end stops rank 0

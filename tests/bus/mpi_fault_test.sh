@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # mpi_fault_test.sh MPIEXEC PROGRAM MODE: a job that loses rank 1 (MODE kill: SIGKILL;
-# throw: an actor's exception) must end on every rank within 10 s, exit non-zero, and
+# throw: an actor's exception; channel: a frame for a channel nothing listens to) must end
+# on every rank within 10 s, exit non-zero, and
 # say which rank was lost (and, for throw, the error itself).
 set -u
 mpiexec=$1 prog=$2 mode=$3
@@ -18,5 +19,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 case $mode in
   kill) grep -q "rank 1 .*exited on signal 9" <<<"$out" || fail "the output does not name rank 1 and its signal" ;;
   throw) grep -q "rank 1: error: .*layer fc2 failed on micro-batch 100" <<<"$out" || fail "the output lacks rank 1's error" ;;
+  channel) grep -q "rank 1: error: .*channel 424242, which nothing on rank 1 listens to" <<<"$out" ||
+      fail "the output lacks rank 1's error naming the channel" ;;
 esac
 echo PASS
