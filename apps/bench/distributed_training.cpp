@@ -7,10 +7,15 @@
 //   pipeline:       N stages, --batch rows per step in --microbatches, 1F1B: one stage per
 //                   rank against N stages in one process on rank 0.
 //
-// Every repeat runs the four in turn, so a noisy neighbour hits them all; medians of the
+// Every repeat runs the four in turn (the one-process runs while the other ranks wait
+// asleep, no transport polling; mpirun's binding of ranks to cores undone, as the one-process
+// runs need every core), so a noisy neighbour hits them all; medians of the
 // samples per second are reported with the ratios ranks / one process. The steps are the
 // apps' (layer actors, stage gates, bus signals); the data are random (the speed does not
 // depend on them). Rank 0 prints (text or --json).
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -100,6 +105,12 @@ double median(std::vector<double> v) {
 
 void run(const options& o) {
   nl::set_gemm_threads(1);
+  // mpirun binds each of a few ranks to a core of its own; the one-process runs need every
+  // core (their loops are threads of rank 0), so the whole run is unbound, both sides alike.
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  for (long c = 0; c < sysconf(_SC_NPROCESSORS_ONLN) && c < CPU_SETSIZE; ++c) CPU_SET(int(c), &all);
+  sched_setaffinity(0, sizeof all, &all);
   bus_session mpi;
   const int size = mpi.size(), rank = mpi.rank();
   if (size < 2) throw std::runtime_error("training: run it under mpirun with 2 or more ranks");
@@ -107,35 +118,37 @@ void run(const options& o) {
             o.model + " " + std::to_string(o.batch) + " " + std::to_string(o.micro) + " " + std::to_string(o.steps));
   const auto N = std::uint32_t(size);
   std::vector<double> dp_ranks, dp_one, pipe_ranks, pipe_one;
-  {
-    // One transport (MPI is called from one thread at a time), its poller on loop 0, where
-    // each rank's stage or replica runs; the one-process runs use loops 0 … N-1 of rank 0.
-    nerve::actors::runtime rt({.loops = N});
+  std::uint64_t s1 = 0, s2 = 0, s3 = 0, s4 = 0;
+  for (int r = 0; r < o.repeats; ++r) {
+    if (rank == 0 && !o.json) std::fprintf(stderr, "\rrepeat %d/%d", r + 1, o.repeats);
+    // One process: rank 0 alone, while the others wait asleep (no transport polls).
+    if (rank == 0) {
+      nerve::actors::runtime rt({.loops = N});
+      {
+        bench_pipeline dp(rt, o, 1, N, o.batch * N, nullptr);
+        dp_one.push_back(dp.run(o, s2));
+        bench_pipeline pipe(rt, o, N, 1, o.batch, nullptr);
+        pipe_one.push_back(pipe.run(o, s4));
+      }
+      rt.shutdown();
+    }
+    mpi.barrier();
+    // Across the ranks: one transport (MPI is called from one thread at a time), its poller
+    // on loop 0, where each rank's stage or replica runs.
+    nerve::actors::runtime rt({.loops = 1});
     {
       nerve::bus::mpi::transport world(rt, 0);
-      bench_pipeline dp(rt, o, 1, N, o.batch * N, np::mpi_ranks(world, 1u << 20));
-      bench_pipeline pipe(rt, o, N, 1, o.batch, np::mpi_ranks(world, 2u << 20));
-      std::unique_ptr<bench_pipeline> dp_here, pipe_here;
-      if (rank == 0) {
-        dp_here = std::make_unique<bench_pipeline>(rt, o, 1, N, o.batch * N, nullptr);
-        pipe_here = std::make_unique<bench_pipeline>(rt, o, N, 1, o.batch, nullptr);
-      }
-      std::uint64_t s1 = 0, s2 = 0, s3 = 0, s4 = 0;
-      for (int r = 0; r < o.repeats; ++r) {
-        if (rank == 0 && !o.json) std::fprintf(stderr, "\rrepeat %d/%d", r + 1, o.repeats);
+      {
+        bench_pipeline dp(rt, o, 1, N, o.batch * N, np::mpi_ranks(world, 1u << 20));
         dp_ranks.push_back(dp.run(o, s1));
-        world.barrier();
-        if (rank == 0) dp_one.push_back(dp_here->run(o, s2));
-        world.barrier();
+        bench_pipeline pipe(rt, o, N, 1, o.batch, np::mpi_ranks(world, 2u << 20));
         pipe_ranks.push_back(pipe.run(o, s3));
-        world.barrier();
-        if (rank == 0) pipe_one.push_back(pipe_here->run(o, s4));
-        world.barrier();
       }
-      if (rank == 0 && !o.json) std::fprintf(stderr, "\n");
+      world.barrier();
     }  // the pipelines, then the transport, before the loop it polls on
     rt.shutdown();
   }
+  if (rank == 0 && !o.json) std::fprintf(stderr, "\n");
   if (rank != 0) return;
   const double a = median(dp_ranks), b = median(dp_one), c = median(pipe_ranks), d = median(pipe_one);
   nlohmann::json j{{"benchmark", "training"},

@@ -10,6 +10,7 @@
 #include <climits>
 #include <condition_variable>
 #include <deque>
+#include <thread>
 #include <future>
 #include <mutex>
 #include <unordered_map>
@@ -123,6 +124,7 @@ class transport::poller : public actors::actor {
 
   // A control operation's request: `done` runs on the poller when it completes.
   void post_request(MPI_Request r, std::function<void()> done) {
+    ++control_;
     requests_.push_back(r);
     ops_.push_back(op{{}, false, {}, std::move(done)});
   }
@@ -181,7 +183,9 @@ class transport::poller : public actors::actor {
       stop();
       return;
     }
-    const bool busy = !requests_.empty() || !arrivals_.empty();
+    // Spin while data moves; a control request (a barrier waiting for the other ranks) is
+    // polled at the nap's pace, so a rank that waits does not take a core from those that work.
+    const bool busy = requests_.size() > control_ || !arrivals_.empty();
     if (busy || now - last_progress_ < std::chrono::microseconds(50)) {
       // Again after the other actors' turns: a message to ourselves. Only one at a time.
       // (A full mailbox needs no tick: its messages bring the next turn.)
@@ -258,7 +262,10 @@ class transport::poller : public actors::actor {
     for (int k = 0; k < count; ++k) {
       auto& o = ops_[std::size_t(indices_[std::size_t(k)])];
       if (o.arrived) o.arrived->complete = true;
-      if (o.done) o.done();
+      if (o.done) {
+        --control_;
+        o.done();
+      }
       if (o.last_of_send) ++sends_done;
       o = {};
     }
@@ -331,6 +338,7 @@ class transport::poller : public actors::actor {
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // the timer's handler may outlive us
   std::chrono::steady_clock::time_point last_progress_{};
   std::chrono::microseconds nap_{20};
+  std::size_t control_ = 0;  // of requests_: control operations' (barriers)
   bool progressed_ = false, tick_queued_ = false, napping_ = false, stopping_ = false;
 };
 
@@ -383,6 +391,17 @@ void session::agree(const std::string& what, const std::string& mine) {
   for (int r = 0; r < size_; ++r)
     each.push_back(all.substr(std::size_t(displs[std::size_t(r)]), std::size_t(lens[std::size_t(r)])));
   check_agreement(what, each);
+}
+
+void session::barrier() {
+  if (live_transports.load() != 0) throw std::logic_error("bus::mpi::session::barrier: a transport is polling");
+  MPI_Request r;
+  check_mpi(MPI_Ibarrier(MPI_COMM_WORLD, &r), "MPI_Ibarrier");
+  for (int done = 0;;) {
+    check_mpi(MPI_Test(&r, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
 }
 
 void transport::start(actors::runtime& rt, unsigned loop) {

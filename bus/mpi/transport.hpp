@@ -144,6 +144,9 @@ class session {
   int size() const noexcept { return size_; }
   /// `transport::agree` before any transport: from this thread, while none exists.
   void agree(const std::string& what, const std::string& mine);
+  /// A barrier that waits asleep (tests the request every 200 µs), so the ranks that wait
+  /// leave the cores to one that works (benchmarks' phases). While no transport exists.
+  void barrier();
 
  private:
   int rank_ = 0, size_ = 1;
