@@ -26,7 +26,7 @@
 /// poller is an actor: it posts MPI's sends, probes for frames, tests requests and hands
 /// what arrived to the subscribers' mailboxes. A `remote<T>` sends the value to the poller
 /// like any message (lock-free, and it wakes the poller's loop); while anything is in
-/// flight, or traffic moved under 50 µs ago, the poller sends itself the next turn, so
+/// flight, or traffic moved under 150 µs ago, the poller sends itself the next turn, so
 /// other actors on its loop run in between; when quiet, it naps on a timer of its loop
 /// (20 µs, doubling to 200 µs) and the next message wakes it at once. Placed on the loop of
 /// the actors that talk to other ranks, a message crosses with no thread switch; the
