@@ -352,6 +352,26 @@ transport::transport(actors::runtime& rt, unsigned loop) : impl_(std::make_uniqu
 
 namespace {
 std::atomic<int> live_transports{0};  // see the class comment: one polls at a time
+
+// Every rank's `mine` on every rank, by rank (blocking; from the one thread calling MPI).
+std::vector<std::string> gather_everyone(MPI_Comm comm, const std::string& mine) {
+  int n = 0;
+  check_mpi(MPI_Comm_size(comm, &n), "MPI_Comm_size");
+  int len = int(mine.size());
+  std::vector<int> lens(static_cast<std::size_t>(n)), displs(static_cast<std::size_t>(n));
+  check_mpi(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm), "MPI_Allgather");
+  int total = 0;
+  for (int r = 0; r < n; ++r) {
+    displs[std::size_t(r)] = total;
+    total += lens[std::size_t(r)];
+  }
+  std::string all(std::size_t(total), '\0');
+  check_mpi(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, comm),
+            "MPI_Allgatherv");
+  std::vector<std::string> out;
+  for (int r = 0; r < n; ++r) out.push_back(all.substr(std::size_t(displs[std::size_t(r)]), std::size_t(lens[std::size_t(r)])));
+  return out;
+}
 }  // namespace
 
 session::session() {
@@ -377,21 +397,7 @@ session::~session() {
 void session::agree(const std::string& what, const std::string& mine) {
   if (live_transports.load() != 0)
     throw std::logic_error("bus::mpi::session::agree: a transport is polling; use its agree()");
-  int len = int(mine.size());
-  std::vector<int> lens(static_cast<std::size_t>(size_)), displs(static_cast<std::size_t>(size_));
-  check_mpi(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, MPI_COMM_WORLD), "MPI_Allgather");
-  int total = 0;
-  for (int r = 0; r < size_; ++r) {
-    displs[std::size_t(r)] = total;
-    total += lens[std::size_t(r)];
-  }
-  std::string all(std::size_t(total), '\0');
-  check_mpi(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, MPI_COMM_WORLD),
-            "MPI_Allgatherv");
-  std::vector<std::string> each;
-  for (int r = 0; r < size_; ++r)
-    each.push_back(all.substr(std::size_t(displs[std::size_t(r)]), std::size_t(lens[std::size_t(r)])));
-  check_agreement(what, each);
+  check_agreement(what, gather_everyone(MPI_COMM_WORLD, mine));
 }
 
 void session::barrier() {
@@ -553,23 +559,7 @@ R on_poller(actors::runtime& rt, const actors::address& poller, F f) {
 
 std::vector<std::string> transport::all_gather(const std::string& mine) {
   const MPI_Comm comm = impl_->comm;
-  const int n = size_;
-  return on_poller<std::vector<std::string>>(*impl_->rt, impl_->poller, [comm, n, mine] {
-    int len = int(mine.size());
-    std::vector<int> lens(static_cast<std::size_t>(n)), displs(static_cast<std::size_t>(n));
-    check_mpi(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm), "MPI_Allgather");
-    int total = 0;
-    for (int r = 0; r < n; ++r) {
-      displs[std::size_t(r)] = total;
-      total += lens[std::size_t(r)];
-    }
-    std::string all(std::size_t(total), '\0');
-    check_mpi(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, comm),
-              "MPI_Allgatherv");
-    std::vector<std::string> out;
-    for (int r = 0; r < n; ++r) out.push_back(all.substr(std::size_t(displs[std::size_t(r)]), std::size_t(lens[std::size_t(r)])));
-    return out;
-  });
+  return on_poller<std::vector<std::string>>(*impl_->rt, impl_->poller, [comm, mine] { return gather_everyone(comm, mine); });
 }
 
 std::vector<std::string> transport::gather(const std::string& mine, int root) {

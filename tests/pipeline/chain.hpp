@@ -2,6 +2,7 @@
 // The small chain the pipeline suites cut into stages (CPU pipelines in
 // tests/pipeline, device stages in tests/gpu).
 #include <cstdint>
+#include <random>
 #include <string>
 
 #include "layers/activation.hpp"
@@ -29,6 +30,22 @@ inline layers::graph small_chain(std::uint64_t seed = 7, bool with_dropout = fal
   }
   b.add("fc5", layers::linear(16, 4), {prev});
   return b.build(seed);
+}
+
+/// A batch of `n` normal samples for `g`'s input and random labels for its output, from `seed`.
+struct batch {
+  layers::tensor x;
+  layers::targets t;
+};
+inline batch make_batch(const layers::graph& g, std::int64_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d;
+  const auto& shape = g.nodes()[g.inputs()[0]].output_shape;
+  batch b{layers::tensor(n, shape), {}};
+  for (std::int64_t i = 0; i < b.x.size(); ++i) b.x.data()[i] = d(rng);
+  const auto classes = g.nodes()[g.output()].output_shape.numel();
+  for (std::int64_t i = 0; i < n; ++i) b.t.labels.push_back(std::int32_t(rng() % std::uint64_t(classes)));
+  return b;
 }
 
 }  // namespace nerve::test

@@ -28,21 +28,8 @@ bool sanitize_scale() {
 
 using nerve::test::small_chain;
 
-struct batch {
-  tensor x;
-  layers::targets t;
-};
-
-batch make_batch(const layers::graph& g, std::int64_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d;
-  const auto& shape = g.nodes()[g.inputs()[0]].output_shape;
-  batch b{tensor(n, shape), {}};
-  for (std::int64_t i = 0; i < b.x.size(); ++i) b.x.data()[i] = d(rng);
-  const auto classes = g.nodes()[g.output()].output_shape.numel();
-  for (std::int64_t i = 0; i < n; ++i) b.t.labels.push_back(std::int32_t(rng() % std::uint64_t(classes)));
-  return b;
-}
+using nerve::test::batch;
+using nerve::test::make_batch;
 
 layers::optimizer_factory sgd_factory() {
   return [] { return layers::make_optimizer<float>("sgd", 0.05, 0.9); };
