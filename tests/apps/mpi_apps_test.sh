@@ -75,9 +75,11 @@ kill)
   job=$!
   # Wait until two checkpoints were written: rank 0 writes a line per step (tail blocks until then).
   timeout 60 tail -f "$dir/metrics" | grep -m1 -q '"kind":"step","step":5,' || fail "no step 5 within 60 s"
+  # Rank 1's process: the one of this program whose environment says so (no procps needed).
   victim=""
-  for p in $(pgrep -f "$pipeline"); do
-    grep -qz '^OMPI_COMM_WORLD_RANK=1$' "/proc/$p/environ" 2>/dev/null && victim=$p
+  for d in /proc/[0-9]*; do
+    [ "$(readlink "$d/exe" 2>/dev/null)" = "$(readlink -f "$pipeline")" ] || continue
+    grep -qz '^OMPI_COMM_WORLD_RANK=1$' "$d/environ" 2>/dev/null && victim=${d#/proc/}
   done
   [ -n "$victim" ] || fail "rank 1's process not found"
   start=$(date +%s%N)
