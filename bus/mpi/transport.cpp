@@ -536,12 +536,24 @@ void transport::flush() {
 }
 
 namespace {
+// Sends the poller a control operation. A poller that stopped with an error refuses it:
+// then the error that stopped it is the one to report (`t.check()` rethrows it), not the
+// refused send.
+void send_control(const transport& t, actors::runtime& rt, const actors::address& poller, control c) {
+  try {
+    rt.send(poller, std::move(c));
+  } catch (...) {
+    t.check();
+    throw;
+  }
+}
+
 // Runs `f` on the poller (the one thread that calls MPI) and waits for it.
 template <class R, class F>
-R on_poller(actors::runtime& rt, const actors::address& poller, F f) {
+R on_poller(const transport& t, actors::runtime& rt, const actors::address& poller, F f) {
   auto done = std::make_shared<std::promise<R>>();
   auto fut = done->get_future();
-  rt.send(poller, control{[f = std::move(f), done]() mutable {
+  send_control(t, rt, poller, control{[f = std::move(f), done]() mutable {
             try {
               if constexpr (std::is_void_v<R>) {
                 f();
@@ -559,7 +571,7 @@ R on_poller(actors::runtime& rt, const actors::address& poller, F f) {
 
 std::vector<std::string> transport::all_gather(const std::string& mine) {
   const MPI_Comm comm = impl_->comm;
-  return on_poller<std::vector<std::string>>(*impl_->rt, impl_->poller, [comm, mine] { return gather_everyone(comm, mine); });
+  return on_poller<std::vector<std::string>>(*this, *impl_->rt, impl_->poller, [comm, mine] { return gather_everyone(comm, mine); });
 }
 
 std::vector<std::string> transport::gather(const std::string& mine, int root) {
@@ -567,7 +579,7 @@ std::vector<std::string> transport::gather(const std::string& mine, int root) {
     throw std::invalid_argument("bus::mpi: gather to rank " + std::to_string(root) + " of " + std::to_string(size_));
   const MPI_Comm comm = impl_->comm;
   const int n = size_, me = rank_;
-  return on_poller<std::vector<std::string>>(*impl_->rt, impl_->poller, [comm, n, me, root, mine] {
+  return on_poller<std::vector<std::string>>(*this, *impl_->rt, impl_->poller, [comm, n, me, root, mine] {
     int len = byte_count(mine.size(), "a gathered value");
     std::vector<int> lens(static_cast<std::size_t>(n)), displs(static_cast<std::size_t>(n));
     check_mpi(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, root, comm), "MPI_Gather");
@@ -601,7 +613,7 @@ void transport::agree(const std::string& what, const std::string& mine) { check_
 std::vector<clock_offset> transport::clock_offsets(int rounds) {
   const MPI_Comm comm = impl_->comm;
   const int n = size_, me = rank_;
-  return on_poller<std::vector<clock_offset>>(*impl_->rt, impl_->poller, [comm, n, me, rounds] {
+  return on_poller<std::vector<clock_offset>>(*this, *impl_->rt, impl_->poller, [comm, n, me, rounds] {
     using clock = std::chrono::steady_clock;
     auto now = [] { return std::int64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now().time_since_epoch()).count()); };
     constexpr int tag = 7;  // blocking set-up traffic: no frames are in flight now
@@ -642,11 +654,11 @@ void transport::barrier() {
   auto done = std::make_shared<std::promise<void>>();
   auto f = done->get_future();
   auto* p = static_cast<poller*>(impl_->poller.get());
-  impl_->rt->send(impl_->poller, control{[p, done] {
-                    MPI_Request r;
-                    check_mpi(MPI_Ibarrier(p->comm(), &r), "MPI_Ibarrier");
-                    p->post_request(r, [done] { done->set_value(); });
-                  }});
+  send_control(*this, *impl_->rt, impl_->poller, control{[p, done] {
+                 MPI_Request r;
+                 check_mpi(MPI_Ibarrier(p->comm(), &r), "MPI_Ibarrier");
+                 p->post_request(r, [done] { done->set_value(); });
+               }});
   // The poller either completes the barrier or stops with an error.
   while (f.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) check();
   f.get();

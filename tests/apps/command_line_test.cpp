@@ -127,6 +127,8 @@ TEST_SUITE("apps.command_line") {
         {{"--threads", "10000"},
          "--threads must be between 1 and 256 (got 10000): each is an event loop with its own thread and memory"},
         {{"--save", "/dev/null"}, "'/dev/null' is a character device, not a regular file: refusing to replace it"},
+        {{"--replicas", "0"}, "--replicas must be between 1 and 256 (got 0): each replica is a group of layer actors"},
+        {{"--replicas", "3", "--batch", "2"}, "--batch 2 cannot split into 3 replicas x 1 micro-batches"},
     };
     for (const auto& [options, message] : cases) {
       CAPTURE(message);
