@@ -8,7 +8,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -23,6 +22,7 @@
 #include "layers/gemm.hpp"
 #include "layers/pipeline/pipeline.hpp"
 #include "layers/trainer.hpp"
+#include "apps/common/job.hpp"
 
 namespace nerve::apps {
 
@@ -69,6 +69,7 @@ class pipeline_engine : public nl::train_engine {
     // replica's stage s gets a backend of its own on stage s's device (the factory is
     // called once per replica): several replicas share a device, a stream each.
     const int me = po.link ? po.link->rank() : 0;
+    link_ = po.link;
     lead_ = me == 0;
     for (std::uint32_t s = 0; s < stages && s < devices.size(); ++s) {
       int backend = 0, ordinal = 0;
@@ -103,8 +104,11 @@ class pipeline_engine : public nl::train_engine {
       for (std::uint32_t s = 0; s < stages; ++s) std::printf("stage %u on %s\n", s, out_.device_of[s].c_str());
   }
 
-  /// Called with a failed step's error before it is handed to the trainer (may not return).
-  std::function<void(const std::string&)> on_failure;
+  /// In a multi-rank job (`j.size() > 1`): a failed step ends this rank at once (`job::fail`,
+  /// as `app`), and the trace is the job's merged one. `j` outlives the engine.
+  void join(const job& j, const char* app) {
+    if (j.size() > 1) job_ = &j, app_ = app;
+  }
 
   std::future<nl::step_result> train_step(nl::tensor x, nl::targets y, std::size_t, std::uint64_t step,
                                           double lr) override {
@@ -118,7 +122,7 @@ class pipeline_engine : public nl::train_engine {
     } catch (const std::exception& e) {
       // Across ranks a failed step ends the process here, before any unwinding could wait
       // on ranks that are still in their step (see apps/common/job.hpp).
-      if (on_failure) on_failure(e.what());
+      if (job_) job_->fail(app_, e.what());
       p.set_exception(std::current_exception());
     }
     downloaded_ = false;
@@ -156,11 +160,10 @@ class pipeline_engine : public nl::train_engine {
     np::name_stage_tracks(rt_, *pipe_);  // one lane per stage in trace viewers
   }
   void trace_metadata(nlohmann::json& extra) const override { extra.update(pipe_->trace_metadata()); }
-  /// Across ranks: writes the job's one merged trace (set by the app; every rank calls it).
-  std::function<void(actors::runtime&, const std::string&, const nlohmann::json&)> trace_writer;
+  /// Across ranks: the job's one merged trace (every rank calls it).
   bool write_trace(actors::runtime& rt, const std::string& path, const nlohmann::json& extra) override {
-    if (!trace_writer) return false;
-    trace_writer(rt, path, extra);
+    if (!job_) return false;
+    job_->write_trace(*link_, rt, path, extra);
     return true;
   }
   nl::optimizer_state optimizer_state_of() override { return pipe_->optimizer_state_of(); }
@@ -181,6 +184,9 @@ class pipeline_engine : public nl::train_engine {
   std::size_t min_rows_ = 1;
   bool downloaded_ = true;
   bool lead_ = true;
+  std::shared_ptr<np::rank_link> link_;  // across ranks (null in one process)
+  const job* job_ = nullptr;            // set by `join` in a multi-rank job
+  const char* app_ = "";
 };
 
 

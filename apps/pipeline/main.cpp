@@ -322,11 +322,7 @@ int main(int argc, char** argv) {
       if (ranks->size() > 1) here.link = ranks->link_on(rt, po.loops[std::size_t(ranks->rank())]);
       auto e = std::make_unique<pipeline_engine>(rt, replica_graphs, pieces, plan, opts, here, device_list, outcome,
                                                  !json && speak && !devices.empty());
-      if (ranks->size() > 1) e->on_failure = [&](const std::string& what) { ranks->fail("nerve-pipeline", what); };
-      if (ranks->size() > 1)
-        e->trace_writer = [&, link = here.link](actors::runtime& r, const std::string& path, const nlohmann::json& extra) {
-          ranks->write_trace(*link, r, path, extra);
-        };
+      e->join(*ranks, "nerve-pipeline");
       return e;
     };
     progress_bar bar(quiet || json || !speak);

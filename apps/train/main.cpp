@@ -215,11 +215,7 @@ int main(int argc, char** argv) {
         auto e = std::make_unique<nerve::apps::pipeline_engine>(
             rt, replica_graphs, np::partition_by_parameters(g0, 1), plan, inner, po, std::vector<std::string>{device},
             outcome, false);
-        if (ranks->size() > 1) e->on_failure = [&](const std::string& what) { ranks->fail("nerve-train", what); };
-        if (ranks->size() > 1)
-          e->trace_writer = [&, link = po.link](nerve::actors::runtime& r, const std::string& path, const nlohmann::json& extra) {
-            ranks->write_trace(*link, r, path, extra);
-          };
+        e->join(*ranks, "nerve-train");
         return e;
       };
     auto report = train(

@@ -372,20 +372,30 @@ std::vector<std::string> gather_everyone(MPI_Comm comm, const std::string& mine)
   for (int r = 0; r < n; ++r) out.push_back(all.substr(std::size_t(displs[std::size_t(r)]), std::size_t(lens[std::size_t(r)])));
   return out;
 }
-}  // namespace
-
-session::session() {
+// Brings MPI up at MPI_THREAD_SERIALIZED unless it is up (true: this call did, and the
+// caller finalises it); refuses an MPI already up below that level.
+bool init_serialized() {
   int initialised = 0;
   check_mpi(MPI_Initialized(&initialised), "MPI_Initialized");
+  int provided = 0;
   if (!initialised) {
-    int provided = 0;
     check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
-    owns_ = true;
     if (provided < MPI_THREAD_SERIALIZED) {
       MPI_Finalize();
       throw std::runtime_error("bus::mpi: this MPI does not provide MPI_THREAD_SERIALIZED");
     }
+    return true;
   }
+  check_mpi(MPI_Query_thread(&provided), "MPI_Query_thread");
+  if (provided < MPI_THREAD_SERIALIZED)
+    throw std::runtime_error(
+        "bus::mpi: MPI was initialised below MPI_THREAD_SERIALIZED; the transport calls MPI from its own loop");
+  return false;
+}
+}  // namespace
+
+session::session() {
+  owns_ = init_serialized();
   check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
 }
@@ -427,23 +437,7 @@ void transport::start(actors::runtime& rt, unsigned loop) {
 }
 
 void transport::start_polling(actors::runtime& rt, unsigned loop) {
-  int initialised = 0;
-  check_mpi(MPI_Initialized(&initialised), "MPI_Initialized");
-  if (!initialised) {
-    int provided = 0;
-    check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
-    owns_mpi_ = true;
-    if (provided < MPI_THREAD_SERIALIZED) {
-      MPI_Finalize();
-      throw std::runtime_error("bus::mpi: this MPI does not provide MPI_THREAD_SERIALIZED");
-    }
-  } else {
-    int provided = 0;
-    check_mpi(MPI_Query_thread(&provided), "MPI_Query_thread");
-    if (provided < MPI_THREAD_SERIALIZED)
-      throw std::runtime_error(
-          "bus::mpi: MPI was initialised below MPI_THREAD_SERIALIZED; the transport calls MPI from its own loop");
-  }
+  owns_mpi_ = init_serialized();
   // A communicator of our own keeps the bus's tags apart from any MPI the program does,
   // and errors on it come back as codes instead of aborting in place.
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &impl_->comm), "MPI_Comm_dup");

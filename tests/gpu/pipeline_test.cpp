@@ -607,23 +607,10 @@ TEST_SUITE("gpu.replicas") {
     dp.train_step(std::move(b.x), b.t);
     rt.synchronize();
     const auto& members = dp.stage_group(0, 0).members();
-    auto in_stage = [&](std::uint64_t track) {
-      return std::any_of(members.begin(), members.end(), [&](auto& a) { return a.id() == track; });
-    };
-    std::int64_t first_contribution = -1, last_action_end = 0;
-    std::size_t contributions = 0;
-    for (const auto& r : rt.trace().snapshot()) {
-      if (r.kind == actors::record_kind::send && in_stage(r.track) && r.tag && r.tag->name == "device_contribution") {
-        ++contributions;
-        if (first_contribution < 0) first_contribution = r.ts_ns;
-      }
-      if (r.kind == actors::record_kind::span && r.cat && std::string(r.cat) == "action" && r.aux == 0 &&
-          r.track == pl::stage_track(0))
-        last_action_end = std::max(last_action_end, r.ts_ns + r.dur_ns);
-    }
-    CHECK(contributions == 5);  // one per Linear, from replica 0
-    REQUIRE(first_contribution > 0);
-    CHECK(first_contribution < last_action_end);  // fc5's bucket leaves during the last B, before fc1's
+    const auto seen = nerve::test::sends_against_actions(rt, members, "device_contribution", pl::stage_track(0), 0);
+    CHECK(seen.sends == 5);  // one per Linear, from replica 0
+    REQUIRE(seen.first_send > 0);
+    CHECK(seen.first_send < seen.last_action_end);  // fc5's bucket leaves during the last B, before fc1's
   }
 
   TEST_CASE("replicas one per device take the NCCL path, which runs CUDA devices only") {

@@ -163,19 +163,9 @@ TEST_CASE("across ranks too, a layer's gradient all-reduce starts while backward
   // the other ranks) before its stage's last action (fc1's B) has ended.
   const auto& members = dp.stage_group(me, 0).members();
   REQUIRE(members.size() == 9);
-  auto in_stage = [&](std::uint64_t track) {
-    return std::any_of(members.begin(), members.end(), [&](auto& a) { return a.id() == track; });
-  };
-  std::int64_t first_contribution = -1, last_action_end = 0;
-  for (const auto& r : rt.trace().snapshot()) {
-    if (r.kind == actors::record_kind::send && in_stage(r.track) && r.tag && r.tag->name == "contribution" &&
-        first_contribution < 0)
-      first_contribution = r.ts_ns;
-    if (r.kind == actors::record_kind::span && r.cat && std::string(r.cat) == "action" && r.track == stage_track(me))
-      last_action_end = std::max(last_action_end, r.ts_ns + r.dur_ns);
-  }
-  REQUIRE(first_contribution > 0);
-  CHECK(first_contribution < last_action_end);
+  const auto seen = test::sends_against_actions(rt, members, "contribution", stage_track(me), 0);
+  REQUIRE(seen.first_send > 0);
+  CHECK(seen.first_send < seen.last_action_end);
   world->barrier();
 }
 

@@ -1,9 +1,14 @@
 #pragma once
 // The small chain the pipeline suites cut into stages (CPU pipelines in
 // tests/pipeline, device stages in tests/gpu).
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <string_view>
+#include <vector>
+
+#include "actors/runtime.hpp"
 
 #include "layers/activation.hpp"
 #include "layers/dropout.hpp"
@@ -46,6 +51,31 @@ inline batch make_batch(const layers::graph& g, std::int64_t n, std::uint64_t se
   const auto classes = g.nodes()[g.output()].output_shape.numel();
   for (std::int64_t i = 0; i < n; ++i) b.t.labels.push_back(std::int32_t(rng() % std::uint64_t(classes)));
   return b;
+}
+
+/// From `rt`'s trace: how many `kind` messages the actors in `members` sent, when the first
+/// left, and when the last action span of stage `stage` on `track` ended — what the
+/// all-reduce overlap tests compare.
+struct send_and_actions {
+  std::size_t sends = 0;
+  std::int64_t first_send = -1, last_action_end = 0;
+};
+inline send_and_actions sends_against_actions(actors::runtime& rt, const std::vector<actors::address>& members,
+                                              std::string_view kind, std::uint32_t track, std::int32_t stage) {
+  auto in_stage = [&](std::uint64_t t) {
+    return std::any_of(members.begin(), members.end(), [&](auto& a) { return a.id() == t; });
+  };
+  send_and_actions out;
+  for (const auto& r : rt.trace().snapshot()) {
+    if (r.kind == actors::record_kind::send && in_stage(r.track) && r.tag && r.tag->name == kind) {
+      ++out.sends;
+      if (out.first_send < 0) out.first_send = r.ts_ns;
+    }
+    if (r.kind == actors::record_kind::span && r.cat && std::string(r.cat) == "action" && r.aux == stage &&
+        r.track == track)
+      out.last_action_end = std::max(out.last_action_end, r.ts_ns + r.dur_ns);
+  }
+  return out;
 }
 
 }  // namespace nerve::test

@@ -398,20 +398,9 @@ TEST_SUITE("pipeline.data_parallel") {
     rt.synchronize();
     // The contributions leave from the layer actors of replica 0's stage (its group).
     const auto& members = dp.stage_group(0, 0).members();
-    auto in_stage = [&](std::uint64_t track) {
-      return std::any_of(members.begin(), members.end(), [&](auto& a) { return a.id() == track; });
-    };
-    std::int64_t first_contribution = -1, last_action_end = 0;
-    for (const auto& r : rt.trace().snapshot()) {
-      if (r.kind == actors::record_kind::send && in_stage(r.track) && r.tag && r.tag->name == "contribution" &&
-          first_contribution < 0)
-        first_contribution = r.ts_ns;
-      if (r.kind == actors::record_kind::span && r.cat && std::string(r.cat) == "action" && r.aux == 0 &&
-          r.track == 2000000)
-        last_action_end = std::max(last_action_end, r.ts_ns + r.dur_ns);
-    }
-    REQUIRE(first_contribution > 0);
-    CHECK(first_contribution < last_action_end);  // fc5's bucket leaves during the last B, before fc1's W
+    const auto seen = nerve::test::sends_against_actions(rt, members, "contribution", stage_track(0), 0);
+    REQUIRE(seen.first_send > 0);
+    CHECK(seen.first_send < seen.last_action_end);  // fc5's bucket leaves during the last B, before fc1's W
   }
 }
 
