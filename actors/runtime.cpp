@@ -157,7 +157,7 @@ address runtime::start(actor* raw, std::size_t arena_bytes, const spawn_options&
   raw->arena_bytes_ = static_cast<std::uint32_t>(arena_bytes);
   address addr(raw);
   raw->capacity_ = std::min(opts.capacity ? opts.capacity : opts_.mailbox_capacity, actor::max_capacity);
-  raw->batch_ = opts_.batch;
+  raw->batch_ = opts.batch ? opts.batch : opts_.batch;
   raw->supervisor_ = opts.supervisor;
   if (recorder_.enabled()) raw->start_ticks_ = recorder::ticks();  // the start's "send"
   {

@@ -109,6 +109,10 @@ struct spawn_options {
   std::optional<unsigned> loop;  ///< place on this loop (and never move it); otherwise the runtime's policy
   bool pinned = false;           ///< never move it (placement::automatic still picks where it starts)
   std::size_t capacity = 0;      ///< 0: the runtime's default
+  /// Messages it handles per turn before the loop's other actors run; 0: the runtime's
+  /// `runtime_options::batch`. 1 suits an actor that keeps itself busy with messages to
+  /// itself (a poller): each of its turns is followed by everyone else's.
+  unsigned batch = 0;
   address supervisor;            ///< gets `failure` messages; empty: the runtime
 };
 

@@ -91,9 +91,7 @@ struct transport::impl {
 // How long the poller keeps polling after traffic moved before it naps. Long enough to
 // cover a peer's answer: eager sends complete at once, so nothing in flight keeps the
 // poller awake, and once a round trip outlasts the window both ends fall asleep and wait on
-// their naps for every message. Measured with `nerve-bench-mpi distributed --size-kib 1`:
-// with 50 µs, round trips of 27 to 1000 µs from run to run (bare MPI: 2 µs); with 150 or
-// 500 µs, 20 to 24 µs.
+// their naps for every message (docs/performance.md, "training across processes").
 constexpr std::chrono::microseconds hot_window{150};
 
 // The poller: every MPI call after MPI_Init is made in its handlers.
@@ -446,10 +444,14 @@ void transport::start_polling(actors::runtime& rt, unsigned loop) {
   check_mpi(MPI_Comm_size(impl_->comm, &size_), "MPI_Comm_size");
   impl_->rt = &rt;
   outside_ = &rt.trace();
-  // Its mailbox holds what every actor of the rank may send at once.
+  // Its mailbox holds what every actor of the rank may send at once. One message per turn:
+  // the poller keeps itself busy with messages to itself, and with the runtime's batch it
+  // would poll 64 times before the actor it had just handed a value ran, holding every
+  // message back by that much (docs/performance.md, "training across processes").
   actors::spawn_options o;
   o.loop = loop;
   o.capacity = std::size_t{1} << 20;
+  o.batch = 1;
   impl_->poller = rt.spawn_with<poller>(std::move(o), *this);
 }
 

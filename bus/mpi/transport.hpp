@@ -26,9 +26,10 @@
 /// poller is an actor: it posts MPI's sends, probes for frames, tests requests and hands
 /// what arrived to the subscribers' mailboxes. A `remote<T>` sends the value to the poller
 /// like any message (lock-free, and it wakes the poller's loop); while anything is in
-/// flight, or traffic moved under 150 µs ago, the poller sends itself the next turn, so
-/// other actors on its loop run in between; when quiet, it naps on a timer of its loop
-/// (20 µs, doubling to 200 µs) and the next message wakes it at once. Placed on the loop of
+/// flight, or traffic moved under 150 µs ago, the poller sends itself the next turn, and
+/// it handles one message per turn (`spawn_options::batch`), so every other actor of its
+/// loop runs between two polls (a value handed over runs at once); when quiet, it naps on
+/// a timer of its loop (20 µs, doubling to 200 µs) and the next message wakes it at once. Placed on the loop of
 /// the actors that talk to other ranks, a message crosses with no thread switch; the
 /// default constructor gives the poller a runtime of its own (one loop, one thread).
 /// Every MPI call after `MPI_Init` is made by the poller, one at a time, from a thread that

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <latch>
@@ -167,6 +168,43 @@ TEST_SUITE("actors.runtime") {
     rt.run_until_idle();
     CHECK(log == std::vector<int>{0, 1, 2, 3, 4, 5});
     CHECK(rt.idle());
+  }
+
+  TEST_CASE("an actor's batch: how many of its messages run before the loop's other actors") {
+    // A spinner sends itself its next turn (a poller's shape); a peer on its loop waits for
+    // one message. Its place in the log says when the spinner let it run.
+    struct spinner : actor {
+      std::vector<char>* log;
+      spinner(std::vector<char>* l) : actor("spinner"), log(l) {
+        on<int>([this](int& left) {
+          log->push_back('s');
+          if (left > 0) send(self(), left - 1);
+        });
+      }
+    };
+    struct peer : actor {
+      std::vector<char>* log;
+      peer(std::vector<char>* l) : actor("peer"), log(l) {
+        on<int>([this](int&) { log->push_back('p'); });
+      }
+    };
+    auto peer_at = [](unsigned batch) {
+      runtime rt({.loops = 1, .manual = true});
+      std::vector<char> log;
+      spawn_options o;
+      o.batch = batch;
+      auto s = rt.spawn_with<spinner>(o, &log);
+      auto p = rt.spawn<peer>(&log);
+      rt.run_until_idle();  // both started
+      rt.send(s, 10);
+      rt.send(p, 0);
+      rt.run_until_idle();
+      REQUIRE(log.size() == 12);
+      return std::find(log.begin(), log.end(), 'p') - log.begin();
+    };
+    CHECK(peer_at(0) == 11);  // the runtime's batch (64): all eleven turns first
+    CHECK(peer_at(1) == 1);   // one turn, then the peer
+    CHECK(peer_at(4) == 4);
   }
 
   TEST_CASE("sending to a stopped actor is a clear error") {
