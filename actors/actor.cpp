@@ -115,7 +115,7 @@ send_status actor::enqueue(std::unique_ptr<envelope>& e) {
   // one record written when the message is handled (or dropped). The reservation count,
   // not the depth: the depth needs the drain's count, on the drain's cache line, and the
   // export works it out from the two counts (recorder.hpp).
-  if (rt_->recorder_.enabled()) [[unlikely]] {
+  if (rt_->recorder_.enabled() && e->tag->traced) [[unlikely]] {
     if (here && here->clock.stamps) {  // stamps only while mark is set
       e->sent_ticks = here->clock.mark;
       e->sent_run = static_cast<std::uint8_t>(here->clock.shared);

@@ -58,6 +58,16 @@ concept batched_message = requires(const T& m) { { m.micro_batch } -> std::conve
 template <class T>
 concept sized_message = requires(const T& m) { { m.payload_bytes() } -> std::convertible_to<std::size_t>; };
 
+/// A message type may keep out of the trace with `static constexpr bool traced = false;`:
+/// housekeeping an actor sends itself at a high rate (the MPI poller's next turn), which
+/// would otherwise outnumber the messages a trace is for. Neither its send nor the handler
+/// run it starts is recorded; what that run sends is.
+template <class T>
+constexpr bool traced_message() {
+  if constexpr (requires { T::traced; }) return bool(T::traced);
+  else return true;
+}
+
 /// Runtime type identity of a message kind: one static object per type.
 struct type_tag {
   std::string_view name;
@@ -65,6 +75,7 @@ struct type_tag {
   /// (written only when it changes): sends from the next run then read the clock instead
   /// of taking their run's start (recorder.hpp).
   mutable std::atomic<bool> long_runs{false};
+  bool traced = true;  ///< `traced_message<T>()`
 };
 
 /// The tag of message type `T` (stable for the life of the program; thread-safe).
@@ -73,7 +84,7 @@ const type_tag* tag_of() noexcept {
   static const type_tag tag{[] {
     if constexpr (named_message<T>) return std::string_view{T::kind};
     else return detail::type_name_of<T>();
-  }()};
+  }(), false, traced_message<T>()};
   return &tag;
 }
 

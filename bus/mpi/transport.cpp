@@ -53,6 +53,7 @@ struct arrival {
 // The poller's own messages.
 struct tick {
   static constexpr std::string_view kind = "mpi_tick";
+  static constexpr bool traced = false;  // a turn every few microseconds: not what a trace is for
 };
 struct control {
   static constexpr std::string_view kind = "mpi_control";

@@ -29,6 +29,23 @@ struct relay : actor {
   }
 };
 
+// A poller's shape: turns it sends itself (kept out of the trace), each of which may hand
+// a value on.
+struct turn {
+  static constexpr std::string_view kind = "turn";
+  static constexpr bool traced = false;
+  int left;
+};
+struct poller : actor {
+  address to;
+  explicit poller(address t) : actor("poller"), to(std::move(t)) {
+    on<turn>([this](turn& next) {
+      if (next.left % 4 == 0) send(to, fwd_msg{next.left, {1.f}});
+      if (next.left > 0) send(self(), turn{next.left - 1});
+    });
+  }
+};
+
 // A payload and a micro-batch id too large for a packed record: kept whole.
 struct huge_msg {
   static constexpr std::string_view kind = "huge";
@@ -236,6 +253,27 @@ TEST_SUITE("actors.recorder") {
       CHECK(n == 1);
       CHECK(handles[flow] == 1);  // each send handled exactly once
     }
+  }
+
+  TEST_CASE("a message kind marked untraced leaves no record; what its runs send is recorded") {
+    runtime rt({.loops = 1, .manual = true, .record = true});
+    auto c = rt.spawn<relay>("sink", address{});
+    auto p = rt.spawn<poller>(c);
+    rt.send(p, turn{20});
+    rt.run_until_idle();
+    int forwards = 0, turns = 0;
+    std::map<std::uint64_t, int> flows;
+    for (auto& r : rt.trace().snapshot()) {
+      if (r.tag && r.tag->name == "turn") ++turns;
+      if (r.tag && r.tag->name == "forward" && (r.kind == record_kind::send || r.kind == record_kind::handle)) {
+        ++forwards;
+        ++flows[r.flow];
+        if (r.kind == record_kind::send) CHECK(r.track == p.id());  // sent by the poller, from an unrecorded run
+      }
+    }
+    CHECK(turns == 0);
+    CHECK(forwards == 2 * 6);  // left = 20, 16, ..., 0: six values, each sent and handled
+    for (auto& [flow, n] : flows) CHECK(n == 2);
   }
 
   TEST_CASE("the export is a Chrome trace with named lanes and matching flow events") {
