@@ -78,6 +78,20 @@ struct device_reduced {
   std::size_t payload_bytes() const noexcept { return 0; }
 };
 
+/// Replicas on several ranks, one each (a pipeline's `rank_link`): how this rank's member
+/// of a layer's replica group sums its gradients with the other ranks' members.
+struct rank_reduce {
+  std::uint32_t members = 0;  ///< the group's ranks, one member on each
+  std::uint32_t me = 0;       ///< this rank's member
+  /// Member 0's `backend::new_rank_id`, the same on every member: the backends sum among
+  /// the ranks themselves (NCCL). Empty: through the host, with `host`.
+  std::string id;
+  /// Spawns the ranks' host all-reduce whose member here is `local`: `bus::contribution`s
+  /// in, `bus::reduced` out to `local`, summed in member order (the link's, bitwise
+  /// `bus::all_reduce`'s). Off the loops, at wiring.
+  std::function<actors::address(actors::address local)> host;
+};
+
 /// A backend's work for the actor it is delivered to finished (or failed): run `then`.
 struct backend_done {
   static constexpr std::string_view kind = "backend_done";
@@ -176,6 +190,24 @@ class backend {
   virtual actors::address spawn_reducer(actors::runtime& rt, actors::spawn_options so, std::string name,
                                         bus::group members, const std::vector<backend*>& replicas) {
     (void)rt, (void)so, (void)name, (void)members, (void)replicas;
+    return {};
+  }
+  /// Replicas on several ranks: whether this backend sums with its twins on the other ranks
+  /// without the host (NCCL between CUDA devices). Every member of a group must, or the
+  /// group sums through the host. Off the loops, at wiring.
+  virtual bool sums_across_ranks() const { return false; }
+  /// Member 0's, where `sums_across_ranks`: a new id of a group that sums among its ranks,
+  /// which the caller hands to every member (`rank_reduce::id`). Off the loops.
+  virtual std::string new_rank_id() { throw std::logic_error("backend: no sum among ranks without the host"); }
+  /// Replicas on several ranks, one each: spawns, with `so`, the actor that sums member
+  /// `how.me`'s gradients (those of its layer actor `local`) with the other ranks' members:
+  /// `device_contribution` in, `device_reduced` out to `local`. Among the ranks themselves
+  /// when `how.id` is set (then a collective of the group's ranks, each wiring its layers
+  /// in the same order), else through the host with `how.host`. An empty address: host
+  /// gradients, the caller uses `how.host(local)`. Off the loops, at wiring.
+  virtual actors::address spawn_rank_reducer(actors::runtime& rt, actors::spawn_options so, std::string name,
+                                             actors::address local, const rank_reduce& how) {
+    (void)rt, (void)so, (void)name, (void)local, (void)how;
     return {};
   }
 };

@@ -13,6 +13,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -52,6 +53,12 @@ class job {
 #endif
   }
 
+  /// This rank's place among the ranks on its machine, and how many there are, as the
+  /// launcher says (Open MPI's or MPICH's variables; 0 of 1 without them): what picks a
+  /// rank's GPU when none is named.
+  static int local_rank() noexcept { return env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"}, 0); }
+  static int local_size() noexcept { return env_int({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}, 1); }
+
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   bool lead() const noexcept { return rank_ == 0; }
@@ -84,6 +91,12 @@ class job {
   }
 
  private:
+  static int env_int(std::initializer_list<const char*> names, int otherwise) noexcept {
+    for (auto* n : names)
+      if (const char* v = std::getenv(n)) return std::atoi(v);
+    return otherwise;
+  }
+
   int rank_ = 0, size_ = 1;
 #if NERVE_HAS_MPI
   std::unique_ptr<bus::mpi::session> session_;

@@ -18,6 +18,7 @@
 
 #include "gpu/device.hpp"
 #include "gpu/layers/device_backend.hpp"
+#include "gpu/nccl.hpp"
 #include "layers/executor.hpp"
 #include "layers/gemm.hpp"
 #include "layers/pipeline/pipeline.hpp"
@@ -59,26 +60,34 @@ class pipeline_engine : public nl::train_engine {
     }
     const auto stages = plan.stages;
     out_.device_of.assign(stages, "cpu");
-    if (po.link && graphs.size() > 1)
-      for (auto& d : devices)
-        if (d != "cpu")
-          throw std::invalid_argument("replicas of device stages run in one process (" + d +
-                                      "): across ranks their gradients would cross through NCCL, not built yet");
-    // In a multi-rank job a rank opens the devices of its own stages only (replica 0's
-    // stage s on rank s: device stages across ranks run one replica). In one process every
-    // replica's stage s gets a backend of its own on stage s's device (the factory is
-    // called once per replica): several replicas share a device, a stream each.
+    // In a multi-rank job a rank opens the devices of its own stages only. In one process
+    // every replica's stage s gets a backend of its own on stage s's device (the factory is
+    // called once per replica): several replicas share a device, a stream each. Replicas
+    // across ranks have an entry per replica's stage (replica r's stage s at r * S + s): a
+    // rank's own open its device, the others' are never called but say where the stage
+    // runs (all replicas of a stage on devices). A rank whose device names no ordinal
+    // ("cuda") takes its local rank's, modulo the devices it sees: one GPU per rank.
     const int me = po.link ? po.link->rank() : 0;
     link_ = po.link;
     lead_ = me == 0;
-    for (std::uint32_t s = 0; s < stages && s < devices.size(); ++s) {
+    const auto replicas = std::uint32_t(graphs.size());
+    const std::uint32_t entries = po.link && replicas > 1 ? stages * replicas : stages;
+    for (std::uint32_t k = 0; k < entries && k % stages < devices.size(); ++k) {
+      const std::uint32_t s = k % stages;
       int backend = 0, ordinal = 0;
-      const int rank = po.link ? (po.ranks.empty() ? int(s) : po.ranks[s]) : 0;
-      if (!gpu::parse_device(devices[s], backend, ordinal) || rank != me) {
-        if (rank != me && devices[s] != "cpu") out_.device_of[s] = devices[s] + " (rank " + std::to_string(rank) + ")";
+      const int rank = po.link ? (po.ranks.empty() ? int(k) : po.ranks[k]) : 0;
+      if (!gpu::parse_device(devices[s], backend, ordinal)) {
         po.backends.push_back(nullptr);
         continue;
       }
+      if (rank != me) {
+        if (k == s) out_.device_of[s] = devices[s] + " (rank " + std::to_string(rank) + ")";
+        po.backends.push_back([](nl::graph&, const std::vector<std::size_t>&) -> std::shared_ptr<nl::backend> {
+          throw std::logic_error("pipeline engine: a stage of another rank was asked for here");
+        });
+        continue;
+      }
+      if (po.link && devices[s] == "cuda") ordinal = cuda_ordinal_of_rank(entries > stages);
       auto& dev = opened_[{backend, ordinal}];
       if (!dev) {
         gpu::device_options d;
@@ -87,7 +96,7 @@ class pipeline_engine : public nl::train_engine {
         if (rt.trace().enabled()) d.recorder = &rt.trace();  // GPU spans on a track per stream
         dev = std::make_unique<gpu::device>(d);
       }
-      out_.device_of[s] = devices[s] + " (" + dev->name() + ")";
+      out_.device_of[s] = devices[s] + " (" + dev->name() + (po.link ? ", rank " + std::to_string(me) : "") + ")";
       gpu::device_backend_options so;
       so.optimizer = gpu::device_optimizer{o.optimizer, o.lr, o.momentum, o.weight_decay, o.nesterov};
       so.max_batch = std::max(so.max_batch, o.batch);  // the last stage's loss stages a batch's labels
@@ -102,6 +111,19 @@ class pipeline_engine : public nl::train_engine {
     min_rows_ = std::size_t(plan.micro_batches) * pipe_->replicas();
     if (announce)
       for (std::uint32_t s = 0; s < stages; ++s) std::printf("stage %u on %s\n", s, out_.device_of[s].c_str());
+  }
+
+  /// The CUDA device of this rank when none is named: its local rank's, modulo the devices
+  /// it sees. Replicas across ranks sum with NCCL where it is built, which refuses two
+  /// ranks on one GPU: with more ranks on this machine than GPUs, say so before starting.
+  static int cuda_ordinal_of_rank(bool replicas_across_ranks) {
+    const int count = gpu::device::cuda_device_count(), local = job::local_rank(), here = job::local_size();
+    if (count == 0) return 0;  // opening it says there is none
+    if (replicas_across_ranks && here > count && gpu::nccl_comms::available())
+      throw std::invalid_argument(std::to_string(here) + " ranks on this machine share its " + std::to_string(count) +
+                                  " CUDA device(s): replicas across ranks sum with NCCL, which takes one GPU per rank "
+                                  "(start at most " + std::to_string(count) + " ranks per machine)");
+    return local % count;
   }
 
   /// In a multi-rank job (`j.size() > 1`): a failed step ends this rank at once (`job::fail`,

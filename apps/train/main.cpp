@@ -210,8 +210,9 @@ int main(int argc, char** argv) {
         if (ranks->size() > 1) po.link = ranks->link_on(rt, 0);
         auto inner = opts;
         inner.micro_batches = 1;
-        // --device cuda or standin: every replica on that device, each on a stream of its own,
-        // their gradients summed there (layers/pipeline: replicas of device stages).
+        // --device cuda or standin: in one process every replica on that device, each on a
+        // stream of its own, their gradients summed there; across ranks each rank's replica
+        // on its own device, summed among the ranks (layers/pipeline: replicas of device stages).
         auto e = std::make_unique<nerve::apps::pipeline_engine>(
             rt, replica_graphs, np::partition_by_parameters(g0, 1), plan, inner, po, std::vector<std::string>{device},
             outcome, false);

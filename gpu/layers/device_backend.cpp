@@ -3,6 +3,7 @@
 #include "actors/actor.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/layers/device_all_reduce.hpp"
+#include "gpu/layers/host_all_reduce.hpp"
 #include "gpu/layers/nccl_all_reduce.hpp"
 #include "gpu/status.hpp"
 #include "layers/graph.hpp"
@@ -134,8 +135,16 @@ struct device_backend::impl {
   // Device sums of the replica group this stream copied from: they live until the
   // completion after the copy, as the events above.
   std::vector<std::shared_ptr<layers::backend_data>> sums;
-  // Replica 0's backend of a stage: the stream its layers' device all-reduces sum on.
+  // Replica 0's backend of a stage: the stream its layers' device all-reduces sum on (and,
+  // replicas one per rank, the stream of this rank's copies or NCCL calls).
   gpu::stream reduce;
+  // Replicas one per rank with NCCL: this rank's communicator, shared by the layers.
+  std::shared_ptr<nccl_rank_group> rank_group;
+
+  gpu::stream& reduce_stream() {
+    if (!reduce.valid()) reduce = dev.create_stream(options.stream);
+    return reduce;
+  }
 
   impl(device& d, device_backend_options o)
       : dev(d), s(d.create_stream(o.stream)), options(std::move(o)), pool(std::make_shared<staging>(d)) {}
@@ -460,11 +469,8 @@ actors::address device_backend::spawn_reducer(actors::runtime& rt, actors::spawn
     one_device = one_device && d->domain() == domain();
     all.push_back(d);
   }
-  if (one_device) {
-    auto& m = *impl_;
-    if (!m.reduce.valid()) m.reduce = m.dev.create_stream(m.options.stream);
-    return rt.spawn_with<device_all_reduce>(std::move(so), std::move(name), std::move(members), m.reduce);
-  }
+  if (one_device)
+    return rt.spawn_with<device_all_reduce>(std::move(so), std::move(name), std::move(members), impl_->reduce_stream());
   // One replica per device: NCCL among the devices, each on a reduce stream of its own.
   std::vector<device*> devices;
   std::vector<gpu::stream> streams;
@@ -474,11 +480,34 @@ actors::address device_backend::spawn_reducer(actors::runtime& rt, actors::spawn
         throw error(errc::not_supported, "device backend: '" + name +
                                              "': replicas on several devices run one per device (NCCL), or all on one");
     devices.push_back(&d->impl_->dev);
-    if (!d->impl_->reduce.valid()) d->impl_->reduce = d->impl_->dev.create_stream(d->impl_->options.stream);
-    streams.push_back(d->impl_->reduce);
+    streams.push_back(d->impl_->reduce_stream());
   }
   return rt.spawn_with<nccl_all_reduce>(std::move(so), std::move(name), std::move(members), std::move(devices),
                                         std::move(streams));
+}
+
+bool device_backend::sums_across_ranks() const {
+  return impl_->dev.kind() == backend_kind::cuda && nccl_comms::available();
+}
+
+std::string device_backend::new_rank_id() { return nccl_comms::unique_id(); }
+
+actors::address device_backend::spawn_rank_reducer(actors::runtime& rt, actors::spawn_options so, std::string name,
+                                                   actors::address local, const layers::rank_reduce& how) {
+  auto& m = *impl_;
+  if (how.id.empty()) {  // through the host: this rank's copies, the ranks' member-order sum
+    auto a = rt.spawn_with<host_all_reduce>(so, name, std::move(local), how.me, m.dev, m.reduce_stream());
+    static_cast<host_all_reduce*>(a.get())->reduce_with(how.host(a));
+    return a;
+  }
+  if (!m.rank_group)
+    m.rank_group = std::make_shared<nccl_rank_group>(m.dev, how.members, how.me, how.id, m.reduce_stream());
+  if (m.rank_group->id() != how.id || m.rank_group->me() != how.me)
+    throw std::logic_error("device backend: '" + name + "' joins another NCCL group than its stage's layers");
+  if (!m.rank_group->loop) m.rank_group->loop = so.loop;
+  if (!so.loop || m.rank_group->loop != so.loop)  // the group's order is kept on one loop
+    throw actors::wiring_error("device backend: '" + name + "' reduces on another loop than its stage's other layers");
+  return rt.spawn_with<nccl_all_reduce>(std::move(so), std::move(name), std::move(local), m.rank_group);
 }
 
 void device_backend::synchronize() { impl_->s.synchronize(); }

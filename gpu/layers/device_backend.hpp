@@ -66,6 +66,13 @@ class device_backend final : public layers::backend {
   /// (where NCCL was built; else `gpu::error` `not_supported`).
   actors::address spawn_reducer(actors::runtime& rt, actors::spawn_options so, std::string name, bus::group members,
                                 const std::vector<layers::backend*>& replicas) override;
+  /// Replicas one per rank: CUDA devices sum among the ranks with NCCL where it was built
+  /// (one communicator per backend, its layers' reducers share it); otherwise the sums go
+  /// through the host (`host_all_reduce`; the stand-in, CUDA without NCCL).
+  bool sums_across_ranks() const override;
+  std::string new_rank_id() override;
+  actors::address spawn_rank_reducer(actors::runtime& rt, actors::spawn_options so, std::string name,
+                                     actors::address local, const layers::rank_reduce& how) override;
   /// Copies the device parameters into the graph's layers (waits for the stream).
   void download() override;
   /// The optimizer's state, parameters as the graph names them (`fc1.weight`). Waits.

@@ -151,6 +151,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
     const auto& f = options_.backends.size() == S ? options_.backends[s] : options_.backends[r * S + s];
     return f ? &f : nullptr;
   };
+  const auto factory_present = [&](std::uint32_t s) { return factory(0, s) != nullptr; };
   for (std::uint32_t s = 0; s < S; ++s) {
     // The replicas of a stage sum their gradients where they are: all on devices or all on the CPU.
     for (std::uint32_t r = 1; r < replicas_; ++r)
@@ -329,6 +330,9 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       groups_.push_back(std::move(members));
     }
   }
+  // Device stages whose replicas are each on a rank of their own: how each sums among its
+  // ranks (the backends' own way, NCCL, where every member has it; else through the host).
+  const auto rank_sums = replicas_ > 1 && link ? agree_rank_sums(factory_present) : std::vector<std::string>{};
   // Data parallelism: the replicas of each layer with parameters form a group whose
   // all-reduce sums its gradients (in rank order: the same bits whatever the arrival order),
   // started as soon as the layer's last W of the step ran.
@@ -337,18 +341,29 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       if (nodes0[i].is_input() || !nodes0[i].layer->has_parameters()) continue;
       const std::uint32_t s = stage_of(i);
       if (rank_of(0, s) != rank_of(1, s)) {  // each replica on its own rank (checked): the link's all-reduce
-        for (std::uint32_t r = 0; r < replicas_; ++r)
-          if (backends_[r * S + s])
-            throw std::invalid_argument("pipeline: replicas of a device stage on several ranks are not built (their "
-                                        "gradients stay on the device; the ranks' all-reduce takes host buffers)");
         const auto ch = next_channel++;
         std::vector<int> ranks;
         for (std::uint32_t r = 0; r < replicas_; ++r) ranks.push_back(rank_of(r, s));
         for (std::uint32_t r = 0; r < replicas_; ++r) {
           if (!here(r, s)) continue;
           const auto& local = layers_[r * N + i];
-          reducers_.push_back(link->spawn_reducer(rt_, local.loop(), ch, ranks, r, local, "all-reduce " + nodes0[i].name));
-          gating[r * N + i].reducer = reducers_.back();
+          const auto name = "all-reduce " + nodes0[i].name;
+          layers::rank_reduce how{replicas_, r, rank_sums.empty() ? std::string() : rank_sums[s], {}};
+          how.host = [&, ch, r](actors::address to) {
+            reducers_.push_back(link->spawn_reducer(rt_, to.loop(), ch, ranks, r, std::move(to), name));
+            return reducers_.back();
+          };
+          // A device stage's reducer takes its gradients off the device (or sums them among
+          // the ranks' devices); the CPU's go to the ranks' all-reduce directly.
+          actors::address reducer;
+          if (auto& be = backends_[r * S + s]) {
+            actors::spawn_options so;
+            so.loop = local.loop();
+            so.supervisor = stages_[r * S + s];
+            reducer = be->spawn_rank_reducer(rt_, so, name, local, how);
+            if (reducer) reducers_.push_back(reducer);
+          }
+          gating[r * N + i].reducer = reducer ? reducer : how.host(local);
         }
         continue;
       }
@@ -394,6 +409,56 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
                                   " were built differently (start every rank with the same model, cut, schedule and "
                                   "placement); here: " + mine);
   }
+}
+
+std::vector<std::string> pipeline::agree_rank_sums(const std::function<bool(std::uint32_t)>& on_devices) {
+  // Every rank takes part in both collectives, whether or not it runs such a stage: which
+  // stages they concern follows from the placement, the same on every rank.
+  const std::uint32_t S = plan_.stages;
+  std::vector<std::uint32_t> spread;
+  for (std::uint32_t s = 0; s < S; ++s)
+    if (on_devices(s) && rank_of(0, s) != rank_of(1, s)) spread.push_back(s);
+  std::vector<std::string> ids(S);
+  if (spread.empty()) return ids;
+  auto& link = *options_.link;
+  // First what each rank's backends can do ('1': sum among the ranks, '0': only through the
+  // host, '-': no replica of that stage here); a stage sums among its ranks where all can.
+  std::string can;
+  for (auto s : spread) {
+    char c = '-';
+    for (std::uint32_t r = 0; r < replicas_; ++r)
+      if (here(r, s)) c = backends_[r * S + s]->sums_across_ranks() ? '1' : '0';
+    can += c;
+  }
+  const auto all_can = link.all_gather(can);
+  std::vector<bool> among(spread.size(), true);
+  bool any = false;
+  for (std::size_t k = 0; k < spread.size(); ++k) {
+    for (const auto& c : all_can) among[k] = among[k] && c.size() == spread.size() && c[k] != '0';
+    any = any || among[k];
+  }
+  if (!any) return ids;
+  // Then member 0's rank makes each such stage's id and every rank reads it: each rank
+  // sends its ids one after the other, each after its length.
+  std::string mine;
+  for (std::size_t k = 0; k < spread.size(); ++k)
+    if (among[k] && here(0, spread[k])) {
+      const auto id = backends_[spread[k]]->new_rank_id();
+      mine += std::to_string(id.size()) + ":" + id;
+    }
+  const auto all = link.all_gather(mine);
+  std::vector<std::size_t> at(all.size(), 0);
+  for (std::size_t k = 0; k < spread.size(); ++k) {
+    if (!among[k]) continue;
+    const auto from = std::size_t(rank_of(0, spread[k]));
+    const auto& in = all.at(from);
+    const auto colon = in.find(':', at[from]);
+    if (colon == std::string::npos) throw std::runtime_error("pipeline: a replica group's id from rank " + std::to_string(from) + " is cut short");
+    const auto n = std::stoul(in.substr(at[from], colon - at[from]));
+    ids[spread[k]] = in.substr(colon + 1, n);
+    at[from] = colon + 1 + n;
+  }
+  return ids;
 }
 
 void pipeline::stop_all() {

@@ -32,9 +32,11 @@
 /// of two ranks is a bus subscription through the link's endpoint (a `forward_msg` or
 /// `backward_msg` on the wire), and a layer's replicas on several ranks sum through the
 /// link's all-reduce, in the in-process member order. So the weights are bitwise those of
-/// one process. After each step the ranks exchange their stages' reports, so every rank
-/// returns the whole step's figures; `download` brings every stage's weights into every
-/// rank's graph.
+/// one process. A device stage's replicas one per rank sum with NCCL where every member's
+/// backend can (CUDA devices, NCCL built: within R·2⁻²⁴·Σ|gᵢ|), else their gradients cross
+/// through the host to the link's all-reduce and back (bitwise the replicas on one device).
+/// After each step the ranks exchange their stages' reports, so every rank returns the
+/// whole step's figures; `download` brings every stage's weights into every rank's graph.
 ///
 /// Thread safety: `train_step` and the accessors are called from one thread outside the
 /// runtime's loops; a step returns once every stage reported. Across ranks, `train_step`,
@@ -114,7 +116,9 @@ struct pipeline_options {
   /// S·R factories, replica r's stage s at r * S + s (one device per replica, say). The
   /// replicas of a stage are all on devices or all on the CPU; on devices their gradients
   /// are summed there (`backend::spawn_reducer`: on one device in member order, NCCL across
-  /// devices).
+  /// devices); each on a rank of its own, among the ranks (`backend::spawn_rank_reducer`:
+  /// NCCL, or through the host). Across ranks a factory is called only where its replica's
+  /// stage runs, but every rank gives the same entries (null or not).
   std::vector<stage_backend_factory> backends;
   /// Across processes: the transport between ranks (null: every stage in this process).
   std::shared_ptr<rank_link> link;
@@ -198,6 +202,10 @@ class pipeline {
   bool here(std::uint32_t r, std::uint32_t s) const noexcept { return rank_of(r, s) == me_; }
   /// Across ranks: every stage's report from the local ones (a collective).
   void exchange(std::vector<detail::stage_report>& reports, const std::vector<bool>& local);
+  /// Across ranks, replicas one per rank: for each stage on devices whose replicas are
+  /// spread, member 0's id of a group that sums among its ranks (`backend::new_rank_id`),
+  /// or empty (through the host). Two collectives (every rank, at wiring).
+  std::vector<std::string> agree_rank_sums(const std::function<bool(std::uint32_t)>& on_devices);
   /// Across ranks: the nodes of stage s, in node order.
   std::vector<std::size_t> nodes_of_stage(std::uint32_t s) const;
   void spawn_groups(const std::vector<layers::graph*>& replicas, std::shared_ptr<const schedule> shared_plan,

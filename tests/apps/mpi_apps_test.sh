@@ -2,7 +2,7 @@
 # mpi_apps_test.sh MPIEXEC PIPELINE TRAIN CASE: nerve-pipeline and nerve-train as a user
 # runs them under mpirun (issue #21).
 #   bitwise   stages and replicas on 2, 3 (and 4) ranks give the weights of one process, byte
-#             for byte, for every schedule and for stand-in device stages; rank 0 alone
+#             for byte, for every schedule and for stand-in device stages and replicas; rank 0 alone
 #             prints (one JSON object)
 #   mismatch  ranks started with different arguments stop at once, saying so
 #   ranks     a rank count that does not fit the stages x replicas is refused
@@ -47,6 +47,11 @@ bitwise)
   check "pipeline 2 stages x 2 replicas" 4 "$pipeline" "${small[@]}" --stages 2 --replicas 2 --microbatches 2
   check "train 2 replicas" 2 "$train" "${small[@]}" --replicas 2
   check "train 3 replicas" 3 "$train" "${small[@]}" --replicas 3 --microbatches 2
+  # Device replicas one per rank: the stand-in's gradients cross through the host to the
+  # ranks' member-order sum, the bits of the replicas summed on one device in one process.
+  check "train 2 standin replicas" 2 "$train" "${small[@]}" --replicas 2 --device standin
+  check "pipeline 2 standin stages x 2 replicas" 4 "$pipeline" "${small[@]}" --stages 2 --replicas 2 --microbatches 2 \
+    --devices standin,standin
   ;;
 mismatch)
   start=$(date +%s%N)
