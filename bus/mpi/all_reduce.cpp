@@ -58,12 +58,22 @@ void all_reduce::add(std::uint64_t key, std::uint32_t member, std::shared_ptr<st
                                   std::to_string(data->size()) + " floats");
   r.parts[member] = std::move(data);
   if (++r.got < n) return;
-  // Member order from member 0's part, as bus::all_reduce sums: the same bits. The parts
-  // may still be on their way out (shared with a send), so the sum is a new buffer.
-  auto sum = std::make_shared<std::vector<float>>(*r.parts[0]);
-  for (std::size_t k = 1; k < n; ++k) {
-    const auto& p = *r.parts[k];
-    for (std::size_t i = 0; i < sum->size(); ++i) (*sum)[i] += p[i];
+  // Member order from member 0's part, as bus::all_reduce sums: the same bits. This rank's
+  // own part may still be on its way out (shared with a send), but a part that came over
+  // the wire is this actor's alone, and member 0's or 1's is one of them: the sum goes into
+  // it (each element read before it is written) instead of a fresh buffer each round.
+  // (A group of one sends nothing: its own part is the sum.)
+  auto sum = std::move(r.parts[n == 1 || me_ != 0 ? 0 : 1]);
+  if (n > 1) {
+    const float* p0 = r.parts[0] ? r.parts[0]->data() : sum->data();
+    const float* p1 = r.parts[1] ? r.parts[1]->data() : sum->data();
+    float* out = sum->data();
+    const std::size_t count = sum->size();
+    for (std::size_t i = 0; i < count; ++i) out[i] = p0[i] + p1[i];
+    for (std::size_t k = 2; k < n; ++k) {
+      const float* p = r.parts[k]->data();
+      for (std::size_t i = 0; i < count; ++i) out[i] += p[i];
+    }
   }
   open_.erase(key);
   ++rounds_;
