@@ -74,6 +74,9 @@ void write_trace(const timeline& t, std::ostream& out) {
   }
   for (const auto& s : t.stages)
     nerve["stages"].push_back({{"pid", s.pid}, {"stage", s.stage}, {"actors", s.actors}, {"loop", s.loop}, {"device", s.device}});
+  // The ranks of a merged job, and how each clock was aligned: `summary` and `html` group by them.
+  for (const auto& r : t.ranks)
+    nerve["ranks"].push_back({{"pid", r.pid}, {"rank", r.rank}, {"offset_ns", r.offset_ns}, {"rtt_ns", r.rtt_ns}});
   if (!t.schedules.empty()) {
     // Format version 1 has one schedule per file; keep the first (the others are in their files).
     const auto& s = t.schedules.front();

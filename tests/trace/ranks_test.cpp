@@ -11,6 +11,7 @@
 #include "apps/trace/html_page.hpp"
 #include "apps/trace/reader.hpp"
 #include "apps/trace/summary.hpp"
+#include "apps/trace/writer.hpp"
 
 #include <doctest/doctest.h>
 
@@ -59,6 +60,24 @@ TEST_SUITE("trace.ranks") {
     CHECK(t.cross_process_flows == 2);
     CHECK(t.backward_flows == 0);
     CHECK(t.process_names.at(1) == "rank 1");
+  }
+
+  TEST_CASE("nerve-trace merge writes the ranks back: what it reads again is the job it read") {
+    diagnostics d;
+    auto t = read_trace_text(two_ranks(), "ranks.json", d);
+    std::ostringstream out;
+    write_trace(t, out);
+    diagnostics again;
+    auto back = read_trace_text(out.str(), "merged.json", again);
+    CHECK(again.error_count() == 0);
+    REQUIRE(back.ranks.size() == 2);
+    for (std::size_t k = 0; k < 2; ++k) {
+      CHECK(back.ranks[k].rank == t.ranks[k].rank);
+      CHECK(back.ranks[k].pid == t.ranks[k].pid);
+      CHECK(back.ranks[k].offset_ns == t.ranks[k].offset_ns);
+      CHECK(back.ranks[k].rtt_ns == t.ranks[k].rtt_ns);
+    }
+    CHECK(back.cross_process_flows == 2);
   }
 
   TEST_CASE("an arrow across processes that goes back in time is an error naming both ends") {
