@@ -50,6 +50,19 @@ struct arrival {
   const actors::type_tag* tag = nullptr;
 };
 
+// An arrow's start or end at this moment on `track`, named by its message kind: where it
+// cannot bind to a recorded message (`recorder::bound_flow`).
+void write_flow(actors::recorder& rec, actors::record_kind kind, std::uint32_t track, const actors::type_tag* tag,
+                std::uint64_t flow) noexcept {
+  actors::record r;
+  r.kind = kind;
+  r.ts_ns = rec.now();
+  r.track = track;
+  r.tag = tag;
+  r.flow = flow;
+  rec.write(r);
+}
+
 // The poller's own messages.
 struct tick {
   static constexpr std::string_view kind = "mpi_tick";
@@ -318,13 +331,7 @@ class transport::poller : public actors::actor {
     if (&to->system() == s_.rt) {
       rec.bound_flow(actors::record_kind::flow_end, to->id(), id(), a.tag, a.flow, rec.now());
     } else if (a.flow != 0) {
-      actors::record r;
-      r.kind = actors::record_kind::flow_end;
-      r.ts_ns = rec.now();
-      r.track = to->id();
-      r.tag = a.tag;
-      r.flow = a.flow;
-      rec.write(r);
+      write_flow(rec, actors::record_kind::flow_end, to->id(), a.tag, a.flow);
     }
   }
 
@@ -501,13 +508,7 @@ void transport::traced_send(actors::actor* from, std::uint64_t flow, const actor
     rec.bound_flow(actors::record_kind::flow_start, from->id(), impl_->poller.id(), tag, flow, rec.now());
     return;
   }
-  actors::record r;
-  r.kind = actors::record_kind::flow_start;
-  r.ts_ns = rec.now();
-  r.track = from ? from->id() : 0;
-  r.tag = tag;
-  r.flow = flow;
-  rec.write(r);
+  write_flow(rec, actors::record_kind::flow_start, from ? from->id() : 0, tag, flow);
 }
 
 void transport::add_inbox(channel ch, inbox in) {

@@ -79,17 +79,22 @@ void device_all_reduce::on_contribution(layers::device_contribution& c) {
   auto out = std::make_shared<device_sum>();
   out->sum = std::move(sum);
   out->ready = s_.record();
-  // The members' events stay recorded until this stream passed its waits (a pooled event
-  // given back early could be recorded again first); an error of the sum fails this actor.
-  s_.async_wait(executor(), [to = self(), keep = std::move(waited)](std::error_code ec) {
-    auto* a = to.get();
-    if (!ec || !a) return;
-    auto err = std::make_exception_ptr(error(ec, "device all-reduce: '" + a->name() + "'"));
-    (void)a->try_tell(layers::backend_done{std::move(err), [] {}}, actors::lane::urgent);
-  });
+  // The members' events stay recorded until this stream passed its waits; an error of the
+  // sum fails this actor.
+  after_stream(*this, s_, "device all-reduce", {}, std::move(waited));
   ++rounds_;
   const auto key = c.key;
   for (auto& m : members_.members()) send(m, layers::device_reduced{key, out});
+}
+
+void after_stream(actors::actor& a, stream& s, const char* what, std::function<void()> then, std::vector<event> keep) {
+  s.async_wait(a.executor(), [to = a.self(), what, then = std::move(then), keep = std::move(keep)](std::error_code ec) mutable {
+    auto* actor = to.get();
+    if (!actor || (!ec && !then)) return;  // the pipeline is gone, or nothing to run
+    std::exception_ptr err;
+    if (ec) err = std::make_exception_ptr(error(ec, std::string(what) + ": '" + actor->name() + "'"));
+    (void)actor->try_tell(layers::backend_done{std::move(err), then ? std::move(then) : [] {}}, actors::lane::urgent);
+  });
 }
 
 }  // namespace nerve::gpu

@@ -32,6 +32,7 @@
 #include "layers/backend.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -51,6 +52,13 @@ struct device_gradients final : layers::backend_data {
   std::size_t payload_bytes() const noexcept override;
   std::size_t floats() const noexcept;
 };
+
+/// Once `s` has passed the work enqueued on it so far: `then` (if any) runs on `a`, through
+/// its mailbox as a `backend_done`; if the stream failed, `a` fails instead, the error named
+/// `what` and `a`'s name. `keep` (events the work waited for) lives until then, so a pooled
+/// event is not recorded again first. The reducers' one way back from their streams.
+void after_stream(actors::actor& a, stream& s, const char* what, std::function<void()> then = {},
+                  std::vector<event> keep = {});
 
 /// A round's sum on the device: the parts laid end to end, complete once `ready` is.
 /// `in_place`: the members' own buffers already hold it (NCCL); only the wait remains.

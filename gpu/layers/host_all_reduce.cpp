@@ -27,16 +27,6 @@ pinned_buffer host_all_reduce::take(std::size_t bytes) {
   return b;
 }
 
-void host_all_reduce::after_stream(std::function<void()> then, std::vector<event> keep) {
-  s_.async_wait(executor(), [to = self(), then = std::move(then), keep = std::move(keep)](std::error_code ec) mutable {
-    auto* a = to.get();
-    if (!a) return;  // the pipeline is gone
-    std::exception_ptr err;
-    if (ec) err = std::make_exception_ptr(error(ec, "host all-reduce: '" + a->name() + "'"));
-    (void)a->try_tell(layers::backend_done{std::move(err), std::move(then)}, actors::lane::urgent);
-  });
-}
-
 void host_all_reduce::on_contribution(layers::device_contribution& c) {
   if (c.rank != me_)
     throw std::invalid_argument("host all-reduce '" + name() + "': a contribution from member " +
@@ -54,7 +44,7 @@ void host_all_reduce::on_contribution(layers::device_contribution& c) {
     copy_async(s_, block->as<float>().data() + at, p, count * sizeof(float));
     at += count;
   }
-  after_stream([this, key = c.key, n, block] {
+  after_stream(*this, s_, "host all-reduce", [this, key = c.key, n, block] {
     const auto* f = block->as<float>().data();
     send(ranks_, bus::contribution{key, me_, std::vector<float>(f, f + n)});
     spare_.push_back(std::move(*block));
@@ -71,7 +61,7 @@ void host_all_reduce::on_reduced(bus::reduced& m) {
   out->ready = s_.record();
   ++rounds_;
   send(local_, layers::device_reduced{m.key, std::move(out)});
-  after_stream([this, block] { spare_.push_back(std::move(*block)); }, {});
+  after_stream(*this, s_, "host all-reduce", [this, block] { spare_.push_back(std::move(*block)); });
 }
 
 }  // namespace nerve::gpu

@@ -47,9 +47,6 @@ class host_all_reduce : public actors::actor {
  private:
   void on_contribution(layers::device_contribution& c);
   void on_reduced(bus::reduced& m);
-  /// `then` on this actor once the work enqueued on `s_` so far is done (`keep` lives
-  /// until then); an error of the stream fails the actor.
-  void after_stream(std::function<void()> then, std::vector<event> keep);
   pinned_buffer take(std::size_t bytes);
 
   actors::address local_, ranks_;

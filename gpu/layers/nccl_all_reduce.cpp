@@ -66,15 +66,6 @@ nccl_all_reduce::nccl_all_reduce(std::string name, actors::address local, std::s
   on<layers::backend_done>([](layers::backend_done& d) { layers::handle_backend_done(d); });
 }
 
-void nccl_all_reduce::watch(stream& s, std::vector<event> waited) {
-  s.async_wait(executor(), [to = self(), keep = std::move(waited)](std::error_code ec) {
-    auto* a = to.get();
-    if (!ec || !a) return;
-    auto err = std::make_exception_ptr(error(ec, "NCCL all-reduce: '" + a->name() + "'"));
-    (void)a->try_tell(layers::backend_done{std::move(err), [] {}}, actors::lane::urgent);
-  });
-}
-
 void nccl_all_reduce::on_rank_contribution(layers::device_contribution& c) {
   if (c.rank != group_->me())
     throw std::invalid_argument("nccl_all_reduce '" + name() + "': a contribution from member " +
@@ -93,7 +84,7 @@ void nccl_all_reduce::on_rank_contribution(layers::device_contribution& c) {
     out->ready = s.record();
     post([this, key, out, keep = g.ready]() mutable {
       ++rounds_;
-      watch(group_->reduce_stream(), {std::move(keep)});
+      after_stream(*this, group_->reduce_stream(), "NCCL all-reduce", {}, {std::move(keep)});
       send(members_.members()[0], layers::device_reduced{key, std::move(out)});
     });
   });
@@ -130,7 +121,7 @@ void nccl_all_reduce::on_contribution(layers::device_contribution& c) {
     auto out = std::make_shared<device_sum>();
     out->in_place = true;
     out->ready = streams_[k].record();
-    watch(streams_[k], waited);
+    after_stream(*this, streams_[k], "NCCL all-reduce", {}, waited);
     send(members_.members()[k], layers::device_reduced{c.key, std::move(out)});
   }
 }

@@ -87,8 +87,6 @@ class nccl_all_reduce : public actors::actor {
  private:
   void on_contribution(layers::device_contribution& c);
   void on_rank_contribution(layers::device_contribution& c);
-  /// Replaces `ready` and fails this actor if the stream fails before it gets there.
-  void watch(stream& s, std::vector<event> waited);
 
   bus::group members_;
   std::vector<stream> streams_;

@@ -412,7 +412,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
 }
 
 std::vector<std::string> pipeline::agree_rank_sums(const std::function<bool(std::uint32_t)>& on_devices) {
-  // Every rank takes part in both collectives, whether or not it runs such a stage: which
+  // Every rank takes part in every collective, whether or not it runs such a stage: which
   // stages they concern follows from the placement, the same on every rank.
   const std::uint32_t S = plan_.stages;
   std::vector<std::uint32_t> spread;
@@ -431,32 +431,15 @@ std::vector<std::string> pipeline::agree_rank_sums(const std::function<bool(std:
     can += c;
   }
   const auto all_can = link.all_gather(can);
-  std::vector<bool> among(spread.size(), true);
-  bool any = false;
+  // Then each stage that sums among its ranks gets its id, made on member 0's rank and read
+  // by every rank (the same stages on every rank: `all_can` is).
   for (std::size_t k = 0; k < spread.size(); ++k) {
-    for (const auto& c : all_can) among[k] = among[k] && c.size() == spread.size() && c[k] != '0';
-    any = any || among[k];
-  }
-  if (!any) return ids;
-  // Then member 0's rank makes each such stage's id and every rank reads it: each rank
-  // sends its ids one after the other, each after its length.
-  std::string mine;
-  for (std::size_t k = 0; k < spread.size(); ++k)
-    if (among[k] && here(0, spread[k])) {
-      const auto id = backends_[spread[k]]->new_rank_id();
-      mine += std::to_string(id.size()) + ":" + id;
-    }
-  const auto all = link.all_gather(mine);
-  std::vector<std::size_t> at(all.size(), 0);
-  for (std::size_t k = 0; k < spread.size(); ++k) {
-    if (!among[k]) continue;
-    const auto from = std::size_t(rank_of(0, spread[k]));
-    const auto& in = all.at(from);
-    const auto colon = in.find(':', at[from]);
-    if (colon == std::string::npos) throw std::runtime_error("pipeline: a replica group's id from rank " + std::to_string(from) + " is cut short");
-    const auto n = std::stoul(in.substr(at[from], colon - at[from]));
-    ids[spread[k]] = in.substr(colon + 1, n);
-    at[from] = colon + 1 + n;
+    bool among = true;
+    for (const auto& c : all_can) among = among && c.size() == spread.size() && c[k] != '0';
+    if (!among) continue;
+    const auto st = spread[k];
+    const auto mine = here(0, st) ? backends_[st]->new_rank_id() : std::string();
+    ids[st] = link.all_gather(mine).at(std::size_t(rank_of(0, st)));
   }
   return ids;
 }

@@ -204,7 +204,8 @@ class pipeline {
   void exchange(std::vector<detail::stage_report>& reports, const std::vector<bool>& local);
   /// Across ranks, replicas one per rank: for each stage on devices whose replicas are
   /// spread, member 0's id of a group that sums among its ranks (`backend::new_rank_id`),
-  /// or empty (through the host). Two collectives (every rank, at wiring).
+  /// or empty (through the host). Collectives, every rank at wiring: one, then one per
+  /// stage that sums among its ranks.
   std::vector<std::string> agree_rank_sums(const std::function<bool(std::uint32_t)>& on_devices);
   /// Across ranks: the nodes of stage s, in node order.
   std::vector<std::size_t> nodes_of_stage(std::uint32_t s) const;
