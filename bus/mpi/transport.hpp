@@ -29,9 +29,10 @@
 /// flight, or traffic moved under 150 µs ago, the poller sends itself the next turn, and
 /// it handles one message per turn (`spawn_options::batch`), so every other actor of its
 /// loop runs between two polls (a value handed over runs at once); when quiet, it naps on
-/// a timer of its loop (20 µs, doubling to 200 µs) and the next message wakes it at once. Placed on the loop of
-/// the actors that talk to other ranks, a message crosses with no thread switch; the
-/// default constructor gives the poller a runtime of its own (one loop, one thread).
+/// a timer of its loop (20 µs, doubling to 200 µs) and the next message wakes it at once.
+/// Placed on the loop of the actors that talk to other ranks, a message crosses with no
+/// thread switch; the default constructor gives the poller a runtime of its own (one loop,
+/// one thread).
 /// Every MPI call after `MPI_Init` is made by the poller, one at a time, from a thread that
 /// did not initialise MPI: the level asked for is `MPI_THREAD_SERIALIZED` (`MULTIPLE`
 /// would add locking inside Open MPI on every call for nothing). Completion comes back to
