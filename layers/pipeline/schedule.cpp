@@ -131,44 +131,35 @@ void check_shape(const schedule& s) {
                          int(std::min(s.actions.size(), std::size_t(s.stages))), 0);
 }
 
-/// Unit-time list scheduling with a per-stage policy (interleaved and zb-h1).
-struct greedy_policy {
-  /// Micro-batch·chunks allowed between F and B on a stage.
-  std::vector<std::uint32_t> in_flight_limit;
-  /// W passes allowed to wait on a stage before W takes priority over F (split only).
-  std::vector<std::uint32_t> pending_w_limit;
-  /// Order keys among ready actions (smallest first).
-  bool megatron_order = false;
-};
-
-schedule greedy(schedule s, const greedy_policy& pol) {
+/// Interleaved 1F1B when S does not divide M: Megatron's priorities (B first; among ready
+/// actions the smallest (group of S micro-batches, chunk, position) key, chunks ascending for
+/// F and descending for B; F bounded by `in_flight_limit`) by a unit-time list simulation.
+schedule interleave_by_simulation(schedule s, const std::vector<std::uint32_t>& in_flight_limit) {
   const std::uint32_t S = s.stages, M = s.micro_batches, V = s.chunks;
-  const action_costs costs{1, s.split_backward ? 1.0 : 2.0, 1};
   done_table done(M, s.pieces());
   struct stage_state {
     double free_at = 0;
     std::set<std::pair<std::uint32_t, std::uint32_t>> f_left, b_left;  // (mb, chunk)
-    std::vector<std::pair<std::uint32_t, std::uint32_t>> w_left;        // in B order
     std::uint32_t in_flight = 0;                                        // F done, B not
   };
   std::vector<stage_state> st(S);
   for (auto& x : st)
     for (std::uint32_t m = 0; m < M; ++m)
       for (std::uint32_t c = 0; c < V; ++c) x.f_left.insert({m, c}), x.b_left.insert({m, c});
-  auto f_key = [&](std::uint32_t m, std::uint32_t c) {
-    return pol.megatron_order ? std::make_tuple(m / S, c, m % S) : std::make_tuple(m, c, 0u);
-  };
-  auto b_key = [&](std::uint32_t m, std::uint32_t c) {
-    return pol.megatron_order ? std::make_tuple(m / S, V - 1 - c, m % S) : std::make_tuple(m, V - 1 - c, 0u);
-  };
-  auto ready = [&](std::uint32_t stage, const action& a, double t) {
-    for (const auto& d : dependencies_of(s, stage, a)) {
-      double e = done.at(d.o, d.micro_batch, d.piece);
-      if (e > t) return false;
+  auto best_ready = [&](std::uint32_t stage, op o, const auto& left, double t) {
+    std::optional<action> pick;
+    std::tuple<std::uint32_t, std::uint32_t, std::uint32_t> best;
+    for (auto [m, c] : left) {
+      const action a{o, m, c};
+      const auto deps = dependencies_of(s, stage, a);
+      if (std::any_of(deps.begin(), deps.end(), [&](auto& d) { return done.at(d.o, d.micro_batch, d.piece) > t; }))
+        continue;
+      const auto k = std::make_tuple(m / S, o == op::F ? c : V - 1 - c, m % S);
+      if (!pick || k < best) best = k, pick = a;
     }
-    return true;
+    return pick;
   };
-  std::size_t remaining = std::size_t(S) * M * V * (s.split_backward ? 3 : 2);
+  std::size_t remaining = std::size_t(S) * M * V * 2;
   bool relaxed = false;
   double t = 0;
   while (remaining > 0) {
@@ -176,43 +167,19 @@ schedule greedy(schedule s, const greedy_policy& pol) {
     for (std::uint32_t i = 0; i < S; ++i) {
       auto& x = st[i];
       if (x.free_at > t) continue;
-      std::optional<action> pick;
       // B first (frees memory, unblocks the stage above).
-      std::optional<std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>> best;
-      for (auto [m, c] : x.b_left) {
-        action a{op::B, m, c};
-        if (!ready(i, a, t)) continue;
-        auto k = b_key(m, c);
-        if (!best || k < *best) best = k, pick = a;
-      }
-      const bool w_due = s.split_backward && x.w_left.size() >= pol.pending_w_limit[i];
-      if (!pick && w_due) pick = action{op::W, x.w_left.front().first, x.w_left.front().second};
-      if (!pick && (relaxed || x.in_flight < pol.in_flight_limit[i])) {
-        best.reset();
-        for (auto [m, c] : x.f_left) {
-          action a{op::F, m, c};
-          if (!ready(i, a, t)) continue;
-          auto k = f_key(m, c);
-          if (!best || k < *best) best = k, pick = a;
-        }
-      }
-      if (!pick && s.split_backward && !x.w_left.empty())
-        pick = action{op::W, x.w_left.front().first, x.w_left.front().second};
+      auto pick = best_ready(i, op::B, x.b_left, t);
+      if (!pick && (relaxed || x.in_flight < in_flight_limit[i])) pick = best_ready(i, op::F, x.f_left, t);
       if (!pick) continue;
       const action a = *pick;
-      const double end = t + cost_of(s, a.op, costs);
+      const double end = t + cost_of(s, a.op, {1, 2, 1});
       done.at(a.op, a.micro_batch, s.piece(i, a.chunk)) = end;
       x.free_at = end;
       s.actions[i].push_back(a);
       --remaining;
       acted = true;
       if (a.op == op::F) x.f_left.erase({a.micro_batch, a.chunk}), ++x.in_flight;
-      if (a.op == op::B) {
-        x.b_left.erase({a.micro_batch, a.chunk});
-        --x.in_flight;
-        if (s.split_backward) x.w_left.push_back({a.micro_batch, a.chunk});
-      }
-      if (a.op == op::W) x.w_left.erase(x.w_left.begin());
+      else x.b_left.erase({a.micro_batch, a.chunk}), --x.in_flight;
     }
     // Next event: the earliest time after t at which a stage frees up.
     double next = never;
@@ -277,84 +244,39 @@ schedule make_schedule(schedule_kind kind, std::uint32_t stages, std::uint32_t m
   s.micro_batches = micro_batches;
   s.chunks = chunks;
   s.actions.assign(stages, {});
-  const std::uint32_t S = stages, M = micro_batches;
-  switch (kind) {
-    case schedule_kind::gpipe:
-      for (std::uint32_t i = 0; i < S; ++i) {
-        for (std::uint32_t m = 0; m < M; ++m) s.actions[i].push_back({op::F, m, 0});
-        for (std::uint32_t m = 0; m < M; ++m) s.actions[i].push_back({op::B, m, 0});
-      }
-      return s;
-    case schedule_kind::one_f_one_b:
-      for (std::uint32_t i = 0; i < S; ++i) {
-        const std::uint32_t warm = std::min(S - 1 - i, M);
-        auto& a = s.actions[i];
-        for (std::uint32_t m = 0; m < warm; ++m) a.push_back({op::F, m, 0});
-        for (std::uint32_t k = 0; k + warm < M; ++k) {
-          a.push_back({op::F, warm + k, 0});
-          a.push_back({op::B, k, 0});
-        }
-        for (std::uint32_t m = M - warm; m < M; ++m) a.push_back({op::B, m, 0});
-      }
-      return s;
-    case schedule_kind::interleaved: {
-      if (M % S == 0) {
-        // Megatron-LM's order: forwards in groups of S micro-batches per chunk, chunk
-        // 0 first; backwards the same groups, last chunk first. Stage i warms up with
-        // (S-1-i)*2 + (v-1)*S forwards, then alternates F and B, then drains the Bs.
-        const std::uint32_t total = M * chunks;
-        auto f_at = [&](std::uint32_t k) {
-          return action{op::F, (k / (S * chunks)) * S + k % S, (k % (S * chunks)) / S};
-        };
-        auto b_at = [&](std::uint32_t k) {
-          return action{op::B, (k / (S * chunks)) * S + k % S, chunks - 1 - (k % (S * chunks)) / S};
-        };
-        for (std::uint32_t i = 0; i < S; ++i) {
-          auto& a = s.actions[i];
-          const std::uint32_t warm = M == S ? total : std::min((S - 1 - i) * 2 + (chunks - 1) * S, total);
-          for (std::uint32_t k = 0; k < warm; ++k) a.push_back(f_at(k));
-          for (std::uint32_t k = 0; k + warm < total; ++k) {
-            a.push_back(f_at(warm + k));
-            a.push_back(b_at(k));
-          }
-          for (std::uint32_t k = total - warm; k < total; ++k) a.push_back(b_at(k));
-        }
-        return s;
-      }
-      // Other M: the same priorities (B first, Megatron's order among ready actions,
-      // the same in-flight bound) by a unit-time list simulation.
-      greedy_policy pol;
-      pol.megatron_order = true;
-      for (std::uint32_t i = 0; i < S; ++i) {
-        pol.in_flight_limit.push_back(std::min((S - 1 - i) * 2 + (chunks - 1) * S + 1, M * chunks));
-        pol.pending_w_limit.push_back(0);
-      }
-      return greedy(std::move(s), pol);
+  s.split_backward = kind == schedule_kind::zb_h1;
+  const std::uint32_t S = stages, M = micro_batches, V = chunks, total = M * V;
+  // Interleaved's warm-up on stage i, and its bound on forwards ahead of backwards.
+  const auto interleaved_warm = [&](std::uint32_t i) { return (S - 1 - i) * 2 + (V - 1) * S; };
+  if (kind == schedule_kind::interleaved && M % S != 0) {
+    // The same priorities (B first, Megatron's order among ready actions, the same
+    // in-flight bound) by a unit-time list simulation.
+    std::vector<std::uint32_t> limit;
+    for (std::uint32_t i = 0; i < S; ++i) limit.push_back(std::min(interleaved_warm(i) + 1, total));
+    return interleave_by_simulation(std::move(s), limit);
+  }
+  // Every other case is 1F1B's shape (schedule.hpp): stage i's warm-up forwards, then one F
+  // and one B in turn, then the remaining Bs; interleaved in Megatron-LM's order (forwards
+  // in groups of S micro-batches per chunk, chunk 0 first; backwards last chunk first);
+  // zb-h1 with the W of micro-batch k-i after B of k, the first i deferred to the end.
+  for (std::uint32_t i = 0; i < S; ++i) {
+    auto& a = s.actions[i];
+    std::uint32_t warm = std::min(S - 1 - i, M), next_w = 0;
+    if (kind == schedule_kind::gpipe) warm = M;
+    if (kind == schedule_kind::interleaved) warm = M == S ? total : std::min(interleaved_warm(i), total);
+    // The k-th forward and backward (with one chunk, micro-batch k).
+    const auto forward = [&](std::uint32_t k) { a.push_back({op::F, (k / (S * V)) * S + k % S, (k % (S * V)) / S}); };
+    const auto backward = [&](std::uint32_t k) {
+      a.push_back({op::B, (k / (S * V)) * S + k % S, V - 1 - (k % (S * V)) / S});
+      if (s.split_backward && k >= i) a.push_back({op::W, next_w++, 0});
+    };
+    for (std::uint32_t k = 0; k < warm; ++k) forward(k);
+    for (std::uint32_t k = 0; k + warm < total; ++k) {
+      forward(warm + k);
+      backward(k);
     }
-    case schedule_kind::zb_h1:
-      // 1F1B's F and B order; stage i runs the W of micro-batch k-i after B of k (W of
-      // the first i micro-batches deferred), so the cool-down's waits for gradients are
-      // filled with the deferred W passes. Every stage then holds at most S micro-batches
-      // between F and W (1F1B's stage-0 bound), and with equal F, B, W costs the bubble
-      // is (S-1)/(3M+S-1), a third of 1F1B's.
-      s.split_backward = true;
-      for (std::uint32_t i = 0; i < S; ++i) {
-        const std::uint32_t warm = std::min(S - 1 - i, M);
-        auto& a = s.actions[i];
-        std::uint32_t next_w = 0;
-        auto backward = [&](std::uint32_t k) {
-          a.push_back({op::B, k, 0});
-          if (k >= i) a.push_back({op::W, next_w++, 0});
-        };
-        for (std::uint32_t m = 0; m < warm; ++m) a.push_back({op::F, m, 0});
-        for (std::uint32_t k = 0; k + warm < M; ++k) {
-          a.push_back({op::F, warm + k, 0});
-          backward(k);
-        }
-        for (std::uint32_t m = M - warm; m < M; ++m) backward(m);
-        while (next_w < M) a.push_back({op::W, next_w++, 0});
-      }
-      return s;
+    for (std::uint32_t k = total - warm; k < total; ++k) backward(k);
+    while (s.split_backward && next_w < M) a.push_back({op::W, next_w++, 0});
   }
   return s;
 }
@@ -368,30 +290,18 @@ void validate(const schedule& s) {
     const auto& list = s.actions[st];
     for (std::size_t i = 0; i < list.size(); ++i) {
       const action& a = list[i];
-      if (a.op != op::F && a.op != op::B && a.op != op::W)
-        throw schedule_error("schedule '" + s.name + "': " + where(st, i) + ": unknown action", int(st), int(i));
+      const auto fail = [&](const std::string& what) {
+        throw schedule_error("schedule '" + s.name + "': " + where(st, i) + ": " + what, int(st), int(i));
+      };
+      if (a.op != op::F && a.op != op::B && a.op != op::W) fail("unknown action");
       if (a.micro_batch >= M)
-        throw schedule_error("schedule '" + s.name + "': " + where(st, i) + ": " + describe(s, a) +
-                                 ", but there are only " + std::to_string(M) + " micro-batches",
-                             int(st), int(i));
-      if (a.chunk >= V)
-        throw schedule_error("schedule '" + s.name + "': " + where(st, i) + ": chunk " + std::to_string(a.chunk) +
-                                 ", but stages have " + std::to_string(V) + " chunks",
-                             int(st), int(i));
-      if (a.op == op::W && !s.split_backward)
-        throw schedule_error("schedule '" + s.name + "': " + where(st, i) +
-                                 ": W in a schedule whose B does the whole backward (split 0)",
-                             int(st), int(i));
-      if (!seen.insert({op_index(a.op), a.micro_batch, a.chunk}).second)
-        throw schedule_error("schedule '" + s.name + "': " + where(st, i) + ": " + describe(s, a) + " runs twice",
-                             int(st), int(i));
-      if (a.op != op::F) {
-        const op before = a.op == op::B ? op::F : op::B;
-        if (!seen.count({op_index(before), a.micro_batch, a.chunk}))
-          throw schedule_error("schedule '" + s.name + "': " + where(st, i) + ": " + describe(s, a) +
-                                   " comes before its " + std::string(1, char(before)),
-                               int(st), int(i));
-      }
+        fail(describe(s, a) + ", but there are only " + std::to_string(M) + " micro-batches");
+      if (a.chunk >= V) fail("chunk " + std::to_string(a.chunk) + ", but stages have " + std::to_string(V) + " chunks");
+      if (a.op == op::W && !s.split_backward) fail("W in a schedule whose B does the whole backward (split 0)");
+      if (!seen.insert({op_index(a.op), a.micro_batch, a.chunk}).second) fail(describe(s, a) + " runs twice");
+      const op before = a.op == op::B ? op::F : op::B;
+      if (a.op != op::F && !seen.count({op_index(before), a.micro_batch, a.chunk}))
+        fail(describe(s, a) + " comes before its " + std::string(1, char(before)));
     }
     // Completeness: what is missing here is awaited elsewhere (F by the next piece, B by the previous).
     for (std::uint32_t c = 0; c < V; ++c)
@@ -457,7 +367,6 @@ void validate(const schedule& s) {
 }
 
 simulation simulate(const schedule& s, action_costs costs) {
-  check_shape(s);
   return simulate(s, std::vector<action_costs>(s.stages, costs));
 }
 
