@@ -6,8 +6,6 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
-#include <string_view>
-#include <type_traits>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -482,39 +480,30 @@ layers::bus_traffic pipeline::traffic() const {
   return t;
 }
 
+// Reports and optimizer states cross between ranks as CBOR: doubles in binary, so every
+// bit (a NaN loss too) arrives as it was sent.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(action, op, micro_batch, chunk)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(timed_action, a, start, end)
+namespace detail {
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(stage_report, losses, correct, begin_ns, end_ns, busy_ns, input_wait_ns,
+                                   backpressure_ns, optimizer_ns, peak_stashed, peak_bytes, actions)
+}  // namespace detail
+
 namespace {
 
-/// The byte form of a stage report between ranks (both ends are this program).
-struct report_writer {
-  std::string& out;
-  template <class V>
-  void put(const V& v) {
-    static_assert(std::is_trivially_copyable_v<V>);
-    out.append(reinterpret_cast<const char*>(&v), sizeof(V));
+std::string to_wire(const nlohmann::json& j) {
+  std::string out;
+  nlohmann::json::to_cbor(j, out);
+  return out;
+}
+
+nlohmann::json from_wire(const std::string& in, const std::string& what) {
+  try {
+    return nlohmann::json::from_cbor(in);
+  } catch (const nlohmann::json::exception&) {
+    throw std::runtime_error("pipeline: " + what + " from another rank is cut short");
   }
-  template <class V>
-  void put_all(const std::vector<V>& v) {
-    put(std::uint64_t(v.size()));
-    for (auto& x : v) put(x);
-  }
-};
-struct report_reader {
-  std::string_view in;
-  template <class V>
-  V get() {
-    if (in.size() < sizeof(V)) throw std::runtime_error("pipeline: a stage report from another rank is cut short");
-    V v;
-    std::memcpy(&v, in.data(), sizeof(V));
-    in.remove_prefix(sizeof(V));
-    return v;
-  }
-  template <class V>
-  std::vector<V> get_all() {
-    std::vector<V> v(get<std::uint64_t>());
-    for (auto& x : v) x = get<V>();
-    return v;
-  }
-};
+}
 
 }  // namespace
 
@@ -534,44 +523,15 @@ layers::optimizer_state pipeline::optimizer_state_of() const {
     }
   if (!options_.link) return all;
   // Across ranks: every rank's replica-0 stages, gathered on every rank, in rank order.
-  std::string mine;
-  report_writer w{mine};
-  const auto put_text = [&](const std::string& t) {
-    w.put(std::uint64_t(t.size()));
-    mine += t;
-  };
-  w.put(std::uint64_t(all.buffers.size()));
-  for (const auto& b : all.buffers) {
-    put_text(b.parameter);
-    put_text(b.name);
-    w.put_all(b.values);
-  }
-  w.put(std::uint64_t(all.counters.size()));
-  for (const auto& [k, v] : all.counters) {
-    put_text(k);
-    w.put(v);
-  }
+  nlohmann::json mine = {{"buffers", nlohmann::json::array()}, {"counters", all.counters}};
+  for (const auto& b : all.buffers) mine["buffers"].push_back({b.parameter, b.name, b.values});
   layers::optimizer_state merged;
-  for (const auto& part : options_.link->all_gather(mine)) {
-    report_reader in{part};
-    const auto get_text = [&] {
-      const auto n = in.get<std::uint64_t>();
-      if (in.in.size() < n) throw std::runtime_error("pipeline: an optimizer state from another rank is cut short");
-      std::string t(in.in.substr(0, n));
-      in.in.remove_prefix(n);
-      return t;
-    };
-    for (auto n = in.get<std::uint64_t>(); n > 0; --n) {
-      layers::optimizer_state::buffer b;
-      b.parameter = get_text();
-      b.name = get_text();
-      b.values = in.get_all<float>();
-      merged.buffers.push_back(std::move(b));
-    }
-    for (auto n = in.get<std::uint64_t>(); n > 0; --n) {
-      auto k = get_text();
-      merged.counters.emplace(std::move(k), in.get<std::int64_t>());
-    }
+  for (const auto& part : options_.link->all_gather(to_wire(mine))) {
+    const auto j = from_wire(part, "an optimizer state");
+    for (const auto& b : j.at("buffers"))
+      merged.buffers.push_back(
+          {b.at(0).get<std::string>(), b.at(1).get<std::string>(), b.at(2).get<std::vector<float>>()});
+    for (const auto& [k, v] : j.at("counters").items()) merged.counters.emplace(k, v.get<std::int64_t>());
   }
   return merged;
 }
@@ -660,36 +620,18 @@ std::vector<std::size_t> pipeline::nodes_of_stage(std::uint32_t s) const {
 
 
 void pipeline::exchange(std::vector<stage_report>& reports, const std::vector<bool>& local) {
-  std::string mine;
-  report_writer w{mine};
-  for (std::size_t i = 0; i < reports.size(); ++i) {
-    if (!local[i]) continue;
-    const auto& r = reports[i];
-    w.put(std::uint64_t(i));
-    w.put_all(r.losses);
-    w.put_all(r.correct);
-    for (auto v : {r.begin_ns, r.end_ns, r.busy_ns, r.input_wait_ns, r.backpressure_ns, r.optimizer_ns}) w.put(v);
-    w.put(r.peak_stashed);
-    w.put(r.peak_bytes);
-    w.put_all(r.actions);
-  }
-  const auto all = options_.link->all_gather(mine);
+  nlohmann::json mine = nlohmann::json::array();
+  for (std::size_t i = 0; i < reports.size(); ++i)
+    if (local[i]) mine.push_back({i, reports[i]});
+  const auto all = options_.link->all_gather(to_wire(mine));
   for (std::size_t k = 0; k < all.size(); ++k) {
     if (int(k) == me_) continue;
-    report_reader in{all[k]};
-    while (!in.in.empty()) {
-      const auto i = in.get<std::uint64_t>();
+    for (const auto& r : from_wire(all[k], "a stage report")) {
+      const auto i = r.at(0).get<std::size_t>();
       if (i >= reports.size() || local[i] || rank_of(std::uint32_t(i / plan_.stages), std::uint32_t(i % plan_.stages)) != int(k))
         throw std::runtime_error("pipeline: rank " + std::to_string(k) + " reported stage " + std::to_string(i) +
                                  ", which is not its own");
-      auto& r = reports[i];
-      r.losses = in.get_all<double>();
-      r.correct = in.get_all<std::int64_t>();
-      for (auto* v : {&r.begin_ns, &r.end_ns, &r.busy_ns, &r.input_wait_ns, &r.backpressure_ns, &r.optimizer_ns})
-        *v = in.get<std::int64_t>();
-      r.peak_stashed = in.get<std::size_t>();
-      r.peak_bytes = in.get<std::size_t>();
-      r.actions = in.get_all<timed_action>();
+      reports[i] = r.at(1).get<stage_report>();
     }
   }
 }
