@@ -16,24 +16,9 @@
 
 namespace nerve::pipeline {
 
-namespace {
-
 using detail::stage_aborted;
 using detail::stage_report;
 using detail::step_msg;
-
-/// How a value of a node in stage `from` leaves for stage `to`: CPU stages and values
-/// that stay in their stage leave as they are; a device stage's go to another stream of
-/// its device as a copy with its ready event, anywhere else through the host.
-layers::crossing crossing_between(const std::shared_ptr<layers::backend>* backends, std::uint32_t from,
-                                  std::uint32_t to) {
-  const auto& a = backends[from];
-  if (from == to || !a) return layers::crossing::none;
-  const auto& b = backends[to];
-  return b && b->domain() == a->domain() ? layers::crossing::device : layers::crossing::host;
-}
-
-}  // namespace
 
 pipeline::pipeline(actors::runtime& rt, layers::graph& g, partition pieces, schedule plan,
                    std::shared_ptr<const layers::loss> criterion, layers::optimizer_factory make_optimizer,
@@ -167,12 +152,15 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
   node_stage_.assign(N, 0);
   for (std::size_t i = 0; i < N; ++i) node_stage_[i] = piece_of[i] % S;
   const auto stage_of = [&](std::size_t node) { return node_stage_[node]; };
-  // How a value leaves stage `from` for stage `to` of replica r: through the host when the
-  // two are on different ranks (the wire carries host tensors).
+  // How a value of a node in stage `from` of replica r leaves for stage `to`: CPU stages and
+  // values that stay in their stage leave as they are; a device stage's go to another stream
+  // of its device as a copy with its ready event, anywhere else (another rank too: the wire
+  // carries host tensors) through the host.
   const auto crossing = [&](std::uint32_t r, std::uint32_t from, std::uint32_t to) {
-    if (rank_of(r, from) != rank_of(r, to))
-      return backends_[r * S + from] ? layers::crossing::host : layers::crossing::none;
-    return crossing_between(&backends_[r * S], from, to);
+    const auto &a = backends_[r * S + from], &b = backends_[r * S + to];
+    if (!a || from == to) return layers::crossing::none;
+    if (rank_of(r, from) != rank_of(r, to)) return layers::crossing::host;
+    return b && b->domain() == a->domain() ? layers::crossing::device : layers::crossing::host;
   };
   // Edges between ranks: a channel each, numbered in wiring order (the same on every rank).
   auto* link = options_.link.get();
@@ -198,21 +186,18 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
     const std::string group = replicas_ > 1 ? "replica " + std::to_string(r) : "pipeline";
     const auto* stage_backends = &backends_[std::size_t(r) * S];
     const auto loss_backend = device_loss ? stage_backends[last_stage] : nullptr;
-    // The gates first: they supervise their layers.
+    // The gates first: they supervise their layers. Another rank's stage keeps its index, empty.
     std::vector<stage_gate*> gates(S);
     for (std::uint32_t s = 0; s < S; ++s) {
-      if (!here(r, s)) {  // on another rank
-        stages_.emplace_back();
-        gates[s] = nullptr;
-        continue;
-      }
+      stages_.emplace_back();
+      if (!here(r, s)) continue;
       actors::spawn_options so;
       so.loop = loop_of(r, s);
       // Its messages of a step (arrivals, done reports) fit whatever the order.
       so.capacity = std::size_t(8) * (M + 1) * (N + 2) * plan_.chunks;
       stage_gate::config gc{s, shared_plan, criterion, options_.emergent, options_.credits ? options_.credits : S - s};
       if (s == last_stage) gc.loss_backend = loss_backend;
-      stages_.push_back(rt_.spawn_with<stage_gate>(so, std::move(gc)));
+      stages_.back() = rt_.spawn_with<stage_gate>(so, std::move(gc));
       gates[s] = static_cast<stage_gate*>(stages_.back().get());
       rt_.annotate(stages_.back().id(), int(s), group);
     }
@@ -237,65 +222,55 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
     // come back into one are held by the layer until its gate admits them.
     std::vector<gate_piece> chunks(std::size_t(S) * plan_.chunks);  // by piece
     std::int32_t next_edge = 0;
-    // An edge from stage `from` to stage `to` of this replica: subscribed here when both
-    // ends are, through the link when one is (each rank wires its own end).
-    auto edge = [&](auto&& out, std::uint32_t from, std::uint32_t port, std::size_t consumer) {
-      const std::uint32_t to = stage_of(consumer);
+    // An edge from stage `from` to stage `to` of this replica, from signal `out()` to
+    // `at[receiver]`: subscribed here when both ends are, through the link when one is
+    // (each rank wires its own end).
+    auto connect = [&](std::uint32_t from, std::uint32_t to, auto&& out, std::uint32_t port, std::size_t receiver,
+                       auto remote, auto receive) {
       if (rank_of(r, from) == rank_of(r, to)) {
-        if (here(r, from)) out().subscribe(at[consumer], port);
+        if (here(r, from)) out().subscribe(at[receiver], port);
         return;
       }
       const auto ch = next_channel++;
-      if (here(r, from)) out().subscribe(link->forward_to(rank_of(r, to), ch), port);
-      else if (here(r, to)) link->receive_forward(ch, at[consumer]);
-    };
-    auto gradient_edge = [&](std::size_t consumer, std::uint32_t consumer_port, std::size_t producer, std::uint32_t k) {
-      const std::uint32_t from = stage_of(consumer), to = stage_of(producer);
-      if (rank_of(r, from) == rank_of(r, to)) {
-        if (here(r, from)) actor_at(consumer).input_gradient(consumer_port).subscribe(at[producer], k);
-        return;
-      }
-      const auto ch = next_channel++;
-      if (here(r, from)) actor_at(consumer).input_gradient(consumer_port).subscribe(link->backward_to(rank_of(r, to), ch), k);
-      else if (here(r, to)) link->receive_backward(ch, at[producer]);
+      if (here(r, from)) out().subscribe((link->*remote)(rank_of(r, to), ch), port);
+      else if (here(r, to)) (link->*receive)(ch, at[receiver]);
     };
     for (std::size_t i = 0; i < N; ++i) {
       const auto& np = flow_.nodes[i];
       if (nodes[i].is_input()) {
-        for (auto& e : np.edges) edge([&]() -> auto& { return gates[0]->input(); }, 0, e.port, e.consumer);
+        for (auto& e : np.edges)
+          connect(0, stage_of(e.consumer), [&]() -> auto& { return gates[0]->input(); }, e.port, e.consumer,
+                  &rank_link::forward_to, &rank_link::receive_forward);
         continue;
       }
-      const auto p = piece_of[i];
-      if (!here(r, p % S)) {  // another rank's layer: only the ends of its edges that are here
-        for (std::uint32_t k = 0; k < np.edges.size(); ++k) {
-          edge([&]() -> auto& { return actor_at(i).output(); }, p % S, np.edges[k].port, np.edges[k].consumer);
-          gradient_edge(np.edges[k].consumer, np.edges[k].port, i, k);
-          ++next_edge;
-        }
-        if (np.feeds_loss) ++next_edge;
-        continue;
-      }
-      auto& a = actor_at(i);
-      layers::layer_gating gate{stages_[r * S + p % S], p, 0, {}, plan_.split_backward, true};
+      const auto p = piece_of[i], s = p % S;
+      layers::layer_gating gate{stages_[r * S + s], p, 0, {}, plan_.split_backward, true};
       gate.rank = r;
       std::vector<std::int32_t> edge_ids;
       for (std::uint32_t k = 0; k < np.edges.size(); ++k) {
         const auto& e = np.edges[k];
-        edge([&]() -> auto& { return a.output(); }, p % S, e.port, e.consumer);
-        gradient_edge(e.consumer, e.port, i, k);
+        connect(s, stage_of(e.consumer), [&]() -> auto& { return actor_at(i).output(); }, e.port, e.consumer,
+                &rank_link::forward_to, &rank_link::receive_forward);
+        connect(stage_of(e.consumer), s, [&]() -> auto& { return actor_at(e.consumer).input_gradient(e.port); }, k, i,
+                &rank_link::backward_to, &rank_link::receive_backward);
         edge_ids.push_back(next_edge++);
         gate.hold_backward.push_back(piece_of[e.consumer] != p);
       }
+      if (!here(r, s)) {  // another rank's layer: only the ends of its edges that are here were wired
+        next_edge += np.feeds_loss;
+        continue;
+      }
+      auto& a = actor_at(i);
       // Where its output goes: device-resident only toward one other stage of its device.
       std::vector<std::uint32_t> to;
       for (auto& e : np.edges) to.push_back(stage_of(e.consumer));
       std::sort(to.begin(), to.end());
       to.erase(std::unique(to.begin(), to.end()), to.end());
-      for (auto t : to) gate.output = std::max(gate.output, crossing(r, p % S, t));
-      if (np.feeds_loss && stage_backends[p % S] && !loss_backend) gate.output = layers::crossing::host;  // a loss on the host
+      for (auto t : to) gate.output = std::max(gate.output, crossing(r, s, t));
+      if (np.feeds_loss && stage_backends[s] && !loss_backend) gate.output = layers::crossing::host;  // a loss on the host
       if (gate.output == layers::crossing::device && to.size() > 1) gate.output = layers::crossing::host;
       for (auto x : nodes[i].inputs)
-        gate.gradients.push_back(nodes[x].is_input() ? layers::crossing::none : crossing(r, p % S, stage_of(x)));
+        gate.gradients.push_back(nodes[x].is_input() ? layers::crossing::none : crossing(r, s, stage_of(x)));
       if (np.feeds_loss) {
         a.output().subscribe(stages_[r * S + last_stage], 0);
         gates[last_stage]->loss_gradient().subscribe(at[i], std::uint32_t(np.edges.size()));
@@ -310,21 +285,19 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       const auto held_back = std::count(gate.hold_backward.begin(), gate.hold_backward.end(), true);
       if (held_back) ch.exits.push_back(at[i]);
       ch.gradients_in += std::uint32_t(held_back);
-      a.wire(stages_[r * S + p % S], std::move(edge_ids));
+      a.wire(stages_[r * S + s], std::move(edge_ids));
       gating[r * N + i] = std::move(gate);
     }
     for (std::uint32_t s = 0; s < S; ++s) {
       bus::group members("stage " + std::to_string(s) + (replicas_ > 1 ? " of replica " + std::to_string(r) : ""));
-      if (!here(r, s)) {  // another rank's: an empty group keeps the indices
-        groups_.push_back(std::move(members));
-        continue;
+      if (here(r, s)) {  // another rank's stays empty: it keeps the indices
+        std::vector<gate_piece> mine;
+        for (std::uint32_t k = 0; k < plan_.chunks; ++k) {
+          mine.push_back(std::move(chunks[plan_.piece(s, k)]));
+          for (auto& l : mine.back().layers) members.add(l);
+        }
+        gates[s]->wire(std::move(mine), members.members());
       }
-      std::vector<gate_piece> mine;
-      for (std::uint32_t k = 0; k < plan_.chunks; ++k) {
-        mine.push_back(std::move(chunks[plan_.piece(s, k)]));
-        for (auto& l : mine.back().layers) members.add(l);
-      }
-      gates[s]->wire(std::move(mine), members.members());
       groups_.push_back(std::move(members));
     }
   }
