@@ -87,18 +87,18 @@ pipeline::pipeline(actors::runtime& rt, std::vector<layers::graph*> replicas, pa
                                     " must be all on one rank or each on its own");
     }
   }
-  const auto loop_of = [&](std::uint32_t r, std::uint32_t s) {
-    return options_.loops.empty() ? (r * S + s) % rt.loop_count() : options_.loops[r * S + s];
-  };
-  spawn_groups(replicas, std::make_shared<const schedule>(plan_), criterion, make_optimizer, loop_of);
+  spawn_groups(replicas, criterion, make_optimizer);
   metrics_.resize(S);
   reset_metrics();
 }
 
-void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::shared_ptr<const schedule> shared_plan,
-                            std::shared_ptr<const layers::loss> criterion, const layers::optimizer_factory& make_optimizer,
-                            const std::function<unsigned(std::uint32_t, std::uint32_t)>& loop_of) {
+void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::shared_ptr<const layers::loss> criterion,
+                            const layers::optimizer_factory& make_optimizer) {
   const std::uint32_t S = plan_.stages, P = plan_.pieces(), M = plan_.micro_batches;
+  const auto shared_plan = std::make_shared<const schedule>(plan_);
+  const auto loop_of = [&](std::uint32_t r, std::uint32_t s) {
+    return options_.loops.empty() ? (r * S + s) % rt_.loop_count() : options_.loops[r * S + s];
+  };
   auto& g0 = *replicas[0];
   const auto& nodes0 = g0.nodes();
   const std::size_t N = nodes0.size();
@@ -129,24 +129,18 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
   // Device stages: a backend over the stage's nodes, one per replica (each its own stream:
   // several replicas may share a device), made from its replica's graph.
   backends_.assign(std::size_t(S) * replicas_, nullptr);
-  const auto factory = [&](std::uint32_t r, std::uint32_t s) -> const stage_backend_factory* {
-    if (options_.backends.empty()) return nullptr;
-    const auto& f = options_.backends.size() == S ? options_.backends[s] : options_.backends[r * S + s];
-    return f ? &f : nullptr;
-  };
-  const auto factory_present = [&](std::uint32_t s) { return factory(0, s) != nullptr; };
   for (std::uint32_t s = 0; s < S; ++s) {
     // The replicas of a stage sum their gradients where they are: all on devices or all on the CPU.
     for (std::uint32_t r = 1; r < replicas_; ++r)
-      if (bool(factory(r, s)) != bool(factory(0, s)))
+      if (bool(factory_of(r, s)) != bool(factory_of(0, s)))
         throw std::invalid_argument("pipeline: the replicas of stage " + std::to_string(s) +
                                     " must all run on devices or all on the CPU");
     for (std::uint32_t r = 0; r < replicas_; ++r) {
-      if (!factory(r, s) || !here(r, s)) continue;
+      if (!factory_of(r, s) || !here(r, s)) continue;
       std::vector<std::size_t> mine;
       for (std::uint32_t k = 0; k < plan_.chunks; ++k)
         for (auto i : pieces_[plan_.piece(s, k)]) mine.push_back(i);
-      backends_[r * S + s] = (*factory(r, s))(*replicas[r], mine);
+      backends_[r * S + s] = (*factory_of(r, s))(*replicas[r], mine);
     }
   }
   node_stage_.assign(N, 0);
@@ -303,7 +297,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
   }
   // Device stages whose replicas are each on a rank of their own: how each sums among its
   // ranks (the backends' own way, NCCL, where every member has it; else through the host).
-  const auto rank_sums = replicas_ > 1 && link ? agree_rank_sums(factory_present) : std::vector<std::string>{};
+  const auto rank_sums = replicas_ > 1 && link ? agree_rank_sums() : std::vector<std::string>{};
   // Data parallelism: the replicas of each layer with parameters form a group whose
   // all-reduce sums its gradients (in rank order: the same bits whatever the arrival order),
   // started as soon as the layer's last W of the step ran.
@@ -311,6 +305,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
     for (std::size_t i = 0; i < N; ++i) {
       if (nodes0[i].is_input() || !nodes0[i].layer->has_parameters()) continue;
       const std::uint32_t s = stage_of(i);
+      const auto name = "all-reduce " + nodes0[i].name;
       if (rank_of(0, s) != rank_of(1, s)) {  // each replica on its own rank (checked): the link's all-reduce
         const auto ch = next_channel++;
         std::vector<int> ranks;
@@ -318,7 +313,6 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
         for (std::uint32_t r = 0; r < replicas_; ++r) {
           if (!here(r, s)) continue;
           const auto& local = layers_[r * N + i];
-          const auto name = "all-reduce " + nodes0[i].name;
           layers::rank_reduce how{replicas_, r, rank_sums.empty() ? std::string() : rank_sums[s], {}};
           how.host = [&, ch, r](actors::address to) {
             reducers_.push_back(link->spawn_reducer(rt_, to.loop(), ch, ranks, r, std::move(to), name));
@@ -350,9 +344,9 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       if (auto& be = backends_[s]) {
         std::vector<layers::backend*> each;
         for (std::uint32_t r = 0; r < replicas_; ++r) each.push_back(backends_[r * S + s].get());
-        reducer = be->spawn_reducer(rt_, so, "all-reduce " + nodes0[i].name, members, each);
+        reducer = be->spawn_reducer(rt_, so, name, members, each);
       }
-      if (!reducer) reducer = rt_.spawn_with<bus::all_reduce>(so, "all-reduce " + nodes0[i].name, std::move(members));
+      if (!reducer) reducer = rt_.spawn_with<bus::all_reduce>(so, name, std::move(members));
       reducers_.push_back(reducer);
       for (std::uint32_t r = 0; r < replicas_; ++r) gating[r * N + i].reducer = reducers_.back();
     }
@@ -382,13 +376,19 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
   }
 }
 
-std::vector<std::string> pipeline::agree_rank_sums(const std::function<bool(std::uint32_t)>& on_devices) {
+const stage_backend_factory* pipeline::factory_of(std::uint32_t r, std::uint32_t s) const {
+  if (options_.backends.empty()) return nullptr;
+  const auto& f = options_.backends[options_.backends.size() == plan_.stages ? s : r * plan_.stages + s];
+  return f ? &f : nullptr;
+}
+
+std::vector<std::string> pipeline::agree_rank_sums() {
   // Every rank takes part in every collective, whether or not it runs such a stage: which
   // stages they concern follows from the placement, the same on every rank.
   const std::uint32_t S = plan_.stages;
   std::vector<std::uint32_t> spread;
   for (std::uint32_t s = 0; s < S; ++s)
-    if (on_devices(s) && rank_of(0, s) != rank_of(1, s)) spread.push_back(s);
+    if (factory_of(0, s) && rank_of(0, s) != rank_of(1, s)) spread.push_back(s);
   std::vector<std::string> ids(S);
   if (spread.empty()) return ids;
   auto& link = *options_.link;
@@ -556,7 +556,8 @@ void pipeline::download() {
   // Every rank sends the weights of replica 0's stages it runs, in node order (parameters,
   // then buffers), and takes the others'. Both ends know the layout from the partition.
   const auto each_tensor = [&](std::uint32_t s, auto&& f) {
-    for (auto i : nodes_of_stage(s)) {
+    for (std::size_t i = 0; i < node_stage_.size(); ++i) {
+      if (graph_->nodes()[i].is_input() || node_stage_[i] != s) continue;
       auto& l = *graph_->nodes()[i].layer;
       for (auto& p : l.parameters()) f(*p.value);
       for (auto& b : l.buffers()) f(*b.value);
@@ -583,14 +584,6 @@ void pipeline::download() {
     });
   }
 }
-
-std::vector<std::size_t> pipeline::nodes_of_stage(std::uint32_t s) const {
-  std::vector<std::size_t> out;
-  for (std::size_t i = 0; i < node_stage_.size(); ++i)
-    if (!graph_->nodes()[i].is_input() && node_stage_[i] == s) out.push_back(i);
-  return out;
-}
-
 
 void pipeline::exchange(std::vector<stage_report>& reports, const std::vector<bool>& local) {
   nlohmann::json mine = nlohmann::json::array();

@@ -202,16 +202,15 @@ class pipeline {
   bool here(std::uint32_t r, std::uint32_t s) const noexcept { return rank_of(r, s) == me_; }
   /// Across ranks: every stage's report from the local ones (a collective).
   void exchange(std::vector<detail::stage_report>& reports, const std::vector<bool>& local);
+  /// The backend factory of replica r's stage s (null: the CPU), the same on every rank.
+  const stage_backend_factory* factory_of(std::uint32_t r, std::uint32_t s) const;
   /// Across ranks, replicas one per rank: for each stage on devices whose replicas are
   /// spread, member 0's id of a group that sums among its ranks (`backend::new_rank_id`),
   /// or empty (through the host). Collectives, every rank at wiring: one, then one per
   /// stage that sums among its ranks.
-  std::vector<std::string> agree_rank_sums(const std::function<bool(std::uint32_t)>& on_devices);
-  /// Across ranks: the nodes of stage s, in node order.
-  std::vector<std::size_t> nodes_of_stage(std::uint32_t s) const;
-  void spawn_groups(const std::vector<layers::graph*>& replicas, std::shared_ptr<const schedule> shared_plan,
-                    std::shared_ptr<const layers::loss> criterion, const layers::optimizer_factory& make_optimizer,
-                    const std::function<unsigned(std::uint32_t, std::uint32_t)>& loop_of);
+  std::vector<std::string> agree_rank_sums();
+  void spawn_groups(const std::vector<layers::graph*>& replicas, std::shared_ptr<const layers::loss> criterion,
+                    const layers::optimizer_factory& make_optimizer);
   void stop_all();
 
   actors::runtime& rt_;
