@@ -15,26 +15,20 @@ namespace {
 
 constexpr double never = std::numeric_limits<double>::infinity();
 
-int op_index(op o) noexcept { return o == op::F ? 0 : o == op::B ? 1 : 2; }
-
-/// End times of every (op, micro-batch, piece), `never` until it ran.
-class done_table {
- public:
-  done_table(std::uint32_t micro_batches, std::uint32_t pieces)
-      : m_(micro_batches), p_(pieces), end_(std::size_t(3) * micro_batches * pieces, never) {}
-  double& at(op o, std::uint32_t mb, std::uint32_t piece) {
-    return end_[(std::size_t(op_index(o)) * m_ + mb) * p_ + piece];
-  }
-
- private:
-  std::uint32_t m_, p_;
-  std::vector<double> end_;
-};
-
-/// What action `a` of `stage` waits for on another stage (or its own F for B, its B for W).
+/// An action of a piece that another action waits for (or its own F for B, its B for W).
 struct dependency {
   op o;
   std::uint32_t micro_batch, piece;
+};
+
+/// End times of every (op, micro-batch, piece), `never` until it ran.
+struct done_table {
+  std::uint32_t micro_batches, pieces;
+  std::vector<double> end = std::vector<double>(std::size_t(3) * micro_batches * pieces, never);
+  double& operator[](const dependency& d) {
+    const std::size_t o = d.o == op::F ? 0 : d.o == op::B ? 1 : 2;
+    return end[(o * micro_batches + d.micro_batch) * pieces + d.piece];
+  }
 };
 
 std::vector<dependency> dependencies_of(const schedule& s, std::uint32_t stage, const action& a) {
@@ -75,50 +69,35 @@ std::string describe(const schedule& s, const action& a) {
 }
 
 /// Runs the schedule: each stage's next action starts once its stage is free and its
-/// dependencies ended. Returns the position each stage got to (all sizes: finished).
+/// dependencies ended. `next` gets the position each stage got to (all sizes: finished).
 /// `costs` has one entry per stage.
-std::vector<std::size_t> run(const schedule& s, const std::vector<action_costs>& costs, simulation* out) {
-  done_table done(s.micro_batches, s.pieces());
-  std::vector<std::size_t> next(s.stages, 0);
-  std::vector<double> free_at(s.stages, 0);
-  if (out) {
-    out->start.assign(s.stages, {});
-    out->end.assign(s.stages, {});
-    for (std::uint32_t st = 0; st < s.stages; ++st) {
-      out->start[st].resize(s.actions[st].size());
-      out->end[st].resize(s.actions[st].size());
-    }
+simulation run(const schedule& s, const std::vector<action_costs>& costs, std::vector<std::size_t>& next) {
+  done_table done{s.micro_batches, s.pieces()};
+  simulation out;
+  for (const auto& l : s.actions) {
+    out.start.emplace_back(l.size());
+    out.end.emplace_back(l.size());
   }
+  next.assign(s.stages, 0);
   for (bool progress = true; progress;) {
     progress = false;
     for (std::uint32_t st = 0; st < s.stages; ++st) {
-      while (next[st] < s.actions[st].size()) {
-        const action& a = s.actions[st][next[st]];
-        double ready = free_at[st];
-        bool ok = true;
-        for (const auto& d : dependencies_of(s, st, a)) {
-          double e = done.at(d.o, d.micro_batch, d.piece);
-          if (e == never) {
-            ok = false;
-            break;
-          }
-          ready = std::max(ready, e);
-        }
-        if (!ok) break;
+      for (auto& i = next[st]; i < s.actions[st].size(); ++i) {
+        const action& a = s.actions[st][i];
+        const auto deps = dependencies_of(s, st, a);
+        if (std::any_of(deps.begin(), deps.end(), [&](auto& d) { return done[d] == never; })) break;
+        double ready = i > 0 ? out.end[st][i - 1] : 0;  // when the stage is free
+        for (const auto& d : deps) ready = std::max(ready, done[d]);
         const double end = ready + cost_of(s, a.op, costs[st]);
-        done.at(a.op, a.micro_batch, s.piece(st, a.chunk)) = end;
-        if (!s.split_backward && a.op == op::B) done.at(op::W, a.micro_batch, s.piece(st, a.chunk)) = end;
-        if (out) {
-          out->start[st][next[st]] = ready;
-          out->end[st][next[st]] = end;
-        }
-        free_at[st] = end;
-        ++next[st];
+        done[{a.op, a.micro_batch, s.piece(st, a.chunk)}] = end;
+        if (!s.split_backward && a.op == op::B) done[{op::W, a.micro_batch, s.piece(st, a.chunk)}] = end;
+        out.start[st][i] = ready;
+        out.end[st][i] = end;
         progress = true;
       }
     }
   }
-  return next;
+  return out;
 }
 
 void check_shape(const schedule& s) {
@@ -136,7 +115,7 @@ void check_shape(const schedule& s) {
 /// F and descending for B; F bounded by `in_flight_limit`) by a unit-time list simulation.
 schedule interleave_by_simulation(schedule s, const std::vector<std::uint32_t>& in_flight_limit) {
   const std::uint32_t S = s.stages, M = s.micro_batches, V = s.chunks;
-  done_table done(M, s.pieces());
+  done_table done{M, s.pieces()};
   struct stage_state {
     double free_at = 0;
     std::set<std::pair<std::uint32_t, std::uint32_t>> f_left, b_left;  // (mb, chunk)
@@ -152,7 +131,7 @@ schedule interleave_by_simulation(schedule s, const std::vector<std::uint32_t>& 
     for (auto [m, c] : left) {
       const action a{o, m, c};
       const auto deps = dependencies_of(s, stage, a);
-      if (std::any_of(deps.begin(), deps.end(), [&](auto& d) { return done.at(d.o, d.micro_batch, d.piece) > t; }))
+      if (std::any_of(deps.begin(), deps.end(), [&](auto& d) { return done[d] > t; }))
         continue;
       const auto k = std::make_tuple(m / S, o == op::F ? c : V - 1 - c, m % S);
       if (!pick || k < best) best = k, pick = a;
@@ -173,7 +152,7 @@ schedule interleave_by_simulation(schedule s, const std::vector<std::uint32_t>& 
       if (!pick) continue;
       const action a = *pick;
       const double end = t + cost_of(s, a.op, {1, 2, 1});
-      done.at(a.op, a.micro_batch, s.piece(i, a.chunk)) = end;
+      done[{a.op, a.micro_batch, s.piece(i, a.chunk)}] = end;
       x.free_at = end;
       s.actions[i].push_back(a);
       --remaining;
@@ -286,7 +265,7 @@ void validate(const schedule& s) {
   const std::uint32_t M = s.micro_batches, V = s.chunks;
   // Per stage: ranges, duplicates, F before B before W.
   for (std::uint32_t st = 0; st < s.stages; ++st) {
-    std::set<std::tuple<int, std::uint32_t, std::uint32_t>> seen;
+    std::set<std::tuple<op, std::uint32_t, std::uint32_t>> seen;
     const auto& list = s.actions[st];
     for (std::size_t i = 0; i < list.size(); ++i) {
       const action& a = list[i];
@@ -298,9 +277,9 @@ void validate(const schedule& s) {
         fail(describe(s, a) + ", but there are only " + std::to_string(M) + " micro-batches");
       if (a.chunk >= V) fail("chunk " + std::to_string(a.chunk) + ", but stages have " + std::to_string(V) + " chunks");
       if (a.op == op::W && !s.split_backward) fail("W in a schedule whose B does the whole backward (split 0)");
-      if (!seen.insert({op_index(a.op), a.micro_batch, a.chunk}).second) fail(describe(s, a) + " runs twice");
+      if (!seen.insert({a.op, a.micro_batch, a.chunk}).second) fail(describe(s, a) + " runs twice");
       const op before = a.op == op::B ? op::F : op::B;
-      if (a.op != op::F && !seen.count({op_index(before), a.micro_batch, a.chunk}))
+      if (a.op != op::F && !seen.count({before, a.micro_batch, a.chunk}))
         fail(describe(s, a) + " comes before its " + std::string(1, char(before)));
     }
     // Completeness: what is missing here is awaited elsewhere (F by the next piece, B by the previous).
@@ -308,7 +287,7 @@ void validate(const schedule& s) {
       for (std::uint32_t m = 0; m < M; ++m)
         for (op o : {op::F, op::B, op::W}) {
           if (o == op::W && !s.split_backward) continue;
-          if (seen.count({op_index(o), m, c})) continue;
+          if (seen.count({o, m, c})) continue;
           const action a{o, m, c};
           const std::uint32_t p = s.piece(st, c);
           std::string why;
@@ -324,21 +303,22 @@ void validate(const schedule& s) {
         }
   }
   // Wait cycles: simulate, and explain where it stops.
-  auto next = run(s, std::vector<action_costs>(s.stages), nullptr);
+  std::vector<std::size_t> next;
+  run(s, std::vector<action_costs>(s.stages), next);
   bool stuck = false;
   for (std::uint32_t st = 0; st < s.stages; ++st) stuck |= next[st] < s.actions[st].size();
   if (!stuck) return;
   // Each stuck stage waits on the stage owning its first unmet dependency; follow until a repeat.
-  done_table done(M, s.pieces());
+  done_table done{M, s.pieces()};
   for (std::uint32_t st = 0; st < s.stages; ++st)
     for (std::size_t i = 0; i < next[st]; ++i) {
       const action& a = s.actions[st][i];
-      done.at(a.op, a.micro_batch, s.piece(st, a.chunk)) = 0;
+      done[{a.op, a.micro_batch, s.piece(st, a.chunk)}] = 0;
     }
   auto waits_on = [&](std::uint32_t st) -> std::pair<std::uint32_t, dependency> {
     const action& a = s.actions[st][next[st]];
     for (const auto& d : dependencies_of(s, st, a))
-      if (done.at(d.o, d.micro_batch, d.piece) == never) return {d.piece % s.stages, d};
+      if (done[d] == never) return {d.piece % s.stages, d};
     return {st, {a.op, a.micro_batch, 0}};
   };
   std::uint32_t first = 0;
@@ -375,8 +355,8 @@ simulation simulate(const schedule& s, const std::vector<action_costs>& per_stag
   if (per_stage.size() != s.stages)
     throw std::invalid_argument("simulate: " + std::to_string(per_stage.size()) + " stage costs for " +
                                 std::to_string(s.stages) + " stages");
-  simulation r;
-  auto next = run(s, per_stage, &r);
+  std::vector<std::size_t> next;
+  auto r = run(s, per_stage, next);
   for (std::uint32_t st = 0; st < s.stages; ++st)
     if (next[st] < s.actions[st].size())
       throw schedule_error("schedule '" + s.name + "': cannot simulate an invalid schedule (validate it)", int(st),
