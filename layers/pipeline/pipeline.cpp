@@ -634,8 +634,11 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
   const auto parts = layers::split_micro_batches(n, R);
   // Across ranks a rank asks only its own stages (the others' slices are not cut).
   std::vector<bool> local(msgs.size());
-  for (std::size_t i = 0; i < msgs.size(); ++i) local[i] = here(std::uint32_t(i / S), std::uint32_t(i % S));
-    for (std::uint32_t r = 0; r < R; ++r) {
+  for (std::size_t i = 0; i < msgs.size(); ++i) {
+    local[i] = here(std::uint32_t(i / S), std::uint32_t(i % S));
+    msgs[i] = {.step = step, .lr = lr, .stages = addrs, .replica = std::uint32_t(i / S), .replicas = R};
+  }
+  for (std::uint32_t r = 0; r < R; ++r) {
     const auto micro = layers::split_micro_batches(parts[r].count, M);
     for (std::uint32_t m = 0; m < M; ++m) {
       const std::int64_t first = parts[r].first + micro[m].first, count = micro[m].count;
@@ -653,12 +656,7 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
   // Last stage first: a stage's first message of the step is then usually its step_msg.
   for (std::size_t i = msgs.size(); i-- > 0;) {
     if (!local[i]) continue;
-    msgs[i].step = step;
-    msgs[i].lr = lr;
     msgs[i].t0_ns = t0;
-    msgs[i].stages = addrs;
-    msgs[i].replica = std::uint32_t(i / S);
-    msgs[i].replicas = R;
     futures[i] = rt_.ask<stage_report>(stages_[i], std::move(msgs[i]), std::chrono::nanoseconds::max());
   }
   std::vector<stage_report> reports(msgs.size());
@@ -701,9 +699,8 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
   for (std::uint32_t s = 0; s < S; ++s) {
     auto& r = reports[s];  // replica 0
     auto& x = metrics_[s];
-    const double busy = double(r.busy_ns) * 1e-9;
-    const double waited = double(r.input_wait_ns) * 1e-9;
-    const double bp = double(r.backpressure_ns) * 1e-9;
+    const double busy = double(r.busy_ns) * 1e-9, waited = double(r.input_wait_ns) * 1e-9,
+                 bp = double(r.backpressure_ns) * 1e-9;
     x.busy_s += busy;
     x.idle_s += std::max(0.0, wall - busy);
     x.idle_input_s += waited;
@@ -808,18 +805,15 @@ std::vector<double> predicted_bubbles(const schedule& plan, const std::vector<st
   }
   const auto sim = simulate(plan, costs);
   double step_end = 0;
-  std::vector<double> busy(plan.stages, 0), last(plan.stages, 0);
+  std::vector<double> busy(plan.stages, 0);
   for (std::uint32_t s = 0; s < plan.stages; ++s) {
-    for (std::size_t i = 0; i < sim.end[s].size(); ++i) {
-      busy[s] += sim.end[s][i] - sim.start[s][i];
-      last[s] = std::max(last[s], sim.end[s][i]);
-    }
+    for (std::size_t i = 0; i < sim.end[s].size(); ++i) busy[s] += sim.end[s][i] - sim.start[s][i];
     busy[s] += optimizer[s];
-    step_end = std::max(step_end, last[s] + optimizer[s]);
+    // A stage's actions run one after another: its last ends last.
+    step_end = std::max(step_end, (sim.end[s].empty() ? 0.0 : sim.end[s].back()) + optimizer[s]);
   }
-  std::vector<double> out(plan.stages, 0);
-  for (std::uint32_t s = 0; s < plan.stages; ++s) out[s] = step_end > 0 ? 1.0 - busy[s] / step_end : 0.0;
-  return out;
+  for (auto& b : busy) b = step_end > 0 ? 1.0 - b / step_end : 0.0;  // now the bubble
+  return busy;
 }
 
 std::string measured_table(const pipeline& p, std::size_t columns) {
