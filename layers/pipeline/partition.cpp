@@ -6,7 +6,6 @@
 #include <random>
 #include <stdexcept>
 
-
 namespace nerve::pipeline {
 
 std::vector<std::size_t> layer_order(const layers::graph& g) {
@@ -22,11 +21,12 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void check_count(std::size_t layers, std::size_t pieces) {
-  if (pieces == 0) throw std::invalid_argument("partition: 0 stages");
-  if (layers < pieces)
-    throw std::invalid_argument("partition: cannot cut " + std::to_string(layers) + " layers into " +
-                                std::to_string(pieces) + " pieces: at least one stage would be empty");
+/// The runs of `order` between consecutive `cuts` (which start at 0 and end at its size).
+partition runs_between(const std::vector<std::size_t>& order, const std::vector<std::size_t>& cuts) {
+  partition p;
+  for (std::size_t k = 0; k + 1 < cuts.size(); ++k)
+    p.emplace_back(order.begin() + long(cuts[k]), order.begin() + long(cuts[k + 1]));
+  return p;
 }
 
 }  // namespace
@@ -45,9 +45,7 @@ partition partition_at(const layers::graph& g, const std::vector<std::string>& f
     cuts.push_back(pos);
   }
   cuts.push_back(order.size());
-  partition p;
-  for (std::size_t k = 0; k + 1 < cuts.size(); ++k) p.emplace_back(order.begin() + long(cuts[k]), order.begin() + long(cuts[k + 1]));
-  return p;
+  return runs_between(order, cuts);
 }
 
 partition partition_by_cost(const layers::graph& g, const std::vector<double>& layer_costs, std::size_t pieces) {
@@ -56,7 +54,10 @@ partition partition_by_cost(const layers::graph& g, const std::vector<double>& l
   if (layer_costs.size() != n)
     throw std::invalid_argument("partition: " + std::to_string(layer_costs.size()) + " costs for " +
                                 std::to_string(n) + " layers");
-  check_count(n, pieces);
+  if (pieces == 0) throw std::invalid_argument("partition: 0 stages");
+  if (n < pieces)
+    throw std::invalid_argument("partition: cannot cut " + std::to_string(n) + " layers into " +
+                                std::to_string(pieces) + " pieces: at least one stage would be empty");
   std::vector<double> prefix(n + 1, 0);
   for (std::size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + layer_costs[i];
   // best[k][i]: smallest maximum piece cost for the first i layers in k pieces; cut[k][i] the last cut.
@@ -73,9 +74,7 @@ partition partition_by_cost(const layers::graph& g, const std::vector<double>& l
   std::vector<std::size_t> cuts{n};
   for (std::size_t k = pieces, i = n; k > 0; --k) cuts.push_back(i = cut[k][i]);
   std::reverse(cuts.begin(), cuts.end());
-  partition p;
-  for (std::size_t k = 0; k + 1 < cuts.size(); ++k) p.emplace_back(order.begin() + long(cuts[k]), order.begin() + long(cuts[k + 1]));
-  return p;
+  return runs_between(order, cuts);
 }
 
 partition partition_by_parameters(layers::graph& g, std::size_t pieces) {
@@ -102,7 +101,7 @@ std::vector<double> profile_layers(layers::graph& g, std::int64_t batch, int rep
     std::vector<double> t(order.size(), 0);
     for (std::size_t k : g.inputs()) {
       out[k] = layers::tensor(batch, nodes[k].output_shape);
-      for (std::int64_t i = 0; i < out[k].size(); ++i) out[k].data()[i] = dist(rng);
+      std::generate_n(out[k].data(), out[k].size(), [&] { return dist(rng); });
     }
     for (std::size_t k = 0; k < order.size(); ++k) {
       auto& n = nodes[order[k]];
