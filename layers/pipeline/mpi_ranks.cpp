@@ -12,11 +12,8 @@ namespace nerve::pipeline {
 
 namespace {
 
-struct owning_link;
-
-class link final : public rank_link {
+class link : public rank_link {
  public:
-  owning_link* owner = nullptr;  // set when the link owns its transport
   link(bus::mpi::transport& t, channel first) : t_(t), first_(first) {}
 
   int rank() const noexcept override { return t_.rank(); }
@@ -43,13 +40,16 @@ class link final : public rank_link {
   channel first_;
 };
 
-// A link that owns its transport (declared first, so it is destroyed last), with the
-// ranks' clock offsets measured when it was made.
-struct owning_link {
+struct transport_holder {
   bus::mpi::transport t;
-  link l;
+  transport_holder(actors::runtime& rt, unsigned loop) : t(rt, loop) {}
+};
+
+// A link that owns its transport (a base before the link: made first, destroyed last), with
+// the ranks' clock offsets measured when it was made.
+struct owning_link final : transport_holder, link {
   std::vector<bus::mpi::clock_offset> offsets;
-  owning_link(actors::runtime& rt, unsigned loop) : t(rt, loop), l(t, 0), offsets(t.clock_offsets()) { l.owner = this; }
+  owning_link(actors::runtime& rt, unsigned loop) : transport_holder(rt, loop), link(t, 0), offsets(t.clock_offsets()) {}
 };
 
 }  // namespace
@@ -59,17 +59,15 @@ std::shared_ptr<rank_link> mpi_ranks(bus::mpi::transport& t, bus::mpi::transport
 }
 
 std::shared_ptr<rank_link> mpi_ranks_on(actors::runtime& rt, unsigned loop) {
-  auto own = std::make_shared<owning_link>(rt, loop);
-  return std::shared_ptr<rank_link>(own, &own->l);  // shares the owner's life
+  return std::make_shared<owning_link>(rt, loop);
 }
 
 void write_merged_trace(rank_link& l, actors::runtime& rt, const std::string& path, const nlohmann::json& extra) {
-  auto* mine = dynamic_cast<link*>(&l);
-  if (!mine || !mine->owner)
-    throw std::invalid_argument("write_merged_trace: the link was not made by mpi_ranks_on");
+  auto* mine = dynamic_cast<owning_link*>(&l);
+  if (!mine) throw std::invalid_argument("write_merged_trace: the link was not made by mpi_ranks_on");
   rt.synchronize();
-  mine->owner->t.flush();
-  bus::mpi::write_merged_trace(mine->owner->t, rt, path, extra, mine->owner->offsets);
+  mine->t.flush();
+  bus::mpi::write_merged_trace(mine->t, rt, path, extra, mine->offsets);
 }
 
 }  // namespace nerve::pipeline
