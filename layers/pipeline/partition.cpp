@@ -8,14 +8,15 @@
 
 namespace nerve::pipeline {
 
+namespace {
+
+/// The graph's layer nodes (no graph inputs) in topological order.
 std::vector<std::size_t> layer_order(const layers::graph& g) {
   std::vector<std::size_t> v;
   for (std::size_t i : g.order())
     if (!g.nodes()[i].is_input()) v.push_back(i);
   return v;
 }
-
-namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

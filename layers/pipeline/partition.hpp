@@ -22,17 +22,14 @@ namespace nerve::pipeline {
 /// Layer node indices of each piece, in topological order.
 using partition = std::vector<std::vector<std::size_t>>;
 
-/// The graph's layer nodes (no graph inputs) in topological order.
-std::vector<std::size_t> layer_order(const layers::graph& g);
-
 /// Cuts before each layer named in `first_layers` (the first layer of pieces 1, 2, …):
 /// `{"fc3"}` gives two pieces, `[… up to before fc3] [fc3 …]`. Throws
 /// `std::invalid_argument` for an unknown name, names out of order, or an empty piece.
 partition partition_at(const layers::graph& g, const std::vector<std::string>& first_layers);
 
-/// `pieces` runs whose costs (one per layer of `layer_order`) have the smallest
-/// possible maximum (ties: the earliest cut). Throws `std::invalid_argument` when there
-/// are fewer layers than pieces (a piece would be empty) or `pieces` is 0.
+/// `pieces` runs whose costs (one per layer in topological order, graph inputs left out)
+/// have the smallest possible maximum (ties: the earliest cut). Throws `std::invalid_argument`
+/// when there are fewer layers than pieces (a piece would be empty) or `pieces` is 0.
 partition partition_by_cost(const layers::graph& g, const std::vector<double>& layer_costs, std::size_t pieces);
 
 /// Balances trainable parameter counts (a layer without parameters weighs one

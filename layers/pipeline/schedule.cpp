@@ -194,16 +194,12 @@ std::string_view to_string(schedule_kind k) noexcept {
   return "?";
 }
 
-schedule_kind parse_schedule_kind(std::string_view name) {
-  for (auto k : {schedule_kind::gpipe, schedule_kind::one_f_one_b, schedule_kind::interleaved, schedule_kind::zb_h1})
-    if (name == to_string(k)) return k;
-  throw std::invalid_argument("schedule: unknown schedule '" + std::string(name) +
-                              "' (known: gpipe, 1f1b, interleaved, zb-h1)");
-}
-
 schedule make_schedule(std::string_view name, std::uint32_t stages, std::uint32_t micro_batches,
                        std::uint32_t chunks) {
-  return make_schedule(parse_schedule_kind(name), stages, micro_batches, chunks);
+  for (auto k : {schedule_kind::gpipe, schedule_kind::one_f_one_b, schedule_kind::interleaved, schedule_kind::zb_h1})
+    if (name == to_string(k)) return make_schedule(k, stages, micro_batches, chunks);
+  throw std::invalid_argument("schedule: unknown schedule '" + std::string(name) +
+                              "' (known: gpipe, 1f1b, interleaved, zb-h1)");
 }
 
 schedule make_schedule(schedule_kind kind, std::uint32_t stages, std::uint32_t micro_batches, std::uint32_t chunks) {

@@ -45,8 +45,6 @@ std::string to_string(const action& a, bool with_chunk = false);
 enum class schedule_kind { gpipe, one_f_one_b, interleaved, zb_h1 };
 /// `gpipe`, `1f1b`, `interleaved`, `zb-h1`.
 std::string_view to_string(schedule_kind k) noexcept;
-/// Parses a name above; throws `std::invalid_argument` listing the names.
-schedule_kind parse_schedule_kind(std::string_view name);
 
 /// Per-stage action lists and their shape.
 struct schedule {
@@ -81,6 +79,7 @@ struct schedule {
 /// Throws `std::invalid_argument` on a zero count or `chunks` that do not fit the kind.
 schedule make_schedule(schedule_kind kind, std::uint32_t stages, std::uint32_t micro_batches,
                        std::uint32_t chunks = 1);
+/// The same by the kind's name; an unknown name throws `std::invalid_argument` listing the names.
 schedule make_schedule(std::string_view name, std::uint32_t stages, std::uint32_t micro_batches,
                        std::uint32_t chunks = 1);
 
