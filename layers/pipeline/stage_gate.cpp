@@ -61,11 +61,11 @@ void stage_gate::guarded(F&& f) {
 void stage_gate::fail(std::exception_ptr e, bool aborted) {
   if (failed_) return;  // the stage already ended its step: later failures are its consequences
   failed_ = true;
-  if (!aborted && stages_) {  // every other stage (of every replica) ends its step too
+  if (!aborted && req_.stages) {  // every other stage (of every replica) ends its step too
     const std::string what = detail::what_of(e);
-    for (std::uint32_t s = 0; s < stages_->size(); ++s)
-      if (s != replica_ * S_ + c_.stage && (*stages_)[s])  // empty: a stage on another rank
-        (void)try_send((*stages_)[s], detail::abort_msg{c_.stage, what}, actors::lane::urgent);
+    for (std::uint32_t s = 0; s < req_.stages->size(); ++s)
+      if (s != req_.replica * S_ + c_.stage && (*req_.stages)[s])  // empty: a stage on another rank
+        (void)try_send((*req_.stages)[s], detail::abort_msg{c_.stage, what}, actors::lane::urgent);
   }
   // The layers stop; this gate stays to hear of their failures until the pipeline stops it.
   for (auto& a : members_) system().stop(a);
@@ -77,14 +77,7 @@ std::int64_t stage_gate::now() { return system().trace().now(); }
 
 void stage_gate::on_step(detail::step_msg& m) {
   reply_ = defer_reply<detail::stage_report>();
-  stages_ = m.stages;
-  replica_ = m.replica;
-  step_ = m.step;
-  t0_ = m.t0_ns;
-  lr_ = m.lr;
-  inputs_ = std::move(m.inputs);
-  targets_ = std::move(m.targets);
-  shares_ = std::move(m.shares);
+  req_ = std::move(m);
   rep_ = detail::stage_report{};
   rep_.begin_ns = now();
   const std::uint32_t M = c_.plan->micro_batches;
@@ -127,7 +120,7 @@ void stage_gate::finish_step() {
   rep_.busy_ns += stepped;
   rep_.optimizer_ns += stepped;
   rep_.end_ns = now();
-  inputs_.clear();
+  req_.inputs.clear();
   active_ = stepping_ = false;
   if (reply_) reply_.deliver(std::move(rep_));
 }
@@ -137,10 +130,10 @@ void stage_gate::on_output(layers::forward_msg& m) {
   const auto mb = std::size_t(m.micro_batch);
   if (c_.loss_backend) {  // on the device; the figures come back with the stream
     std::int64_t first = 0;  // the micro-batch's rows in the backend's staging
-    for (std::size_t k = 0; k < mb; ++k) first += targets_[k].size();
+    for (std::size_t k = 0; k < mb; ++k) first += req_.targets[k].size();
     ++loss_reports_due_;
     c_.loss_backend->loss(
-        *this, *c_.criterion, std::move(m.x), targets_.at(mb), first, step_, shares_.at(mb), true, false,
+        *this, *c_.criterion, std::move(m.x), req_.targets.at(mb), first, req_.step, req_.shares.at(mb), true, false,
         [&](layers::value g) { loss_grads_[m.micro_batch] = std::move(g); },
         [this, mb](layers::loss_figures& f) {
           rep_.losses[mb] = f.loss;
@@ -149,10 +142,10 @@ void stage_gate::on_output(layers::forward_msg& m) {
           finish_step();
         });
   } else {
-    auto r = c_.criterion->forward(m.x.host, targets_.at(mb));
+    auto r = c_.criterion->forward(m.x.host, req_.targets.at(mb));
     rep_.losses[mb] = r.loss;
     rep_.correct[mb] = r.correct;
-    loss_grads_[m.micro_batch] = c_.criterion->backward(r.stash, float(shares_.at(mb)));
+    loss_grads_[m.micro_batch] = c_.criterion->backward(r.stash, float(req_.shares.at(mb)));
   }
   loss_pending_ = false;
   if (running_ && done_ == chunks_[cur_.chunk].layers.size()) complete();
@@ -163,7 +156,7 @@ bool stage_gate::ready(const action& a) const {
   const auto& ch = chunks_[a.chunk];
   const key k{a.micro_batch, p};
   if (a.op == op::F) {
-    if (p == 0) return a.micro_batch < inputs_.size();
+    if (p == 0) return a.micro_batch < req_.inputs.size();
     auto it = forwards_.find(k);
     return it != forwards_.end() && it->second == ch.forwards_in;
   }
@@ -237,7 +230,8 @@ void stage_gate::run(const action& a) {
       forwards_.erase({mb, p});
       for (auto& l : ch.entries) send(l, layers::admit{stage_op::forward, mb});
       if (p == 0)
-        input_.emit(layers::forward_msg{mb, step_, 0, c_.plan->micro_batches, true, lr_, std::move(inputs_[a.micro_batch])});
+        input_.emit(layers::forward_msg{mb, req_.step, 0, c_.plan->micro_batches, true, req_.lr,
+                                        std::move(req_.inputs[a.micro_batch])});
       break;
     case op::B:
       gradients_.erase({mb, p});
@@ -245,7 +239,7 @@ void stage_gate::run(const action& a) {
       for (auto& l : ch.exits) send(l, layers::admit{stage_op::backward, mb});
       if (p + 1 == P_) {
         auto it = loss_grads_.find(mb);
-        loss_grad_.emit(layers::backward_msg{mb, step_, 0, std::move(it->second)});
+        loss_grad_.emit(layers::backward_msg{mb, req_.step, 0, std::move(it->second)});
         loss_grads_.erase(it);
       }
       break;
@@ -266,10 +260,10 @@ void stage_gate::complete() {
     else --in_flight_;
   }
   rep_.busy_ns += end - cur_start_;
-  rep_.actions.push_back({a, double(cur_start_ - t0_) * 1e-9, double(end - t0_) * 1e-9});
+  rep_.actions.push_back({a, double(cur_start_ - req_.t0_ns) * 1e-9, double(end - req_.t0_ns) * 1e-9});
   auto& rec = system().trace();
   if (rec.enabled())
-    rec.span(stage_track(replica_ * S_ + c_.stage), "action", detail::op_name(a.op), cur_start_, end, a.micro_batch,
+    rec.span(stage_track(req_.replica * S_ + c_.stage), "action", detail::op_name(a.op), cur_start_, end, a.micro_batch,
              nullptr, int(c_.stage), c_.emergent ? -1 : int(cursor_), a.chunk);
   ++cursor_;
   advance();
@@ -289,7 +283,7 @@ void stage_gate::unblock() {
   (wait_credits_ ? rep_.backpressure_ns : rep_.input_wait_ns) += t - wait_since_;
   auto& rec = system().trace();
   if (rec.enabled())
-    rec.span(stage_track(replica_ * S_ + c_.stage), "idle", "idle", wait_since_, t, -1,
+    rec.span(stage_track(req_.replica * S_ + c_.stage), "idle", "idle", wait_since_, t, -1,
              wait_credits_ ? "backpressure" : "input", int(c_.stage));
 }
 

@@ -94,16 +94,9 @@ class stage_gate : public actors::actor {
   bus::signal<layers::forward_msg> input_{*this, "input"};
   bus::signal<layers::backward_msg> loss_grad_{*this, "loss_grad"};
   // The step.
-  std::shared_ptr<const std::vector<actors::address>> stages_;
+  detail::step_msg req_;  // its request: the other stages, the inputs, targets and shares
   actors::deferred_reply<detail::stage_report> reply_;
   detail::stage_report rep_;
-  std::uint64_t step_ = 0;
-  std::uint32_t replica_ = 0;
-  std::int64_t t0_ = 0;
-  double lr_ = -1;
-  std::vector<layers::tensor> inputs_;
-  std::vector<layers::targets> targets_;
-  std::vector<double> shares_;
   std::map<key, std::uint32_t> forwards_, gradients_;  // held at the layers, not yet admitted
   // Emergent mode: when each gradient set was complete (arrival number), and the arrivals
   // before the action running began: what a stage that handles one message at a time sees.
