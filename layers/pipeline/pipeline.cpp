@@ -405,9 +405,8 @@ std::vector<std::string> pipeline::agree_rank_sums() {
   // Then each stage that sums among its ranks gets its id, made on member 0's rank and read
   // by every rank (the same stages on every rank: `all_can` is).
   for (std::size_t k = 0; k < spread.size(); ++k) {
-    bool among = true;
-    for (const auto& c : all_can) among = among && c.size() == spread.size() && c[k] != '0';
-    if (!among) continue;
+    if (!std::all_of(all_can.begin(), all_can.end(), [&](auto& c) { return c.size() == spread.size() && c[k] != '0'; }))
+      continue;
     const auto st = spread[k];
     const auto mine = here(0, st) ? backends_[st]->new_rank_id() : std::string();
     ids[st] = link.all_gather(mine).at(std::size_t(rank_of(0, st)));
@@ -748,8 +747,7 @@ nlohmann::json pipeline::trace_metadata() const {
       if (!here(r, s)) continue;
       if (first < 0) first = int(r);
       ids.push_back(stages_[r * plan_.stages + s].id());
-      if (!groups_.empty())
-        for (auto& a : stage_group(r, s).members()) layer_ids.push_back(a.id());
+      for (auto& a : stage_group(r, s).members()) layer_ids.push_back(a.id());
     }
     if (first < 0) continue;
     const auto& be = backends_[std::size_t(first) * plan_.stages + s];

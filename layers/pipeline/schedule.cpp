@@ -301,9 +301,9 @@ void validate(const schedule& s) {
   // Wait cycles: simulate, and explain where it stops.
   std::vector<std::size_t> next;
   run(s, std::vector<action_costs>(s.stages), next);
-  bool stuck = false;
-  for (std::uint32_t st = 0; st < s.stages; ++st) stuck |= next[st] < s.actions[st].size();
-  if (!stuck) return;
+  std::uint32_t first = 0;
+  while (first < s.stages && next[first] == s.actions[first].size()) ++first;
+  if (first == s.stages) return;
   // Each stuck stage waits on the stage owning its first unmet dependency; follow until a repeat.
   done_table done{M, s.pieces()};
   for (std::uint32_t st = 0; st < s.stages; ++st)
@@ -317,8 +317,6 @@ void validate(const schedule& s) {
       if (done[d] == never) return {d.piece % s.stages, d};
     return {st, {a.op, a.micro_batch, 0}};
   };
-  std::uint32_t first = 0;
-  while (next[first] >= s.actions[first].size()) ++first;
   std::vector<int> visited(s.stages, -1);
   std::vector<std::uint32_t> path;
   std::uint32_t cur = first;
