@@ -102,7 +102,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
   auto& g0 = *replicas[0];
   const auto& nodes0 = g0.nodes();
   const std::size_t N = nodes0.size();
-  flow_ = layers::make_plan(g0);
+  const auto flow = layers::make_plan(g0);  // the graph's edges
   // The piece of every node (graph inputs count as piece 0's), checked against the cut.
   std::vector<std::uint32_t> piece_of(N, 0);
   std::vector<bool> placed(N, false);
@@ -205,10 +205,10 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       so.loop = loop_of(r, s);
       so.supervisor = stages_[r * S + s];
       // Every forward and gradient of a step fits, held or not, with the gate's admits.
-      so.capacity = std::size_t(M + 1) * (nodes[i].inputs.size() + flow_.nodes[i].edge_count() + 4) + 16;
+      so.capacity = std::size_t(M + 1) * (nodes[i].inputs.size() + flow.nodes[i].edge_count() + 4) + 16;
       auto& be = stage_backends[s];
       at[i] = rt_.spawn_with<layers::layer_actor>(
-          so, nodes[i], std::uint32_t(i), flow_.nodes[i],
+          so, nodes[i], std::uint32_t(i), flow.nodes[i],
           be ? be->kernels_for(nodes[i]) : layers::make_cpu_kernels(nodes[i], make_optimizer()));
       rt_.annotate(at[i].id(), int(s), group);
     }
@@ -230,7 +230,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       else if (here(r, to)) (link->*receive)(ch, at[receiver]);
     };
     for (std::size_t i = 0; i < N; ++i) {
-      const auto& np = flow_.nodes[i];
+      const auto& np = flow.nodes[i];
       if (nodes[i].is_input()) {
         for (auto& e : np.edges)
           connect(0, stage_of(e.consumer), [&]() -> auto& { return gates[0]->input(); }, e.port, e.consumer,

@@ -222,7 +222,6 @@ class pipeline {
   std::vector<actors::address> stages_, reducers_;
   std::vector<actors::address> layers_;  // replica r's node i at r * nodes + i (none for inputs)
   std::vector<bus::group> groups_;       // replica r's stage s at r * S + s
-  layers::graph_plan flow_;              // the graph's edges
   std::vector<std::shared_ptr<layers::backend>> backends_;  // replica r's stage s at r * S + s; null: the CPU
   std::vector<std::uint32_t> node_stage_;                   // by node index (inputs: stage 0)
   std::vector<stage_metrics> metrics_;
