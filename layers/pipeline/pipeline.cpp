@@ -297,6 +297,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
   }
   // Device stages whose replicas are each on a rank of their own: how each sums among its
   // ranks (the backends' own way, NCCL, where every member has it; else through the host).
+  // Read only where a stage's replicas are on several ranks, so with a link.
   const auto rank_sums = replicas_ > 1 && link ? agree_rank_sums() : std::vector<std::string>{};
   // Data parallelism: the replicas of each layer with parameters form a group whose
   // all-reduce sums its gradients (in rank order: the same bits whatever the arrival order),
@@ -313,7 +314,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
         for (std::uint32_t r = 0; r < replicas_; ++r) {
           if (!here(r, s)) continue;
           const auto& local = layers_[r * N + i];
-          layers::rank_reduce how{replicas_, r, rank_sums.empty() ? std::string() : rank_sums[s], {}};
+          layers::rank_reduce how{replicas_, r, rank_sums[s], {}};
           how.host = [&, ch, r](actors::address to) {
             reducers_.push_back(link->spawn_reducer(rt_, to.loop(), ch, ranks, r, std::move(to), name));
             return reducers_.back();

@@ -224,8 +224,6 @@ schedule make_schedule(schedule_kind kind, std::uint32_t stages, std::uint32_t m
   // Interleaved's warm-up on stage i, and its bound on forwards ahead of backwards.
   const auto interleaved_warm = [&](std::uint32_t i) { return (S - 1 - i) * 2 + (V - 1) * S; };
   if (kind == schedule_kind::interleaved && M % S != 0) {
-    // The same priorities (B first, Megatron's order among ready actions, the same
-    // in-flight bound) by a unit-time list simulation.
     std::vector<std::uint32_t> limit;
     for (std::uint32_t i = 0; i < S; ++i) limit.push_back(std::min(interleaved_warm(i) + 1, total));
     return interleave_by_simulation(std::move(s), limit);
