@@ -514,12 +514,9 @@ void pipeline::load_optimizer_state(const layers::optimizer_state& state) {
   std::vector<layers::optimizer_state> parts(nodes.size()), devices(plan_.stages);
   // The node a parameter's name belongs to, whichever rank runs it (`nodes.size()`: none).
   const auto owner_of = [&](const std::string& name) {
-    for (std::size_t i = 0; i < nodes.size(); ++i) {
-      const auto& n = nodes[i].name;
-      if (!nodes[i].is_input() && name.size() > n.size() && name.compare(0, n.size(), n) == 0 && name[n.size()] == '.')
-        return i;
-    }
-    return nodes.size();
+    return std::size_t(std::find_if(nodes.begin(), nodes.end(), [&](auto& n) {
+                         return !n.is_input() && name.starts_with(n.name + '.');
+                       }) - nodes.begin());
   };
   for (const auto& b : state.buffers) {
     const auto i = owner_of(b.parameter);
