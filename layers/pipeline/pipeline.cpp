@@ -185,10 +185,9 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
     for (std::uint32_t s = 0; s < S; ++s) {
       stages_.emplace_back();
       if (!here(r, s)) continue;
-      actors::spawn_options so;
-      so.loop = loop_of(r, s);
       // Its messages of a step (arrivals, done reports) fit whatever the order.
-      so.capacity = std::size_t(8) * (M + 1) * (N + 2) * plan_.chunks;
+      const actors::spawn_options so{.loop = loop_of(r, s),
+                                     .capacity = std::size_t(8) * (M + 1) * (N + 2) * plan_.chunks};
       stage_gate::config gc{s, shared_plan, criterion, options_.emergent, options_.credits ? options_.credits : S - s};
       if (s == last_stage) gc.loss_backend = loss_backend;
       stages_.back() = rt_.spawn_with<stage_gate>(so, std::move(gc));
@@ -201,11 +200,11 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       if (nodes[i].is_input()) continue;
       const std::uint32_t s = piece_of[i] % S;
       if (!here(r, s)) continue;
-      actors::spawn_options so;
-      so.loop = loop_of(r, s);
-      so.supervisor = stages_[r * S + s];
       // Every forward and gradient of a step fits, held or not, with the gate's admits.
-      so.capacity = std::size_t(M + 1) * (nodes[i].inputs.size() + flow.nodes[i].edge_count() + 4) + 16;
+      const actors::spawn_options so{
+          .loop = loop_of(r, s),
+          .capacity = std::size_t(M + 1) * (nodes[i].inputs.size() + flow.nodes[i].edge_count() + 4) + 16,
+          .supervisor = stages_[r * S + s]};
       auto& be = stage_backends[s];
       at[i] = rt_.spawn_with<layers::layer_actor>(
           so, nodes[i], std::uint32_t(i), flow.nodes[i],
@@ -323,9 +322,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
           // the ranks' devices); the CPU's go to the ranks' all-reduce directly.
           actors::address reducer;
           if (auto& be = backends_[r * S + s]) {
-            actors::spawn_options so;
-            so.loop = local.loop();
-            so.supervisor = stages_[r * S + s];
+            const actors::spawn_options so{.loop = local.loop(), .supervisor = stages_[r * S + s]};
             reducer = be->spawn_rank_reducer(rt_, so, name, local, how);
             if (reducer) reducers_.push_back(reducer);
           }
@@ -336,9 +333,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       if (!here(0, s)) continue;
       bus::group members(nodes0[i].name + " replicas");
       for (std::uint32_t r = 0; r < replicas_; ++r) members.add(layers_[r * N + i]);
-      actors::spawn_options so;
-      so.loop = layers_[i].loop();
-      so.supervisor = stages_[s];
+      const actors::spawn_options so{.loop = layers_[i].loop(), .supervisor = stages_[s]};
       // Device stages sum where the gradients are (on the device, or NCCL across devices);
       // the CPU's on the host.
       actors::address reducer;
