@@ -78,16 +78,10 @@ std::int64_t stage_gate::now() { return system().trace().now(); }
 void stage_gate::on_step(detail::step_msg& m) {
   reply_ = defer_reply<detail::stage_report>();
   req_ = std::move(m);
-  rep_ = detail::stage_report{};
-  rep_.begin_ns = now();
   const std::uint32_t M = c_.plan->micro_batches;
-  rep_.losses.assign(M, 0);
-  rep_.correct.assign(M, 0);
-  cursor_ = 0;
-  next_f_ = in_flight_ = 0;
-  held_ = 0;
-  nodes_done_ = 0;
-  loss_reports_due_ = 0;
+  rep_ = {.losses = std::vector<double>(M), .correct = std::vector<std::int64_t>(M), .begin_ns = now()};
+  cursor_ = held_ = nodes_done_ = 0;
+  next_f_ = in_flight_ = loss_reports_due_ = 0;
   waiting_ = running_ = stepping_ = false;
   active_ = true;
   advance();
