@@ -68,17 +68,23 @@ std::string describe(const schedule& s, const action& a) {
   return t;
 }
 
+/// A run of a schedule: its timeline, the position each stage got to (all sizes:
+/// finished), and when each action ended (`never`: it did not run).
+struct run_state {
+  simulation sim;
+  std::vector<std::size_t> next;
+  done_table done;
+};
+
 /// Runs the schedule: each stage's next action starts once its stage is free and its
-/// dependencies ended. `next` gets the position each stage got to (all sizes: finished).
-/// `costs` has one entry per stage.
-simulation run(const schedule& s, const std::vector<action_costs>& costs, std::vector<std::size_t>& next) {
-  done_table done{s.micro_batches, s.pieces()};
-  simulation out;
+/// dependencies ended. `costs` has one entry per stage.
+run_state run(const schedule& s, const std::vector<action_costs>& costs) {
+  run_state r{{}, std::vector<std::size_t>(s.stages, 0), {s.micro_batches, s.pieces()}};
+  auto& [out, next, done] = r;
   for (const auto& l : s.actions) {
     out.start.emplace_back(l.size());
     out.end.emplace_back(l.size());
   }
-  next.assign(s.stages, 0);
   for (bool progress = true; progress;) {
     progress = false;
     for (std::uint32_t st = 0; st < s.stages; ++st) {
@@ -97,7 +103,7 @@ simulation run(const schedule& s, const std::vector<action_costs>& costs, std::v
       }
     }
   }
-  return out;
+  return r;
 }
 
 void check_shape(const schedule& s) {
@@ -297,18 +303,11 @@ void validate(const schedule& s) {
         }
   }
   // Wait cycles: simulate, and explain where it stops.
-  std::vector<std::size_t> next;
-  run(s, std::vector<action_costs>(s.stages), next);
+  auto [sim, next, done] = run(s, std::vector<action_costs>(s.stages));
   std::uint32_t first = 0;
   while (first < s.stages && next[first] == s.actions[first].size()) ++first;
   if (first == s.stages) return;
   // Each stuck stage waits on the stage owning its first unmet dependency; follow until a repeat.
-  done_table done{M, s.pieces()};
-  for (std::uint32_t st = 0; st < s.stages; ++st)
-    for (std::size_t i = 0; i < next[st]; ++i) {
-      const action& a = s.actions[st][i];
-      done[{a.op, a.micro_batch, s.piece(st, a.chunk)}] = 0;
-    }
   auto waits_on = [&](std::uint32_t st) -> std::pair<std::uint32_t, dependency> {
     const action& a = s.actions[st][next[st]];
     for (const auto& d : dependencies_of(s, st, a))
@@ -347,8 +346,7 @@ simulation simulate(const schedule& s, const std::vector<action_costs>& per_stag
   if (per_stage.size() != s.stages)
     throw std::invalid_argument("simulate: " + std::to_string(per_stage.size()) + " stage costs for " +
                                 std::to_string(s.stages) + " stages");
-  std::vector<std::size_t> next;
-  auto r = run(s, per_stage, next);
+  auto [r, next, done] = run(s, per_stage);
   for (std::uint32_t st = 0; st < s.stages; ++st)
     if (next[st] < s.actions[st].size())
       throw schedule_error("schedule '" + s.name + "': cannot simulate an invalid schedule (validate it)", int(st),
