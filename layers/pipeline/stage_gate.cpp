@@ -148,17 +148,12 @@ void stage_gate::on_output(layers::forward_msg& m) {
 bool stage_gate::ready(const action& a) const {
   const std::uint32_t p = c_.plan->piece(c_.stage, a.chunk);
   const auto& ch = chunks_[a.chunk];
-  const key k{a.micro_batch, p};
-  if (a.op == op::F) {
-    if (p == 0) return a.micro_batch < req_.inputs.size();
-    auto it = forwards_.find(k);
-    return it != forwards_.end() && it->second == ch.forwards_in;
-  }
-  if (a.op == op::B) {
-    if (p + 1 == P_) return loss_grads_.count(a.micro_batch) > 0;
-    auto it = gradients_.find(k);
-    return it != gradients_.end() && it->second == ch.gradients_in;
-  }
+  const auto all_in = [&](const std::map<key, std::uint32_t>& held, std::uint32_t count) {
+    auto it = held.find({a.micro_batch, p});
+    return it != held.end() && it->second == count;
+  };
+  if (a.op == op::F) return p == 0 ? a.micro_batch < req_.inputs.size() : all_in(forwards_, ch.forwards_in);
+  if (a.op == op::B) return p + 1 == P_ ? loss_grads_.count(a.micro_batch) > 0 : all_in(gradients_, ch.gradients_in);
   return true;
 }
 
