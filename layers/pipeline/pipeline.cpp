@@ -88,7 +88,6 @@ pipeline::pipeline(actors::runtime& rt, std::vector<layers::graph*> replicas, pa
     }
   }
   spawn_groups(replicas, criterion, make_optimizer);
-  metrics_.resize(S);
   reset_metrics();
 }
 
@@ -602,7 +601,8 @@ bool pipeline::stopped() const noexcept {
 }
 
 void pipeline::reset_metrics() {
-  for (std::uint32_t s = 0; s < metrics_.size(); ++s) metrics_[s] = stage_metrics{s};
+  metrics_.resize(plan_.stages);
+  for (std::uint32_t s = 0; s < plan_.stages; ++s) metrics_[s] = stage_metrics{s};
 }
 
 layers::step_result pipeline::train_step(layers::tensor input, const layers::targets& t, std::uint64_t step, double lr) {

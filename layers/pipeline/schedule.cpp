@@ -384,8 +384,7 @@ double bubble_theory(const schedule& s) {
 }
 
 std::string to_table(const schedule& s) {
-  const action_costs unit{1, 1, 1};
-  auto sim = simulate(s, unit);
+  auto sim = simulate(s);  // unit costs
   const std::size_t slots = static_cast<std::size_t>(sim.makespan + 0.5);
   std::vector<std::vector<std::string>> cells(s.stages, std::vector<std::string>(slots, "."));
   std::size_t width = 1;
