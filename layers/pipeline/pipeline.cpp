@@ -491,13 +491,21 @@ layers::optimizer_state pipeline::optimizer_state_of() const {
   if (!options_.link) return all;
   // Across ranks: every rank's replica-0 stages, gathered on every rank, in rank order.
   nlohmann::json mine = {{"buffers", nlohmann::json::array()}, {"counters", all.counters}};
-  for (const auto& b : all.buffers) mine["buffers"].push_back({b.parameter, b.name, b.values});
+  // A buffer's floats go as one CBOR byte string, not a JSON value per float.
+  for (const auto& b : all.buffers) {
+    const auto* bytes = reinterpret_cast<const std::uint8_t*>(b.values.data());
+    mine["buffers"].push_back({b.parameter, b.name,
+                               nlohmann::json::binary({bytes, bytes + b.values.size() * sizeof(float)})});
+  }
   layers::optimizer_state merged;
   for (const auto& part : options_.link->all_gather(to_wire(mine))) {
     const auto j = from_wire(part, "an optimizer state");
-    for (const auto& b : j.at("buffers"))
-      merged.buffers.push_back(
-          {b.at(0).get<std::string>(), b.at(1).get<std::string>(), b.at(2).get<std::vector<float>>()});
+    for (const auto& b : j.at("buffers")) {
+      const auto& bytes = b.at(2).get_binary();
+      std::vector<float> values(bytes.size() / sizeof(float));
+      std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
+      merged.buffers.push_back({b.at(0).get<std::string>(), b.at(1).get<std::string>(), std::move(values)});
+    }
     for (const auto& [k, v] : j.at("counters").items()) merged.counters.emplace(k, v.get<std::int64_t>());
   }
   return merged;
