@@ -482,8 +482,8 @@ layers::optimizer_state pipeline::optimizer_state_of() const {
   for (std::size_t i = 0; i < N; ++i)
     if (backend_of(i)) cpu[i] = {};
   auto all = layers::ask_optimizer_state(rt_, *graph_, cpu);
-  for (auto& be : backends_)
-    if (be) {
+  for (std::uint32_t s = 0; s < plan_.stages; ++s)  // replica 0's stages (r * S + s with r = 0)
+    if (const auto& be = backends_[s]) {
       auto st = be->save_optimizer_state();
       for (auto& b : st.buffers) all.buffers.push_back(std::move(b));
       all.counters.merge(st.counters);

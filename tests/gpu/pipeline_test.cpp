@@ -458,6 +458,13 @@ replica_run train_replicas(std::vector<layers::graph>& reps, const pl::schedule&
     }
     p.download();
     rt.synchronize();
+    // The optimizer state is one replica's (each steps the same sums), however many there
+    // are: a momentum buffer per weight and bias of the chain's 5 Linear layers, once each.
+    const auto st = p.optimizer_state_of();
+    std::set<std::string> names;
+    for (auto& b : st.buffers) names.insert(b.parameter + "/" + b.name);
+    CHECK(st.buffers.size() == 10);
+    CHECK(names.size() == st.buffers.size());
     if (on_device) {
       // Replica r's stage s has a backend of its own, each on its own stream.
       std::set<std::uint64_t> streams;
