@@ -126,13 +126,7 @@ std::uint64_t tensor_info::elements() const noexcept {
 // ---- reading -----------------------------------------------------------------
 
 namespace {
-struct fd_guard {
-  int fd;
-  ~fd_guard() { ::close(fd); }
-};
-[[noreturn]] void throw_errno(const std::filesystem::path& path, const char* what) {
-  throw std::system_error(errno, std::generic_category(), path.string() + ": " + what);
-}
+using data::detail::throw_errno;
 // Reads `n` bytes at `offset` into `out`; false when the file ends first.
 bool read_at(int fd, const std::filesystem::path& path, std::uint64_t offset, std::byte* out, std::size_t n) {
   while (n > 0) {
@@ -149,7 +143,7 @@ bool read_at(int fd, const std::filesystem::path& path, std::uint64_t offset, st
 safetensors_file safetensors_file::read(const std::filesystem::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_errno(path, "cannot open");
-  fd_guard guard{fd};
+  data::detail::fd_guard guard{fd};
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw_errno(path, "cannot stat");
   // A pipe or a device reports no size to check against: read it whole.
