@@ -41,14 +41,7 @@ constexpr std::array<dtype_entry, 15> dtypes = {{
     {dtype::f64, "F64", 8},        {dtype::i64, "I64", 8},         {dtype::u64, "U64", 8},
 }};
 
-std::string in_quotes(std::string_view s) {
-  std::string out;
-  out.reserve(s.size() + 2);
-  out += '\'';
-  out.append(s);
-  out += '\'';
-  return out;
-}
+std::string in_quotes(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 std::string shape_string(std::span<const std::uint64_t> shape) {
   std::ostringstream os;
