@@ -18,8 +18,20 @@ namespace {
 
 constexpr std::uint64_t max_idx_bytes = std::uint64_t{1} << 40;  // 1 TiB: far beyond any real file
 
-bool known_type(std::uint8_t t) {
-  return t == 0x08 || t == 0x09 || t == 0x0B || t == 0x0C || t == 0x0D || t == 0x0E;
+struct idx_type_info {
+  idx_type type;
+  std::string_view name;
+  std::size_t size;
+};
+constexpr std::array<idx_type_info, 6> idx_types = {{{idx_type::u8, "u8", 1}, {idx_type::i8, "i8", 1},
+                                                     {idx_type::i16, "i16", 2}, {idx_type::i32, "i32", 4},
+                                                     {idx_type::f32, "f32", 4}, {idx_type::f64, "f64", 8}}};
+
+// The type whose magic byte is `t`; null for none.
+const idx_type_info* find_type(std::uint8_t t) {
+  for (const auto& i : idx_types)
+    if (static_cast<std::uint8_t>(i.type) == t) return &i;
+  return nullptr;
 }
 
 std::string hex_byte(std::uint8_t b) {
@@ -102,27 +114,13 @@ idx_array elements(idx_type type, std::vector<std::size_t> shape, std::span<cons
 }  // namespace
 
 std::size_t idx_type_size(idx_type type) noexcept {
-  switch (type) {
-    case idx_type::u8:
-    case idx_type::i8: return 1;
-    case idx_type::i16: return 2;
-    case idx_type::i32:
-    case idx_type::f32: return 4;
-    case idx_type::f64: return 8;
-  }
-  return 0;
+  const auto* i = find_type(static_cast<std::uint8_t>(type));
+  return i ? i->size : 0;
 }
 
 std::string_view idx_type_name(idx_type type) noexcept {
-  switch (type) {
-    case idx_type::u8: return "u8";
-    case idx_type::i8: return "i8";
-    case idx_type::i16: return "i16";
-    case idx_type::i32: return "i32";
-    case idx_type::f32: return "f32";
-    case idx_type::f64: return "f64";
-  }
-  return "unknown";
+  const auto* i = find_type(static_cast<std::uint8_t>(type));
+  return i ? i->name : "unknown";
 }
 
 idx_array::idx_array(idx_type type, std::vector<std::size_t> shape, storage values)
@@ -173,7 +171,7 @@ idx_array parse_idx(std::span<const std::byte> bytes, std::string_view name_view
                                       ": an IDX file starts with two zero bytes, the type and the number of "
                                       "dimensions (00 00 TYPE NDIMS)");
   }
-  if (!known_type(b(2))) {
+  if (!find_type(b(2))) {
     throw fail(2, "unknown data type " + hex_byte(b(2)) +
                       " (IDX knows 0x08 u8, 0x09 i8, 0x0b i16, 0x0c i32, 0x0d f32, 0x0e f64)");
   }
