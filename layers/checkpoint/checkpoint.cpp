@@ -117,7 +117,8 @@ void save_checkpoint(const std::filesystem::path& path, const state_dict& dict, 
   write_safetensors(path, refs, dict.metadata, options);
 }
 
-state_dict to_state_dict(const safetensors_file& file) {
+state_dict load_checkpoint(const std::filesystem::path& path) {
+  const auto file = safetensors_file::read(path);
   state_dict out;
   out.source = file.name();
   out.metadata = file.metadata();
@@ -133,7 +134,5 @@ state_dict to_state_dict(const safetensors_file& file) {
   }
   return out;
 }
-
-state_dict load_checkpoint(const std::filesystem::path& path) { return to_state_dict(safetensors_file::read(path)); }
 
 }  // namespace nerve::checkpoint
