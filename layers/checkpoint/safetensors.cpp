@@ -51,6 +51,11 @@ std::string shape_string(std::span<const std::uint64_t> shape) {
   return os.str();
 }
 
+// `[begin, end]`: a tensor's data_offsets, for messages.
+std::string offsets_string(const tensor_info& t) {
+  return "[" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]";
+}
+
 // Product of the dimensions times the element size, or nothing on overflow.
 std::optional<std::uint64_t> byte_count(std::span<const std::uint64_t> shape, std::size_t elem) {
   std::uint64_t n = elem;
@@ -260,20 +265,18 @@ void safetensors_file::parse_header(safetensors_file& f, std::span<const std::by
       throw fail(8, where + "data_offsets is not a pair of non-negative integers");
     t.begin = (*off)[0].get<std::uint64_t>();
     t.end = (*off)[1].get<std::uint64_t>();
-    if (t.end < t.begin)
-      throw fail(8, where + "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "] end before they begin");
+    const std::string offsets = "data_offsets " + offsets_string(t);
+    if (t.end < t.begin) throw fail(8, where + offsets + " end before they begin");
     if (t.end > buffer_size) {
-      throw fail(f.buffer_offset_ + t.begin, where + "data_offsets [" + std::to_string(t.begin) + ", " +
-                                                 std::to_string(t.end) + "] run past the end of the " +
+      throw fail(f.buffer_offset_ + t.begin, where + offsets + " run past the end of the " +
                                                  std::to_string(buffer_size) + "-byte buffer: truncated file?");
     }
     auto need = byte_count(t.shape, dtype_size(t.type));
     if (!need || *need != t.end - t.begin) {
       throw fail(f.buffer_offset_ + t.begin,
                  where + "shape " + shape_string(t.shape) + " of " + std::string(dtype_name(t.type)) + " needs " +
-                     (need ? std::to_string(*need) : std::string("more than 2^64")) + " bytes, data_offsets [" +
-                     std::to_string(t.begin) + ", " + std::to_string(t.end) + "] hold " +
-                     std::to_string(t.end - t.begin));
+                     (need ? std::to_string(*need) : std::string("more than 2^64")) + " bytes, " + offsets +
+                     " hold " + std::to_string(t.end - t.begin));
     }
     f.tensors_.push_back(std::move(t));
   }
@@ -285,7 +288,7 @@ void safetensors_file::parse_header(safetensors_file& f, std::span<const std::by
   const tensor_info* prev = nullptr;
   for (const auto& t : f.tensors_) {
     if (t.begin != at) {
-      const std::string range = "[" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]";
+      const std::string range = offsets_string(t);
       if (t.begin < at) {
         throw fail(f.buffer_offset_ + t.begin, "tensor " + in_quotes(t.name) + ": data_offsets " + range +
                                                    " overlap tensor " + in_quotes(prev->name) + " (which ends at " +
@@ -380,11 +383,6 @@ std::vector<std::int64_t> safetensors_file::to_int64(const tensor_info& t) const
 // ---- writing -----------------------------------------------------------------
 
 namespace {
-template <class T>
-tensor_ref make_ref(std::string name, dtype type, std::vector<std::uint64_t> shape, std::span<const T> values) {
-  return tensor_ref{std::move(name), type, std::move(shape), std::as_bytes(values)};
-}
-
 // Python's safetensors order: larger dtypes first (keeps every tensor aligned), then by name.
 std::vector<const tensor_ref*> layout_order(std::span<const tensor_ref> tensors) {
   std::vector<const tensor_ref*> order;
@@ -398,13 +396,13 @@ std::vector<const tensor_ref*> layout_order(std::span<const tensor_ref> tensors)
 }  // namespace
 
 tensor_ref f32_tensor(std::string name, std::vector<std::uint64_t> shape, std::span<const float> values) {
-  return make_ref(std::move(name), dtype::f32, std::move(shape), values);
+  return {std::move(name), dtype::f32, std::move(shape), std::as_bytes(values)};
 }
 tensor_ref i64_tensor(std::string name, std::vector<std::uint64_t> shape, std::span<const std::int64_t> values) {
-  return make_ref(std::move(name), dtype::i64, std::move(shape), values);
+  return {std::move(name), dtype::i64, std::move(shape), std::as_bytes(values)};
 }
 tensor_ref f64_tensor(std::string name, std::vector<std::uint64_t> shape, std::span<const double> values) {
-  return make_ref(std::move(name), dtype::f64, std::move(shape), values);
+  return {std::move(name), dtype::f64, std::move(shape), std::as_bytes(values)};
 }
 
 std::vector<std::byte> encode_header(std::span<const tensor_ref> tensors, const metadata& meta) {
