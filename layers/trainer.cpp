@@ -584,17 +584,14 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
       st.test_loss = tl / double(test_set->size());
       st.test_accuracy = double(tc) / double(test_set->size());
     }
-    if (!o.checkpoint.empty()) {
-      if (st.interrupted)  // stopped mid-epoch: a resume goes on with its next batch
-        save_state({step, epoch, stopped_at, loss_sum, correct, seen, st.steps, report.epochs});
-      else
-        save_state({step, epoch + 1, 0, 0, 0, 0, 0, [&] {
-                      auto done = report.epochs;
-                      done.push_back(st);
-                      return done;
-                    }()});
-    }
     report.epochs.push_back(st);
+    if (!o.checkpoint.empty()) {
+      if (st.interrupted)  // stopped mid-epoch: a resume goes on with its next batch, this epoch not done
+        save_state({step, epoch, stopped_at, loss_sum, correct, seen, st.steps,
+                    std::vector(report.epochs.begin(), report.epochs.end() - 1)});
+      else
+        save_state({step, epoch + 1, 0, 0, 0, 0, 0, report.epochs});
+    }
     if (metrics) {  // after the checkpoint, so a resume starts at or after this line's step
       const bool tested = test_set && !st.interrupted;
       metrics->write({{"kind", "epoch"}, {"epoch", st.epoch}, {"step", step}, {"steps", st.steps},

@@ -71,13 +71,11 @@ atomic_file::atomic_file(std::filesystem::path target) : target_(replace_target(
   }
   // A 0600 checkpoint stays 0600: the replacement takes the old file's permission bits.
   if (replacing && ::fchmod(fd_, old.st_mode & 07777) != 0) {
-    const int saved = errno;
-    ::close(fd_);
-    fd_ = -1;
+    const std::system_error error(errno, std::generic_category(),
+                                  target_.string() + ": cannot give the temporary file the mode of the old one");
+    ::close(fd_);  // a constructor that throws runs no destructor
     ::unlink(temp_.c_str());
-    temp_.clear();
-    errno = saved;
-    throw_errno(target_, "cannot give the temporary file the mode of the old one");
+    throw error;
   }
 }
 
