@@ -1,18 +1,11 @@
 #include "layers/dropout.hpp"
 
+#include "layers/data/batcher.hpp"
 #include "layers/init.hpp"
 
 namespace nerve::layers {
-namespace {
 
-std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
+using data::splitmix64;
 
 template <class Scalar>
 basic_dropout<Scalar>::basic_dropout(double p, std::uint64_t seed) : p_(p), seed_(seed) {

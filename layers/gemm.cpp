@@ -21,10 +21,7 @@ extern "C" void openblas_set_num_threads(int);
 namespace nerve::layers {
 namespace {
 
-// Measured on the 2-core AMD EPYC (Zen 5) build machines, float 1024^3: Eigen
-// with AVX-512 ~140 GFLOP/s on one thread vs OpenBLAS 0.3.21 ~105 (it does not
-// know the CPU and runs its Haswell kernels); without AVX-512 they tie on
-// AVX2 and OpenBLAS wins on plain SSE2 builds.
+// The faster one on the build machines (gemm.hpp; docs/layers.md has the figures).
 constexpr gemm_engine default_engine() {
 #if defined(__AVX512F__) || !NERVE_HAS_OPENBLAS
   return gemm_engine::eigen;

@@ -121,6 +121,20 @@ gradcheck_report check_gradients(basic_layer<double>& l, const std::vector<tenso
   for (std::size_t k = 0; report.split_matches && k < params.size(); ++k)
     report.split_matches = params[k].grad->matrix() == split_params[k].matrix();
 
+  // Central differences of every scalar of `v` (n of them, of `at` or of a parameter),
+  // compared with `analytic`.
+  auto differences = [&](gradient_check& c, double* v, const double* analytic, std::int64_t n,
+                         const std::vector<tensor_d>& at) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double saved = v[i];
+      v[i] = saved + h;
+      const double lp = objective(at);
+      v[i] = saved - h;
+      const double lm = objective(at);
+      v[i] = saved;
+      compare(c, i, analytic[i], (lp - lm) / (2 * h));
+    }
+  };
   std::vector<tensor_d> x = clones(inputs);
   for (std::size_t k = 0; k < x.size(); ++k) {
     gradient_check c;
@@ -131,15 +145,7 @@ gradcheck_report check_gradients(basic_layer<double>& l, const std::vector<tenso
       c.problem = "the gradient is " + std::to_string(grads[k].batch()) + " × " + grads[k].sample_shape().to_string() +
                   ", the input " + std::to_string(x[k].batch()) + " × " + x[k].sample_shape().to_string();
     } else {
-      for (std::int64_t i = 0; i < x[k].size(); ++i) {
-        const double v = x[k].data()[i];
-        x[k].data()[i] = v + h;
-        const double lp = objective(x);
-        x[k].data()[i] = v - h;
-        const double lm = objective(x);
-        x[k].data()[i] = v;
-        compare(c, i, grads[k].data()[i], (lp - lm) / (2 * h));
-      }
+      differences(c, x[k].data(), grads[k].data(), x[k].size(), x);
     }
     finish(c, options.tolerance);
     report.inputs.push_back(std::move(c));
@@ -151,15 +157,7 @@ gradcheck_report check_gradients(basic_layer<double>& l, const std::vector<tenso
       c.problem = "its gradient has " + std::to_string(p.grad->size()) + " elements, the parameter " +
                   std::to_string(p.value->size());
     } else {
-      for (std::int64_t i = 0; i < p.value->size(); ++i) {
-        const double v = p.value->data()[i];
-        p.value->data()[i] = v + h;
-        const double lp = objective(inputs);
-        p.value->data()[i] = v - h;
-        const double lm = objective(inputs);
-        p.value->data()[i] = v;
-        compare(c, i, p.grad->data()[i], (lp - lm) / (2 * h));
-      }
+      differences(c, p.value->data(), p.grad->data(), p.value->size(), inputs);
     }
     finish(c, options.tolerance);
     report.parameters.push_back(std::move(c));

@@ -34,13 +34,6 @@ void kaiming_uniform(basic_tensor<Scalar>& w, std::int64_t fan_in, double a, std
   uniform_fill(w, std::sqrt(6.0 / ((1.0 + a * a) * static_cast<double>(fan_in))), rng);
 }
 
-/// PyTorch's `xavier_uniform_(w, gain)`: bound = gain · sqrt(6 / (fan_in + fan_out)).
-template <class Scalar>
-void xavier_uniform(basic_tensor<Scalar>& w, std::int64_t fan_in, std::int64_t fan_out, double gain,
-                    std::mt19937_64& rng) {
-  uniform_fill(w, gain * std::sqrt(6.0 / static_cast<double>(fan_in + fan_out)), rng);
-}
-
 /// PyTorch's default layer initialisation (`nn.Linear`, `nn.Conv2d`): the weight
 /// Kaiming-uniform with a = sqrt(5), then the bias (if any) uniform in
 /// ±1/sqrt(fan_in). Weight first, then bias, from the same stream.

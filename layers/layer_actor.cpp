@@ -8,6 +8,15 @@
 
 namespace nerve::layers {
 
+namespace {
+/// The messages `held` keeps for micro-batch `mb`, taken out.
+template <class Msg>
+std::vector<Msg> take_held(std::map<std::int64_t, std::vector<Msg>>& held, std::int64_t mb) {
+  auto node = held.extract(mb);
+  return node ? std::move(node.mapped()) : std::vector<Msg>{};
+}
+}  // namespace
+
 template <class Msg>
 void layer_actor::emit_across(bus::signal<Msg>& sig, crossing c, Msg m, value Msg::*field) {
   if (c == crossing::none) return sig.emit(std::move(m));
@@ -71,21 +80,13 @@ void layer_actor::report(stage_op op, std::int64_t mb, bool arrived) {
 
 void layer_actor::on_admit(const admit& a) {
   switch (a.op) {
+    // Taken out first: running them may hold or admit more of the same micro-batch.
     case stage_op::forward:
-    case stage_op::backward: {
-      const bool fwd = a.op == stage_op::forward;
-      // Moved out first: running them may hold or admit more of the same micro-batch.
-      if (fwd) {
-        auto held = std::exchange(held_forward_[a.micro_batch], {});
-        held_forward_.erase(a.micro_batch);
-        for (auto& m : held) on_forward(m, true);
-      } else {
-        auto held = std::exchange(held_backward_[a.micro_batch], {});
-        held_backward_.erase(a.micro_batch);
-        for (auto& m : held) on_backward(m, true);
-      }
+      for (auto& m : take_held(held_forward_, a.micro_batch)) on_forward(m, true);
       break;
-    }
+    case stage_op::backward:
+      for (auto& m : take_held(held_backward_, a.micro_batch)) on_backward(m, true);
+      break;
     case stage_op::weight:
       // A W admitted before an earlier one waits for it (the sum's order); it counts as run.
       weight_admitted_.insert(a.micro_batch);

@@ -4,6 +4,7 @@
 #include <deque>
 #include <exception>
 #include <future>
+#include <optional>
 #include <stdexcept>
 
 #include "layers/memory.hpp"
@@ -39,16 +40,12 @@ class loss_actor : public actors::actor {
     on<backend_done>([](backend_done& d) { handle_backend_done(d); });
     on<forward_msg>([this](forward_msg& m) {
       const key k{m.step, m.micro_batch};
-      auto& s = pending_[k];
-      s.output = std::move(m.x);
-      s.have_output = true;
+      pending_[k].output = std::move(m.x);
       try_finish(k);
     });
     on<targets_msg>([this](targets_msg& m) {
       const key k{m.step, m.micro_batch};
-      auto& s = pending_[k];
-      s.target = std::move(m);
-      s.have_target = true;
+      pending_[k].target = std::move(m);
       try_finish(k);
     });
   }
@@ -58,20 +55,19 @@ class loss_actor : public actors::actor {
 
  private:
   struct slot {
-    value output;
-    targets_msg target;
-    bool have_output = false, have_target = false;
+    std::optional<value> output;
+    std::optional<targets_msg> target;
   };
   using key = std::pair<std::uint64_t, std::int64_t>;  // (step, micro-batch): steps may overlap
   void try_finish(key k) {
     const auto mb = k.second;
     auto it = pending_.find(k);
-    if (!it->second.have_output || !it->second.have_target) return;
+    if (!it->second.output || !it->second.target) return;
     auto s = std::move(it->second);
     pending_.erase(it);
-    const auto& tm = s.target;
+    const auto& tm = *s.target;
     backend_->loss(
-        *this, *criterion_, std::move(s.output), tm.t, tm.first, tm.step, tm.share, tm.train, tm.want_output,
+        *this, *criterion_, std::move(*s.output), tm.t, tm.first, tm.step, tm.share, tm.train, tm.want_output,
         [&](value g) { grad_.emit(backward_msg{mb, tm.step, 0, std::move(g)}); },
         [this, mb, step = tm.step, share = tm.share, rows = tm.t.size()](loss_figures& f) {
           send(coordinator_, loss_report{mb, step, f.loss, share, f.correct, rows, std::move(f.output)});

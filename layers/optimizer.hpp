@@ -146,11 +146,12 @@ class basic_adamw final : public basic_adam<Scalar> {
   explicit basic_adamw(adam_options options = {0.001, 0.9, 0.999, 1e-8, 0.01}) : basic_adam<Scalar>(options, true) {}
 };
 
-/// Makes an optimizer by name: `sgd` (uses `lr`, `momentum`, `weight_decay`),
-/// `adam`, `adamw`. Throws `std::invalid_argument` for an unknown name.
+/// Makes an optimizer by name: `sgd` (uses `lr`, `momentum`, `weight_decay`, `nesterov`),
+/// `adam`, `adamw` (weight decay 0 becomes AdamW's default 0.01). Throws
+/// `std::invalid_argument` for an unknown name.
 template <class Scalar>
 std::unique_ptr<basic_optimizer<Scalar>> make_optimizer(std::string_view name, double lr, double momentum = 0.0,
-                                                        double weight_decay = 0.0);
+                                                        double weight_decay = 0.0, bool nesterov = false);
 
 using optimizer = basic_optimizer<float>;
 using optimizer_state = basic_optimizer_state<float>;

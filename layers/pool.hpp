@@ -13,41 +13,30 @@ struct pool2d_options {
   std::int64_t padding = 0;
 };
 
-/// Max pooling. Padding counts as −∞; ties go to the first maximum in scan
-/// order, as PyTorch. The stash keeps the arg-max index of every output.
-template <class Scalar>
-class basic_max_pool2d final : public basic_layer<Scalar> {
- public:
-  using typename basic_layer<Scalar>::tensor_type;
-  using typename basic_layer<Scalar>::stash_type;
-  using typename basic_layer<Scalar>::forward_result;
-
-  explicit basic_max_pool2d(std::int64_t kernel, std::int64_t stride = 0, std::int64_t padding = 0);
-  std::string_view kind() const noexcept override { return "MaxPool2d"; }
-  /// Window, stride (0 replaced by the window) and padding.
-  const pool2d_options& options() const noexcept { return o_; }
-
- protected:
-  shape infer_shape(std::span<const shape> inputs) const override;
-  forward_result do_forward(std::vector<tensor_type>& inputs, const forward_context& context) override;
-  std::vector<tensor_type> do_backward_input(const stash_type& saved, const tensor_type& grad_output,
-                                             input_mask wanted) override;
-
- private:
-  pool2d_options o_;
+/// What a pooling window computes (the `Op` of `basic_pool2d`); `kind` is PyTorch's class name.
+namespace pool_ops {
+/// Max pooling. Padding counts as −∞; ties go to the first maximum in scan order, as
+/// PyTorch. The stash keeps the arg-max index of every output.
+struct maximum {
+  static constexpr std::string_view kind = "MaxPool2d";
 };
-
 /// Average pooling with `count_include_pad = true` (PyTorch's default): a window
 /// overlapping the padding divides by its size clipped to the padded image.
-template <class Scalar>
-class basic_avg_pool2d final : public basic_layer<Scalar> {
+struct average {
+  static constexpr std::string_view kind = "AvgPool2d";
+};
+}  // namespace pool_ops
+
+/// 2-D pooling of each channel with a square window (`Op`: `pool_ops::maximum` or `average`).
+template <class Scalar, class Op>
+class basic_pool2d final : public basic_layer<Scalar> {
  public:
   using typename basic_layer<Scalar>::tensor_type;
   using typename basic_layer<Scalar>::stash_type;
   using typename basic_layer<Scalar>::forward_result;
 
-  explicit basic_avg_pool2d(std::int64_t kernel, std::int64_t stride = 0, std::int64_t padding = 0);
-  std::string_view kind() const noexcept override { return "AvgPool2d"; }
+  explicit basic_pool2d(std::int64_t kernel, std::int64_t stride = 0, std::int64_t padding = 0);
+  std::string_view kind() const noexcept override { return Op::kind; }
   /// Window, stride (0 replaced by the window) and padding.
   const pool2d_options& options() const noexcept { return o_; }
 
@@ -61,6 +50,8 @@ class basic_avg_pool2d final : public basic_layer<Scalar> {
   pool2d_options o_;
 };
 
+template <class S> using basic_max_pool2d = basic_pool2d<S, pool_ops::maximum>;
+template <class S> using basic_avg_pool2d = basic_pool2d<S, pool_ops::average>;
 using max_pool2d = basic_max_pool2d<float>;
 using avg_pool2d = basic_avg_pool2d<float>;
 

@@ -9,8 +9,6 @@
 
 namespace nerve::layers {
 
-std::vector<std::string_view> preset_names() { return {"mlp", "deep-mlp", "lenet", "resmlp"}; }
-
 template <class Scalar>
 basic_graph_builder<Scalar> preset_builder(std::string_view name) {
   using lin = basic_linear<Scalar>;

@@ -3,14 +3,10 @@
 /// The preset networks: `mlp`, `deep-mlp`, `lenet`, `resmlp`, named as a PyTorch user would.
 
 #include <string_view>
-#include <vector>
 
 #include "layers/graph.hpp"
 
 namespace nerve::layers {
-
-/// The preset names, for `--model` help texts.
-std::vector<std::string_view> preset_names();
 
 /// A builder holding preset `name`, with one graph input called `"input"`:
 ///

@@ -22,6 +22,7 @@
 #include "layers/checkpoint/checkpoint.hpp"
 #include "layers/data/batcher.hpp"
 #include "layers/data/dataset.hpp"
+#include "layers/data/detail/file_bytes.hpp"
 #include "layers/gemm.hpp"
 #include "layers/layer_actor.hpp"
 #include "layers/lr_schedule.hpp"
@@ -93,50 +94,65 @@ train_options preset_defaults(std::string_view model) {
 }
 
 optimizer_factory make_optimizer_factory(const train_options& o) {
-  if (o.optimizer == "sgd") {
-    sgd_options s{o.lr, o.momentum, 0.0, o.weight_decay, o.nesterov};
-    return [s] { return std::make_unique<sgd>(s); };
-  }
-  if (o.optimizer == "adam" || o.optimizer == "adamw") {
-    adam_options a;
-    a.lr = o.lr;
-    a.weight_decay = o.optimizer == "adamw" && o.weight_decay == 0 ? 0.01 : o.weight_decay;
-    if (o.optimizer == "adam") return [a] { return std::make_unique<basic_adam<float>>(a); };
-    return [a] { return std::make_unique<basic_adamw<float>>(a); };
-  }
-  throw std::invalid_argument("unknown optimizer '" + o.optimizer + "' (sgd, adam, adamw)");
+  auto make = [name = o.optimizer, lr = o.lr, momentum = o.momentum, decay = o.weight_decay, nesterov = o.nesterov] {
+    return make_optimizer<float>(name, lr, momentum, decay, nesterov);
+  };
+  (void)make();  // an unknown optimizer throws here, before a network is built
+  return make;
 }
 
-void save_weights(graph& g, const std::filesystem::path& path, const std::string& model) {
+namespace {
+
+/// Calls `f(name, tensor, torch_shape)` for each of `g`'s parameters, then each buffer.
+template <class F>
+void for_each_weight(graph& g, F f) {
+  for (auto& p : g.parameters()) f(p.name, *p.value, p.torch_shape);
+  for (auto& b : g.buffers()) f(b.name, *b.value, b.torch_shape);
+}
+
+std::vector<std::size_t> dims_of(const std::vector<std::int64_t>& torch_shape) {
+  return {torch_shape.begin(), torch_shape.end()};
+}
+
+/// The graph's weights as a state dict (what --save writes).
+checkpoint::state_dict weights_of(graph& g, const std::string& model) {
   checkpoint::state_dict d;
-  auto add = [&](const std::string& name, const tensor& t, const std::vector<std::int64_t>& torch_shape) {
-    std::vector<std::size_t> shp(torch_shape.begin(), torch_shape.end());
-    d.add(name, std::move(shp), std::vector<float>(t.data(), t.data() + t.size()));
-  };
-  for (auto& p : g.parameters()) add(p.name, *p.value, p.torch_shape);
-  for (auto& b : g.buffers()) add(b.name, *b.value, b.torch_shape);
+  for_each_weight(g, [&](const std::string& name, const tensor& t, const std::vector<std::int64_t>& shape) {
+    d.add(name, dims_of(shape), std::vector<float>(t.data(), t.data() + t.size()));
+  });
   d.metadata["model"] = model;
   d.metadata["format"] = "nerve-checkpoint-1";
-  checkpoint::save_checkpoint(path, d);
+  return d;
+}
+
+std::vector<std::string> weight_names(graph& g) {
+  std::vector<std::string> names;
+  for_each_weight(g, [&](const std::string& name, const tensor&, const auto&) { names.push_back(name); });
+  return names;
+}
+
+/// Copies the checkpoint's weights into `g` (its names already checked).
+void copy_weights(const checkpoint::state_dict& d, graph& g) {
+  for_each_weight(g, [&](const std::string& name, tensor& t, const std::vector<std::int64_t>& shape) {
+    d.copy_to(name, dims_of(shape), std::span<float>(t.data(), static_cast<std::size_t>(t.size())));
+  });
+}
+
+}  // namespace
+
+void save_weights(graph& g, const std::filesystem::path& path, const std::string& model) {
+  checkpoint::save_checkpoint(path, weights_of(g, model));
 }
 
 void load_weights(graph& g, const std::filesystem::path& path, bool allow_nonfinite) {
   auto d = checkpoint::load_checkpoint(path);
   if (!allow_nonfinite) d.check_finite();
-  std::vector<std::string> names;
-  for (auto& p : g.parameters()) names.push_back(p.name);
-  for (auto& b : g.buffers()) names.push_back(b.name);
+  auto names = weight_names(g);
   // PyTorch's BatchNorm keeps an integer step count we do not use; accept it when present.
-  std::vector<std::string> present = names;
   for (auto& n : d.names())
-    if (n.ends_with(".num_batches_tracked")) present.push_back(n);
-  d.check_names(present);
-  auto copy = [&](const std::string& name, tensor& t, const std::vector<std::int64_t>& torch_shape) {
-    std::vector<std::size_t> shp(torch_shape.begin(), torch_shape.end());
-    d.copy_to(name, shp, std::span<float>(t.data(), static_cast<std::size_t>(t.size())));
-  };
-  for (auto& p : g.parameters()) copy(p.name, *p.value, p.torch_shape);
-  for (auto& b : g.buffers()) copy(b.name, *b.value, b.torch_shape);
+    if (n.ends_with(".num_batches_tracked")) names.push_back(n);
+  d.check_names(names);
+  copy_weights(d, g);
 }
 
 namespace {
@@ -200,27 +216,25 @@ void train_engine::load_optimizer_state(const optimizer_state&) {
   throw std::invalid_argument("--resume: this engine cannot restore an optimizer state");
 }
 
-namespace {
-
 // A checkpoint is one safetensors file: the weights and buffers under their PyTorch
 // names (what --save writes), the optimizer's buffers as `optimizer.<parameter>.<buffer>`,
-// and the rest as JSON in the metadata entry `nerve.train_state`.
+// and the rest as JSON in the metadata entry `nerve.train_state`: the settings (`app`: the
+// app's own), the position, the epochs before and the optimizer's counters.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(train_options, model, epochs, steps, batch, micro_batches, optimizer, lr, momentum,
+                                   nesterov, weight_decay, schedule, device, threads, spread, seed, shuffle, data,
+                                   evaluate, trace_exact, checkpoint_every, allow_nonfinite)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(epoch_stats, epoch, steps, train_loss, train_accuracy, test_loss, test_accuracy,
+                                   seconds, samples_per_s)
+
+namespace {
+
 constexpr const char* state_key = "nerve.train_state";
 constexpr std::string_view optimizer_prefix = "optimizer.";
 
 nlohmann::json settings_of(const train_options& o) {
-  return {{"model", o.model},         {"epochs", o.epochs},
-          {"steps", o.steps},         {"batch", o.batch},
-          {"micro_batches", o.micro_batches}, {"optimizer", o.optimizer},
-          {"lr", o.lr},               {"momentum", o.momentum},
-          {"nesterov", o.nesterov},   {"weight_decay", o.weight_decay},
-          {"schedule", o.schedule},   {"device", o.device},
-          {"threads", o.threads},     {"spread", o.spread},
-          {"seed", o.seed},           {"shuffle", o.shuffle},
-          {"data", o.data.string()},  {"evaluate", o.evaluate},
-          {"trace_exact", o.trace_exact}, {"checkpoint_every", o.checkpoint_every},
-          {"allow_nonfinite", o.allow_nonfinite},
-          {"app", o.app_settings}};
+  nlohmann::json s = o;
+  s["app"] = o.app_settings;
+  return s;
 }
 
 /// Where a run stands between two steps.
@@ -230,50 +244,20 @@ struct run_position {
   std::size_t batch = 0;   // its next batch
   double loss_sum = 0;     // this epoch's figures so far
   std::int64_t correct = 0, seen = 0, epoch_steps = 0;
-  std::vector<epoch_stats> done;  // the epochs before
+  std::vector<epoch_stats> done;  // the epochs before (stored beside the position, as "epochs")
 };
-
-nlohmann::json to_json(const epoch_stats& e) {
-  return {{"epoch", e.epoch}, {"steps", e.steps}, {"train_loss", e.train_loss}, {"train_accuracy", e.train_accuracy},
-          {"test_loss", e.test_loss}, {"test_accuracy", e.test_accuracy}, {"seconds", e.seconds},
-          {"samples_per_s", e.samples_per_s}};
-}
-epoch_stats epoch_from(const nlohmann::json& j) {
-  epoch_stats e;
-  e.epoch = j.at("epoch");
-  e.steps = j.at("steps");
-  e.train_loss = j.at("train_loss");
-  e.train_accuracy = j.at("train_accuracy");
-  e.test_loss = j.at("test_loss");
-  e.test_accuracy = j.at("test_accuracy");
-  e.seconds = j.at("seconds");
-  e.samples_per_s = j.at("samples_per_s");
-  return e;
-}
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(run_position, step, epoch, batch, loss_sum, correct, seen, epoch_steps)
 
 void write_train_state(const std::filesystem::path& path, graph& g, const optimizer_state& opt,
                        const train_options& o, const run_position& pos) {
-  checkpoint::state_dict d;
-  auto add = [&](const std::string& name, const tensor& t, const std::vector<std::int64_t>& torch_shape) {
-    d.add(name, std::vector<std::size_t>(torch_shape.begin(), torch_shape.end()),
-          std::vector<float>(t.data(), t.data() + t.size()));
-  };
-  for (auto& p : g.parameters()) add(p.name, *p.value, p.torch_shape);
-  for (auto& b : g.buffers()) add(b.name, *b.value, b.torch_shape);
+  auto d = weights_of(g, o.model);
   for (auto& b : opt.buffers)
     d.add(std::string(optimizer_prefix) + b.parameter + "." + b.name, {b.values.size()}, b.values);
-  nlohmann::json epochs = nlohmann::json::array();
-  for (auto& e : pos.done) epochs.push_back(to_json(e));
-  const nlohmann::json state = {
-      {"format", "nerve-train-state-1"},
-      {"settings", settings_of(o)},
-      {"position",
-       {{"step", pos.step}, {"epoch", pos.epoch}, {"batch", pos.batch}, {"loss_sum", pos.loss_sum},
-        {"correct", pos.correct}, {"seen", pos.seen}, {"epoch_steps", pos.epoch_steps}}},
-      {"epochs", epochs},
-      {"optimizer_counters", opt.counters}};
-  d.metadata["model"] = o.model;
-  d.metadata["format"] = "nerve-checkpoint-1";
+  const nlohmann::json state = {{"format", "nerve-train-state-1"},
+                                {"settings", settings_of(o)},
+                                {"position", pos},
+                                {"epochs", pos.done},
+                                {"optimizer_counters", opt.counters}};
   d.metadata[state_key] = state.dump();
   checkpoint::save_checkpoint(path, d);
 }
@@ -298,9 +282,7 @@ std::pair<optimizer_state, run_position> read_train_state(const std::filesystem:
   const auto d = checkpoint::load_checkpoint(path);
   const auto j = read_state(d, path);
   try {
-    std::vector<std::string> names;
-    for (auto& p : g.parameters()) names.push_back(p.name);
-    for (auto& b : g.buffers()) names.push_back(b.name);
+    auto names = weight_names(g);
     optimizer_state opt;
     for (auto& n : d.names()) {
       if (!n.starts_with(optimizer_prefix)) continue;
@@ -310,23 +292,10 @@ std::pair<optimizer_state, run_position> read_train_state(const std::filesystem:
       opt.buffers.push_back({n.substr(optimizer_prefix.size(), dot - optimizer_prefix.size()), n.substr(dot + 1), t.floats});
     }
     d.check_names(names);
-    auto copy = [&](const std::string& name, tensor& t, const std::vector<std::int64_t>& torch_shape) {
-      std::vector<std::size_t> shp(torch_shape.begin(), torch_shape.end());
-      d.copy_to(name, shp, std::span<float>(t.data(), static_cast<std::size_t>(t.size())));
-    };
-    for (auto& p : g.parameters()) copy(p.name, *p.value, p.torch_shape);
-    for (auto& b : g.buffers()) copy(b.name, *b.value, b.torch_shape);
-    opt.counters = j.at("optimizer_counters").get<std::map<std::string, std::int64_t, std::less<>>>();
-    run_position pos;
-    const auto& p = j.at("position");
-    pos.step = p.at("step");
-    pos.epoch = p.at("epoch");
-    pos.batch = p.at("batch");
-    pos.loss_sum = p.at("loss_sum");
-    pos.correct = p.at("correct");
-    pos.seen = p.at("seen");
-    pos.epoch_steps = p.at("epoch_steps");
-    for (auto& e : j.at("epochs")) pos.done.push_back(epoch_from(e));
+    copy_weights(d, g);
+    j.at("optimizer_counters").get_to(opt.counters);
+    auto pos = j.at("position").get<run_position>();
+    j.at("epochs").get_to(pos.done);
     return {std::move(opt), std::move(pos)};
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument("--resume " + path.string() + ": unreadable training state: " + e.what());
@@ -350,12 +319,8 @@ class metrics_log {
   /// Writes `record` (ordered: `kind` first, for a reader of the raw file) as one line.
   void write(const nlohmann::ordered_json& record) {
     const auto line = record.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
-    for (std::size_t done = 0; done < line.size();) {
-      const auto n = ::write(fd_, line.data() + done, line.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) throw std::system_error(errno, std::generic_category(), "--metrics " + path_.string() + ": cannot write");
-      done += std::size_t(n);
-    }
+    if (!data::detail::write_all(fd_, std::as_bytes(std::span(line))))
+      throw std::system_error(errno, std::generic_category(), "--metrics " + path_.string() + ": cannot write");
   }
 
  private:
@@ -384,28 +349,7 @@ train_options resume_options(const std::filesystem::path& path) {
   const auto j = read_state(d, path);
   try {
     const auto& s = j.at("settings");
-    train_options o;
-    o.model = s.at("model");
-    o.epochs = s.at("epochs");
-    o.steps = s.at("steps");
-    o.batch = s.at("batch");
-    o.micro_batches = s.at("micro_batches");
-    o.optimizer = s.at("optimizer");
-    o.lr = s.at("lr");
-    o.momentum = s.at("momentum");
-    o.nesterov = s.at("nesterov");
-    o.weight_decay = s.at("weight_decay");
-    o.schedule = s.at("schedule");
-    o.device = s.at("device");
-    o.threads = s.at("threads");
-    o.spread = s.at("spread");
-    o.seed = s.at("seed");
-    o.shuffle = s.at("shuffle");
-    o.data = s.at("data").get<std::string>();
-    o.evaluate = s.at("evaluate");
-    o.trace_exact = s.at("trace_exact");
-    o.checkpoint_every = s.at("checkpoint_every");
-    o.allow_nonfinite = s.at("allow_nonfinite");
+    auto o = s.get<train_options>();
     o.app_settings = s.at("app");
     o.resume = path;
     o.checkpoint = path;  // a resumed run goes on saving its state where it was
@@ -640,17 +584,14 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
       st.test_loss = tl / double(test_set->size());
       st.test_accuracy = double(tc) / double(test_set->size());
     }
-    if (!o.checkpoint.empty()) {
-      if (st.interrupted)  // stopped mid-epoch: a resume goes on with its next batch
-        save_state({step, epoch, stopped_at, loss_sum, correct, seen, st.steps, report.epochs});
-      else
-        save_state({step, epoch + 1, 0, 0, 0, 0, 0, [&] {
-                      auto done = report.epochs;
-                      done.push_back(st);
-                      return done;
-                    }()});
-    }
     report.epochs.push_back(st);
+    if (!o.checkpoint.empty()) {
+      if (st.interrupted)  // stopped mid-epoch: a resume goes on with its next batch, this epoch not done
+        save_state({step, epoch, stopped_at, loss_sum, correct, seen, st.steps,
+                    std::vector(report.epochs.begin(), report.epochs.end() - 1)});
+      else
+        save_state({step, epoch + 1, 0, 0, 0, 0, 0, report.epochs});
+    }
     if (metrics) {  // after the checkpoint, so a resume starts at or after this line's step
       const bool tested = test_set && !st.interrupted;
       metrics->write({{"kind", "epoch"}, {"epoch", st.epoch}, {"step", step}, {"steps", st.steps},

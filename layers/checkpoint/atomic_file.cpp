@@ -1,5 +1,7 @@
 #include "layers/checkpoint/atomic_file.hpp"
 
+#include "layers/data/detail/file_bytes.hpp"
+
 #include <atomic>
 #include <cerrno>
 #include <random>
@@ -14,10 +16,9 @@
 
 namespace nerve::checkpoint {
 
+using data::detail::throw_errno;
+
 namespace {
-[[noreturn]] void throw_errno(const std::filesystem::path& path, const std::string& what) {
-  throw std::system_error(errno, std::generic_category(), path.string() + ": " + what);
-}
 const char* file_kind(mode_t mode) {
   if (S_ISDIR(mode)) return "a directory";
   if (S_ISFIFO(mode)) return "a FIFO";
@@ -70,13 +71,11 @@ atomic_file::atomic_file(std::filesystem::path target) : target_(replace_target(
   }
   // A 0600 checkpoint stays 0600: the replacement takes the old file's permission bits.
   if (replacing && ::fchmod(fd_, old.st_mode & 07777) != 0) {
-    const int saved = errno;
-    ::close(fd_);
-    fd_ = -1;
+    const std::system_error error(errno, std::generic_category(),
+                                  target_.string() + ": cannot give the temporary file the mode of the old one");
+    ::close(fd_);  // a constructor that throws runs no destructor
     ::unlink(temp_.c_str());
-    temp_.clear();
-    errno = saved;
-    throw_errno(target_, "cannot give the temporary file the mode of the old one");
+    throw error;
   }
 }
 
@@ -86,17 +85,7 @@ atomic_file::~atomic_file() {
 }
 
 void atomic_file::write(std::span<const std::byte> bytes) {
-  const std::byte* p = bytes.data();
-  std::size_t left = bytes.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd_, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw_errno(target_, "cannot write " + temp_.string());
-    }
-    p += n;
-    left -= static_cast<std::size_t>(n);
-  }
+  if (!data::detail::write_all(fd_, bytes)) throw_errno(target_, "cannot write " + temp_.string());
 }
 
 void atomic_file::commit() {
@@ -111,13 +100,8 @@ void atomic_file::commit() {
   if (dir.empty()) dir = ".";
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) throw_errno(target_, "cannot open directory " + dir.string() + " to fsync it");
-  int rc = ::fsync(dfd);
-  int saved = errno;
-  ::close(dfd);
-  if (rc != 0) {
-    errno = saved;
-    throw_errno(target_, "cannot fsync directory " + dir.string());
-  }
+  data::detail::fd_guard guard{dfd};  // closed after the error is made, errno read
+  if (::fsync(dfd) != 0) throw_errno(target_, "cannot fsync directory " + dir.string());
 }
 
 }  // namespace nerve::checkpoint

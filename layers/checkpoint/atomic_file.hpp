@@ -12,6 +12,13 @@
 
 namespace nerve::checkpoint {
 
+/// The regular file that replacing `path` must write: `path` itself (existing or not),
+/// or the end of its chain of symlinks. Throws `std::invalid_argument` naming `path`
+/// (and where its links lead) when that is not a regular file: renaming over a FIFO
+/// or a device (`/dev/null`) would destroy it. Throws `std::system_error` when it
+/// cannot be inspected. Any thread.
+std::filesystem::path replace_target(const std::filesystem::path& path);
+
 /// A new version of `target`, written to a temporary file beside it and put in
 /// place by `commit()`. Until then the old `target` is untouched; if the object
 /// is destroyed without `commit()` (an exception, an early return) the temporary
@@ -20,13 +27,6 @@ namespace nerve::checkpoint {
 ///
 /// Not thread-safe; one writer per object. Throws `std::system_error` naming
 /// the file on any I/O error.
-/// The regular file that replacing `path` must write: `path` itself (existing or not),
-/// or the end of its chain of symlinks. Throws `std::invalid_argument` naming `path`
-/// (and where its links lead) when that is not a regular file: renaming over a FIFO
-/// or a device (`/dev/null`) would destroy it. Throws `std::system_error` when it
-/// cannot be inspected. Any thread.
-std::filesystem::path replace_target(const std::filesystem::path& path);
-
 class atomic_file {
  public:
   /// Opens a temporary beside `replace_target(target)` (which it may throw from), with

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <numeric>
 #include <sstream>
 #include <stdexcept>
 
@@ -17,16 +19,11 @@ std::string shape_string(std::span<const std::size_t> shape) {
   return os.str();
 }
 
-std::size_t product(std::span<const std::size_t> shape) {
-  std::size_t n = 1;
-  for (auto d : shape) n *= d;
-  return n;
-}
-
 void check_count(const std::string& name, std::span<const std::size_t> shape, std::size_t count) {
-  if (product(shape) != count) {
+  const auto need = std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>());
+  if (need != count) {
     throw std::invalid_argument("state_dict: tensor '" + name + "' of shape " + shape_string(shape) + " needs " +
-                                std::to_string(product(shape)) + " values, got " + std::to_string(count));
+                                std::to_string(need) + " values, got " + std::to_string(count));
   }
 }
 
@@ -34,19 +31,12 @@ void check_count(const std::string& name, std::span<const std::size_t> shape, st
 
 void state_dict::add(std::string name, std::vector<std::size_t> shape, std::vector<float> values) {
   check_count(name, shape, values.size());
-  state_tensor t;
-  t.shape = std::move(shape);
-  t.floats = std::move(values);
-  tensors_.insert_or_assign(std::move(name), std::move(t));
+  tensors_.insert_or_assign(std::move(name), state_tensor{std::move(shape), std::move(values), {}, false});
 }
 
 void state_dict::add_int64(std::string name, std::vector<std::size_t> shape, std::vector<std::int64_t> values) {
   check_count(name, shape, values.size());
-  state_tensor t;
-  t.shape = std::move(shape);
-  t.ints = std::move(values);
-  t.is_integer = true;
-  tensors_.insert_or_assign(std::move(name), std::move(t));
+  tensors_.insert_or_assign(std::move(name), state_tensor{std::move(shape), {}, std::move(values), true});
 }
 
 bool state_dict::contains(std::string_view name) const { return tensors_.find(name) != tensors_.end(); }
@@ -127,7 +117,8 @@ void save_checkpoint(const std::filesystem::path& path, const state_dict& dict, 
   write_safetensors(path, refs, dict.metadata, options);
 }
 
-state_dict to_state_dict(const safetensors_file& file) {
+state_dict load_checkpoint(const std::filesystem::path& path) {
+  const auto file = safetensors_file::read(path);
   state_dict out;
   out.source = file.name();
   out.metadata = file.metadata();
@@ -143,7 +134,5 @@ state_dict to_state_dict(const safetensors_file& file) {
   }
   return out;
 }
-
-state_dict load_checkpoint(const std::filesystem::path& path) { return to_state_dict(safetensors_file::read(path)); }
 
 }  // namespace nerve::checkpoint

@@ -83,7 +83,4 @@ void save_checkpoint(const std::filesystem::path& path, const state_dict& dict, 
 /// `format_error` for a malformed file (see `safetensors_file::parse`).
 state_dict load_checkpoint(const std::filesystem::path& path);
 
-/// The same from a parsed file.
-state_dict to_state_dict(const safetensors_file& file);
-
 }  // namespace nerve::checkpoint

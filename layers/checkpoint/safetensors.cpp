@@ -41,14 +41,7 @@ constexpr std::array<dtype_entry, 15> dtypes = {{
     {dtype::f64, "F64", 8},        {dtype::i64, "I64", 8},         {dtype::u64, "U64", 8},
 }};
 
-std::string in_quotes(std::string_view s) {
-  std::string out;
-  out.reserve(s.size() + 2);
-  out += '\'';
-  out.append(s);
-  out += '\'';
-  return out;
-}
+std::string in_quotes(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 std::string shape_string(std::span<const std::uint64_t> shape) {
   std::ostringstream os;
@@ -56,6 +49,11 @@ std::string shape_string(std::span<const std::uint64_t> shape) {
   for (std::size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
   os << ']';
   return os.str();
+}
+
+// `[begin, end]`: a tensor's data_offsets, for messages.
+std::string offsets_string(const tensor_info& t) {
+  return "[" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]";
 }
 
 // Product of the dimensions times the element size, or nothing on overflow.
@@ -126,13 +124,7 @@ std::uint64_t tensor_info::elements() const noexcept {
 // ---- reading -----------------------------------------------------------------
 
 namespace {
-struct fd_guard {
-  int fd;
-  ~fd_guard() { ::close(fd); }
-};
-[[noreturn]] void throw_errno(const std::filesystem::path& path, const char* what) {
-  throw std::system_error(errno, std::generic_category(), path.string() + ": " + what);
-}
+using data::detail::throw_errno;
 // Reads `n` bytes at `offset` into `out`; false when the file ends first.
 bool read_at(int fd, const std::filesystem::path& path, std::uint64_t offset, std::byte* out, std::size_t n) {
   while (n > 0) {
@@ -149,7 +141,7 @@ bool read_at(int fd, const std::filesystem::path& path, std::uint64_t offset, st
 safetensors_file safetensors_file::read(const std::filesystem::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_errno(path, "cannot open");
-  fd_guard guard{fd};
+  data::detail::fd_guard guard{fd};
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw_errno(path, "cannot stat");
   // A pipe or a device reports no size to check against: read it whole.
@@ -273,20 +265,18 @@ void safetensors_file::parse_header(safetensors_file& f, std::span<const std::by
       throw fail(8, where + "data_offsets is not a pair of non-negative integers");
     t.begin = (*off)[0].get<std::uint64_t>();
     t.end = (*off)[1].get<std::uint64_t>();
-    if (t.end < t.begin)
-      throw fail(8, where + "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "] end before they begin");
+    const std::string offsets = "data_offsets " + offsets_string(t);
+    if (t.end < t.begin) throw fail(8, where + offsets + " end before they begin");
     if (t.end > buffer_size) {
-      throw fail(f.buffer_offset_ + t.begin, where + "data_offsets [" + std::to_string(t.begin) + ", " +
-                                                 std::to_string(t.end) + "] run past the end of the " +
+      throw fail(f.buffer_offset_ + t.begin, where + offsets + " run past the end of the " +
                                                  std::to_string(buffer_size) + "-byte buffer: truncated file?");
     }
     auto need = byte_count(t.shape, dtype_size(t.type));
     if (!need || *need != t.end - t.begin) {
       throw fail(f.buffer_offset_ + t.begin,
                  where + "shape " + shape_string(t.shape) + " of " + std::string(dtype_name(t.type)) + " needs " +
-                     (need ? std::to_string(*need) : std::string("more than 2^64")) + " bytes, data_offsets [" +
-                     std::to_string(t.begin) + ", " + std::to_string(t.end) + "] hold " +
-                     std::to_string(t.end - t.begin));
+                     (need ? std::to_string(*need) : std::string("more than 2^64")) + " bytes, " + offsets +
+                     " hold " + std::to_string(t.end - t.begin));
     }
     f.tensors_.push_back(std::move(t));
   }
@@ -298,7 +288,7 @@ void safetensors_file::parse_header(safetensors_file& f, std::span<const std::by
   const tensor_info* prev = nullptr;
   for (const auto& t : f.tensors_) {
     if (t.begin != at) {
-      const std::string range = "[" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]";
+      const std::string range = offsets_string(t);
       if (t.begin < at) {
         throw fail(f.buffer_offset_ + t.begin, "tensor " + in_quotes(t.name) + ": data_offsets " + range +
                                                    " overlap tensor " + in_quotes(prev->name) + " (which ends at " +
@@ -393,11 +383,6 @@ std::vector<std::int64_t> safetensors_file::to_int64(const tensor_info& t) const
 // ---- writing -----------------------------------------------------------------
 
 namespace {
-template <class T>
-tensor_ref make_ref(std::string name, dtype type, std::vector<std::uint64_t> shape, std::span<const T> values) {
-  return tensor_ref{std::move(name), type, std::move(shape), std::as_bytes(values)};
-}
-
 // Python's safetensors order: larger dtypes first (keeps every tensor aligned), then by name.
 std::vector<const tensor_ref*> layout_order(std::span<const tensor_ref> tensors) {
   std::vector<const tensor_ref*> order;
@@ -411,13 +396,13 @@ std::vector<const tensor_ref*> layout_order(std::span<const tensor_ref> tensors)
 }  // namespace
 
 tensor_ref f32_tensor(std::string name, std::vector<std::uint64_t> shape, std::span<const float> values) {
-  return make_ref(std::move(name), dtype::f32, std::move(shape), values);
+  return {std::move(name), dtype::f32, std::move(shape), std::as_bytes(values)};
 }
 tensor_ref i64_tensor(std::string name, std::vector<std::uint64_t> shape, std::span<const std::int64_t> values) {
-  return make_ref(std::move(name), dtype::i64, std::move(shape), values);
+  return {std::move(name), dtype::i64, std::move(shape), std::as_bytes(values)};
 }
 tensor_ref f64_tensor(std::string name, std::vector<std::uint64_t> shape, std::span<const double> values) {
-  return make_ref(std::move(name), dtype::f64, std::move(shape), values);
+  return {std::move(name), dtype::f64, std::move(shape), std::as_bytes(values)};
 }
 
 std::vector<std::byte> encode_header(std::span<const tensor_ref> tensors, const metadata& meta) {

@@ -1,7 +1,5 @@
 #include "layers/data/batcher.hpp"
 
-#include "layers/plan.hpp"
-
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -84,26 +82,6 @@ void batcher::gather(const dataset& data, std::size_t b, std::span<float> images
                                 std::to_string(labels.size()));
   }
   data.gather(idx, images, labels);
-}
-
-batch batcher::make_batch(const dataset& data, std::size_t b) const {
-  batch out;
-  const std::size_t rows = indices(b).size();
-  out.rows = rows;
-  out.features = data.features();
-  out.epoch = epoch_;
-  out.index = b;
-  out.images.resize(rows * out.features);
-  out.labels.resize(rows);
-  gather(data, b, out.images, out.labels);
-  return out;
-}
-
-std::vector<row_range> split_micro_batches(std::size_t rows, std::size_t parts) {
-  std::vector<row_range> out;
-  for (auto [first, count] : layers::split_micro_batches(static_cast<std::int64_t>(rows), parts))
-    out.push_back({static_cast<std::size_t>(first), static_cast<std::size_t>(first + count)});
-  return out;
 }
 
 }  // namespace nerve::data

@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// Seeded shuffling, batching and micro-batch splitting of a dataset.
+/// Seeded shuffling and batching of a dataset (micro-batches: `layers::split_micro_batches`).
 ///
 /// The order of an epoch is a pure function of (seed, epoch, sample count), so
 /// any epoch can be replayed or resumed without replaying the ones before it:
@@ -48,24 +48,6 @@ struct batcher_options {
   bool drop_last = false;
 };
 
-/// A half-open range `[begin, end)` of rows.
-struct row_range {
-  std::size_t begin = 0;
-  std::size_t end = 0;
-  std::size_t size() const noexcept { return end - begin; }
-  friend bool operator==(const row_range&, const row_range&) = default;
-};
-
-/// One batch copied out of a dataset: `rows` samples of `features` floats, and their labels.
-struct batch {
-  std::vector<float> images;
-  std::vector<std::int32_t> labels;
-  std::size_t rows = 0;
-  std::size_t features = 0;
-  std::uint64_t epoch = 0;
-  std::size_t index = 0;  ///< batch number within the epoch
-};
-
 /// Cuts the samples of a dataset into batches, in a seeded order per epoch.
 ///
 /// Not thread-safe: one thread (the loader) owns it. Cheap: `set_epoch` is one
@@ -92,19 +74,11 @@ class batcher {
   /// both must have exactly that size. Throws `std::invalid_argument` otherwise.
   void gather(const dataset& data, std::size_t b, std::span<float> images,
               std::span<std::int32_t> labels) const;
-  /// Batch `b` as a new `batch`.
-  batch make_batch(const dataset& data, std::size_t b) const;
 
  private:
   batcher_options options_;
   std::vector<std::uint32_t> order_;
   std::uint64_t epoch_ = 0;
 };
-
-/// Splits `rows` rows into `parts` contiguous, near-equal micro-batches: the first
-/// `rows % parts` get one row more (as `numpy.array_split` / `torch.tensor_split`).
-/// Throws `std::invalid_argument` if `parts` is 0 or greater than `rows` (an empty
-/// micro-batch is never what a pipeline schedule wants).
-std::vector<row_range> split_micro_batches(std::size_t rows, std::size_t parts);
 
 }  // namespace nerve::data

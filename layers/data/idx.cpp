@@ -3,6 +3,7 @@
 #include "layers/data/detail/file_bytes.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <climits>
 #include <cstring>
@@ -17,8 +18,20 @@ namespace {
 
 constexpr std::uint64_t max_idx_bytes = std::uint64_t{1} << 40;  // 1 TiB: far beyond any real file
 
-bool known_type(std::uint8_t t) {
-  return t == 0x08 || t == 0x09 || t == 0x0B || t == 0x0C || t == 0x0D || t == 0x0E;
+struct idx_type_info {
+  idx_type type;
+  std::string_view name;
+  std::size_t size;
+};
+constexpr std::array<idx_type_info, 6> idx_types = {{{idx_type::u8, "u8", 1}, {idx_type::i8, "i8", 1},
+                                                     {idx_type::i16, "i16", 2}, {idx_type::i32, "i32", 4},
+                                                     {idx_type::f32, "f32", 4}, {idx_type::f64, "f64", 8}}};
+
+// The type whose magic byte is `t`; null for none.
+const idx_type_info* find_type(std::uint8_t t) {
+  for (const auto& i : idx_types)
+    if (static_cast<std::uint8_t>(i.type) == t) return &i;
+  return nullptr;
 }
 
 std::string hex_byte(std::uint8_t b) {
@@ -26,136 +39,58 @@ std::string hex_byte(std::uint8_t b) {
   return std::string("0x") + digits[b >> 4] + digits[b & 15];
 }
 
-// Sequential reader over the bytes of an IDX file, decompressing gzip on the way.
-// offset() counts bytes delivered, i.e. offsets in the (decompressed) IDX stream.
-class byte_source {
- public:
-  byte_source(std::span<const std::byte> in, std::string name) : in_(in), name_(std::move(name)) {
-    gzip_ = in.size() >= 2 && in[0] == std::byte{0x1f} && in[1] == std::byte{0x8b};
-    if (gzip_) {
-      zs_.next_in = Z_NULL;
-      zs_.avail_in = 0;
-      if (inflateInit2(&zs_, 15 + 16) != Z_OK) throw std::bad_alloc();  // gzip wrapper only
-      zs_open_ = true;
+// The bytes of the gzip members in `in`, decompressed (`cat a.gz b.gz` makes one stream,
+// as gzip reads it); errors give offsets in the compressed file. The IDX header's claims
+// are checked against what this returns, so a tiny file claiming 4 GiB allocates nothing.
+std::vector<std::byte> gunzip(std::span<const std::byte> in, const std::string& name) {
+  z_stream zs{};
+  if (inflateInit2(&zs, 15 + 16) != Z_OK) throw std::bad_alloc();  // gzip wrapper only
+  struct inflate_end {
+    z_stream& zs;
+    ~inflate_end() { inflateEnd(&zs); }
+  } guard{zs};
+  std::vector<std::byte> out(std::max<std::size_t>(2 * in.size(), 4096));
+  std::size_t in_pos = 0, used = 0;  // input handed to zlib, output it made
+  for (;;) {
+    if (zs.avail_in == 0 && in_pos < in.size()) {
+      const std::size_t k = std::min<std::size_t>(in.size() - in_pos, UINT_MAX);
+      zs.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(in.data() + in_pos));
+      zs.avail_in = static_cast<uInt>(k);
+      in_pos += k;
+    }
+    if (used == out.size()) out.resize(2 * out.size());
+    const std::size_t room = std::min<std::size_t>(out.size() - used, UINT_MAX);
+    zs.next_out = reinterpret_cast<Bytef*>(out.data() + used);
+    zs.avail_out = static_cast<uInt>(room);
+    const int rc = inflate(&zs, Z_NO_FLUSH);
+    used += room - zs.avail_out;
+    const std::uint64_t at = in_pos - zs.avail_in;  // where inflate stopped reading
+    if (rc == Z_STREAM_END) {
+      if (at == in.size()) break;
+      const std::uint64_t left = in.size() - at;
+      // Another member may follow; anything else after the stream is an error.
+      if (left < 2 || in[at] != std::byte{0x1f} || in[at + 1] != std::byte{0x8b})
+        throw format_error(name, at,
+                           std::to_string(left) +
+                               " trailing bytes after the end of the gzip stream (offset in the compressed file)");
+      inflateReset(&zs);
+    } else if (rc == Z_BUF_ERROR && zs.avail_in == 0 && in_pos == in.size()) {  // no progress: out of input
+      throw format_error(name, at, "gzip stream is truncated: the file ends before the end of the compressed data "
+                                   "(offset in the compressed file)");
+    } else if (rc == Z_MEM_ERROR) {
+      throw std::bad_alloc();
+    } else if (rc != Z_OK && rc != Z_BUF_ERROR) {  // Z_DATA_ERROR, Z_NEED_DICT, Z_STREAM_ERROR
+      throw format_error(name, at, std::string("corrupt gzip data: ") + (zs.msg ? zs.msg : "inflate failed") +
+                                       " (offset in the compressed file)");
     }
   }
-  byte_source(const byte_source&) = delete;
-  byte_source& operator=(const byte_source&) = delete;
-  ~byte_source() {
-    if (zs_open_) inflateEnd(&zs_);
-  }
-
-  bool gzip() const { return gzip_; }
-  std::uint64_t offset() const { return delivered_; }
-  const std::string& name() const { return name_; }
-
-  // An upper bound on the bytes still to come (deflate expands at most 1032:1),
-  // used to cap allocations before the data has proven it exists.
-  std::uint64_t max_remaining() const {
-    std::uint64_t in_left = in_.size() - in_pos_;
-    if (!gzip_) return in_left;
-    if (finished_) return 0;
-    std::uint64_t pending = zs_.avail_in;
-    return (in_left + pending) * 1032 + 65536;
-  }
-
-  // Reads up to n bytes; fewer only at the end of the data.
-  std::size_t read(std::byte* dst, std::size_t n) {
-    std::size_t got = gzip_ ? read_gzip(dst, n) : read_raw(dst, n);
-    delivered_ += got;
-    return got;
-  }
-
-  // Suffix for offsets in messages: the reader should know which stream they count.
-  std::string where() const { return gzip_ ? " (offsets count decompressed bytes)" : ""; }
-
- private:
-  std::size_t read_raw(std::byte* dst, std::size_t n) {
-    std::size_t k = std::min(n, in_.size() - in_pos_);
-    if (k) std::memcpy(dst, in_.data() + in_pos_, k);
-    in_pos_ += k;
-    return k;
-  }
-
-  [[noreturn]] void gzip_fail(const std::string& problem) {
-    // The compressed offset is where inflate stopped reading.
-    std::uint64_t at = in_pos_ - zs_.avail_in;
-    throw format_error(name_, at, problem + " (offset in the compressed file)");
-  }
-
-  std::size_t read_gzip(std::byte* dst, std::size_t n) {
-    std::size_t got = 0;
-    while (got < n && !finished_) {
-      if (zs_.avail_in == 0 && in_pos_ < in_.size()) {
-        std::size_t k = std::min<std::size_t>(in_.size() - in_pos_, UINT_MAX);
-        zs_.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(in_.data() + in_pos_));
-        zs_.avail_in = static_cast<uInt>(k);
-        in_pos_ += k;
-      }
-      std::size_t want = std::min<std::size_t>(n - got, UINT_MAX);
-      zs_.next_out = reinterpret_cast<Bytef*>(dst + got);
-      zs_.avail_out = static_cast<uInt>(want);
-      int rc = inflate(&zs_, Z_NO_FLUSH);
-      got += want - zs_.avail_out;
-      switch (rc) {
-        case Z_OK:
-          break;
-        case Z_STREAM_END:
-          next_member();
-          break;
-        case Z_BUF_ERROR:
-          // No progress was possible: out of input before the end of the stream.
-          if (zs_.avail_in == 0 && in_pos_ == in_.size())
-            gzip_fail("gzip stream is truncated: the file ends before the end of the compressed data");
-          break;
-        case Z_MEM_ERROR:
-          throw std::bad_alloc();
-        default:  // Z_DATA_ERROR, Z_NEED_DICT, Z_STREAM_ERROR
-          gzip_fail(std::string("corrupt gzip data: ") + (zs_.msg ? zs_.msg : "inflate failed"));
-      }
-    }
-    return got;
-  }
-
-  // After a gzip member ends: another member may follow (concatenated gzip, as
-  // `cat a.gz b.gz` makes); anything else after the stream is an error.
-  void next_member() {
-    std::uint64_t member_end = in_pos_ - zs_.avail_in;
-    if (member_end == in_.size()) {
-      finished_ = true;
-      return;
-    }
-    std::uint64_t left = in_.size() - member_end;
-    if (left >= 2 && in_[member_end] == std::byte{0x1f} && in_[member_end + 1] == std::byte{0x8b}) {
-      inflateReset(&zs_);
-      return;
-    }
-    throw format_error(name_, member_end,
-                       std::to_string(left) +
-                           " trailing bytes after the end of the gzip stream (offset in the compressed file)");
-  }
-
-  std::span<const std::byte> in_;
-  std::string name_;
-  bool gzip_ = false;
-  bool finished_ = false;
-  bool zs_open_ = false;
-  z_stream zs_{};
-  std::size_t in_pos_ = 0;  // input handed to zlib (gzip) or consumed (raw)
-  std::uint64_t delivered_ = 0;
-};
+  out.resize(used);
+  return out;
+}
 
 std::uint32_t load_be32(const std::byte* p) {
   return (std::uint32_t(p[0]) << 24) | (std::uint32_t(p[1]) << 16) | (std::uint32_t(p[2]) << 8) |
          std::uint32_t(p[3]);
-}
-
-template <class T>
-void to_host_order(std::vector<T>& v) {
-  if constexpr (sizeof(T) > 1 && std::endian::native == std::endian::little) {
-    auto* p = reinterpret_cast<unsigned char*>(v.data());
-    for (std::size_t i = 0; i < v.size(); ++i, p += sizeof(T)) std::reverse(p, p + sizeof(T));
-  }
 }
 
 std::string shape_string(const std::vector<std::size_t>& shape) {
@@ -164,71 +99,28 @@ std::string shape_string(const std::vector<std::size_t>& shape) {
   return os.str();
 }
 
+// The elements of `data` (big-endian `T`s, as many as `shape` holds) in host order.
 template <class T>
-idx_array read_elements(byte_source& src, idx_type type, std::vector<std::size_t> shape,
-                        std::size_t count) {
-  const std::uint64_t header = src.offset();
-  const std::uint64_t want_bytes = std::uint64_t{count} * sizeof(T);
-  // Allocate no more than the input can possibly hold, growing if it does hold more:
-  // a 20-byte file claiming 4 GiB of data must not allocate 4 GiB.
-  std::vector<T> v;
-  std::uint64_t cap = std::min<std::uint64_t>(count, src.max_remaining() / sizeof(T) + 1);
-  v.resize(static_cast<std::size_t>(cap));
-  std::uint64_t got_bytes = 0;
-  for (;;) {
-    auto* base = reinterpret_cast<std::byte*>(v.data());
-    std::size_t ask = v.size() * sizeof(T) - got_bytes;
-    std::size_t n = src.read(base + got_bytes, ask);
-    got_bytes += n;
-    if (n < ask) break;                    // end of data
-    if (v.size() == count) break;          // all there
-    v.resize(static_cast<std::size_t>(std::min<std::uint64_t>(count, std::uint64_t{v.size()} * 2)));
+idx_array elements(idx_type type, std::vector<std::size_t> shape, std::span<const std::byte> data) {
+  std::vector<T> v(data.size() / sizeof(T));
+  std::memcpy(v.data(), data.data(), data.size());
+  if constexpr (sizeof(T) > 1 && std::endian::native == std::endian::little) {
+    auto* p = reinterpret_cast<unsigned char*>(v.data());
+    for (std::size_t i = 0; i < v.size(); ++i, p += sizeof(T)) std::reverse(p, p + sizeof(T));
   }
-  if (got_bytes < want_bytes) {
-    throw format_error(src.name(), src.offset(),
-                       "truncated: the " + std::string(idx_type_name(type)) + " data of shape " +
-                           shape_string(shape) + " needs " + std::to_string(want_bytes) +
-                           " bytes after the " + std::to_string(header) + "-byte header, the file has " +
-                           std::to_string(got_bytes) + src.where());
-  }
-  // Anything after the last element is an error: the wrong dimensions, or two files glued.
-  std::byte scratch[4096];
-  std::uint64_t extra = 0;
-  for (std::size_t n; (n = src.read(scratch, sizeof scratch)) > 0;) extra += n;
-  if (extra) {
-    throw format_error(src.name(), header + want_bytes,
-                       std::to_string(extra) + " trailing bytes after the last element of the " +
-                           shape_string(shape) + " " + std::string(idx_type_name(type)) + " data" +
-                           src.where());
-  }
-  to_host_order(v);
   return idx_array(type, std::move(shape), std::move(v));
 }
 
 }  // namespace
 
 std::size_t idx_type_size(idx_type type) noexcept {
-  switch (type) {
-    case idx_type::u8:
-    case idx_type::i8: return 1;
-    case idx_type::i16: return 2;
-    case idx_type::i32:
-    case idx_type::f32: return 4;
-    case idx_type::f64: return 8;
-  }
-  return 0;
+  const auto* i = find_type(static_cast<std::uint8_t>(type));
+  return i ? i->size : 0;
 }
 
 std::string_view idx_type_name(idx_type type) noexcept {
-  switch (type) {
-    case idx_type::u8: return "u8";
-    case idx_type::i8: return "i8";
-    case idx_type::i16: return "i16";
-    case idx_type::i32: return "i32";
-    case idx_type::f32: return "f32";
-    case idx_type::f64: return "f64";
-  }
-  return "unknown";
+  const auto* i = find_type(static_cast<std::uint8_t>(type));
+  return i ? i->name : "unknown";
 }
 
 idx_array::idx_array(idx_type type, std::vector<std::size_t> shape, storage values)
@@ -243,9 +135,9 @@ std::size_t idx_array::row_size() const noexcept {
   return n;
 }
 
-void idx_array::throw_type_mismatch(std::string_view asked) const {
-  throw std::invalid_argument("idx_array holds " + std::string(idx_type_name(type_)) +
-                              " elements, not " + std::string(asked));
+void idx_array::throw_type_mismatch(idx_type asked) const {
+  throw std::invalid_argument("idx_array holds " + std::string(idx_type_name(type_)) + " elements, not " +
+                              std::string(idx_type_name(asked)));
 }
 
 std::vector<float> idx_array::to_float() const {
@@ -258,69 +150,73 @@ std::vector<float> idx_array::to_float() const {
       values_);
 }
 
-idx_array parse_idx(std::span<const std::byte> bytes, std::string_view name) {
-  byte_source src(bytes, std::string(name));
-  std::byte magic[4];
-  std::size_t got = src.read(magic, 4);
-  if (got < 4) {
-    throw format_error(src.name(), got,
-                       "truncated: the file has " + std::to_string(got) +
-                           " bytes, an IDX file starts with a 4-byte magic" + src.where());
+idx_array parse_idx(std::span<const std::byte> bytes, std::string_view name_view) {
+  const std::string name(name_view);
+  const bool gzip = bytes.size() >= 2 && bytes[0] == std::byte{0x1f} && bytes[1] == std::byte{0x8b};
+  std::vector<std::byte> inflated;
+  if (gzip) inflated = gunzip(bytes, name);
+  const std::span<const std::byte> in = gzip ? std::span<const std::byte>(inflated) : bytes;
+  // The reader should know which stream the offsets of the messages count.
+  auto fail = [&](std::uint64_t at, const std::string& problem) {
+    return format_error(name, at, problem + (gzip ? " (offsets count decompressed bytes)" : ""));
+  };
+  if (in.size() < 4) {
+    throw fail(in.size(), "truncated: the file has " + std::to_string(in.size()) +
+                              " bytes, an IDX file starts with a 4-byte magic");
   }
-  auto b = [&](int i) { return static_cast<std::uint8_t>(magic[i]); };
+  auto b = [&](std::size_t i) { return static_cast<std::uint8_t>(in[i]); };
   if (b(0) != 0 || b(1) != 0) {
-    throw format_error(src.name(), b(0) != 0 ? 0 : 1,
-                       "wrong magic " + hex_byte(b(0)) + " " + hex_byte(b(1)) + " " + hex_byte(b(2)) +
-                           " " + hex_byte(b(3)) +
-                           ": an IDX file starts with two zero bytes, the type and the number of "
-                           "dimensions (00 00 TYPE NDIMS)" + src.where());
+    throw fail(b(0) != 0 ? 0 : 1, "wrong magic " + hex_byte(b(0)) + " " + hex_byte(b(1)) + " " + hex_byte(b(2)) +
+                                      " " + hex_byte(b(3)) +
+                                      ": an IDX file starts with two zero bytes, the type and the number of "
+                                      "dimensions (00 00 TYPE NDIMS)");
   }
-  if (!known_type(b(2))) {
-    throw format_error(src.name(), 2,
-                       "unknown data type " + hex_byte(b(2)) +
-                           " (IDX knows 0x08 u8, 0x09 i8, 0x0b i16, 0x0c i32, 0x0d f32, 0x0e f64)" +
-                           src.where());
+  if (!find_type(b(2))) {
+    throw fail(2, "unknown data type " + hex_byte(b(2)) +
+                      " (IDX knows 0x08 u8, 0x09 i8, 0x0b i16, 0x0c i32, 0x0d f32, 0x0e f64)");
   }
   const auto type = static_cast<idx_type>(b(2));
-  const std::size_t ndims = b(3);
-  if (ndims == 0) throw format_error(src.name(), 3, "zero dimensions: an IDX array needs at least one" + src.where());
-
-  std::byte dims_raw[255 * 4];
-  got = src.read(dims_raw, ndims * 4);
-  if (got < ndims * 4) {
-    throw format_error(src.name(), src.offset(),
-                       "truncated: the header declares " + std::to_string(ndims) + " dimensions (" +
-                           std::to_string(ndims * 4) + " bytes) but the file ends after " +
-                           std::to_string(got) + " of them" + src.where());
+  const std::size_t ndims = b(3), header = 4 + 4 * ndims;
+  if (ndims == 0) throw fail(3, "zero dimensions: an IDX array needs at least one");
+  if (in.size() < header) {
+    throw fail(in.size(), "truncated: the header declares " + std::to_string(ndims) + " dimensions (" +
+                              std::to_string(ndims * 4) + " bytes) but the file ends after " +
+                              std::to_string(in.size() - 4) + " of them");
   }
   std::vector<std::size_t> shape(ndims);
   std::uint64_t count = 1;
   const std::uint64_t elem = idx_type_size(type);
   for (std::size_t i = 0; i < ndims; ++i) {
-    std::uint32_t d = load_be32(dims_raw + 4 * i);
-    if (d == 0) {
-      throw format_error(src.name(), 4 + 4 * i,
-                         "dimension " + std::to_string(i) + " is zero" + src.where());
-    }
+    std::uint32_t d = load_be32(in.data() + 4 + 4 * i);
+    if (d == 0) throw fail(4 + 4 * i, "dimension " + std::to_string(i) + " is zero");
     if (count > max_idx_bytes / elem / d) {
-      throw format_error(src.name(), 4 + 4 * i,
-                         "dimension " + std::to_string(i) + " (" + std::to_string(d) +
-                             ") makes the data larger than 1 TiB; the dimensions are corrupt" +
-                             src.where());
+      throw fail(4 + 4 * i, "dimension " + std::to_string(i) + " (" + std::to_string(d) +
+                                ") makes the data larger than 1 TiB; the dimensions are corrupt");
     }
     count *= d;
     shape[i] = d;
   }
-  const auto n = static_cast<std::size_t>(count);
-  switch (type) {
-    case idx_type::u8: return read_elements<std::uint8_t>(src, type, std::move(shape), n);
-    case idx_type::i8: return read_elements<std::int8_t>(src, type, std::move(shape), n);
-    case idx_type::i16: return read_elements<std::int16_t>(src, type, std::move(shape), n);
-    case idx_type::i32: return read_elements<std::int32_t>(src, type, std::move(shape), n);
-    case idx_type::f32: return read_elements<float>(src, type, std::move(shape), n);
-    case idx_type::f64: return read_elements<double>(src, type, std::move(shape), n);
+  const std::uint64_t want = count * elem, have = in.size() - header;
+  if (have < want) {
+    throw fail(in.size(), "truncated: the " + std::string(idx_type_name(type)) + " data of shape " +
+                              shape_string(shape) + " needs " + std::to_string(want) + " bytes after the " +
+                              std::to_string(header) + "-byte header, the file has " + std::to_string(have));
   }
-  throw format_error(src.name(), 2, "unknown data type");  // unreachable: checked above
+  // Anything after the last element is an error: the wrong dimensions, or two files glued.
+  if (have > want) {
+    throw fail(header + want, std::to_string(have - want) + " trailing bytes after the last element of the " +
+                                  shape_string(shape) + " " + std::string(idx_type_name(type)) + " data");
+  }
+  const auto data = in.subspan(header);
+  switch (type) {
+    case idx_type::u8: return elements<std::uint8_t>(type, std::move(shape), data);
+    case idx_type::i8: return elements<std::int8_t>(type, std::move(shape), data);
+    case idx_type::i16: return elements<std::int16_t>(type, std::move(shape), data);
+    case idx_type::i32: return elements<std::int32_t>(type, std::move(shape), data);
+    case idx_type::f32: return elements<float>(type, std::move(shape), data);
+    case idx_type::f64: return elements<double>(type, std::move(shape), data);
+  }
+  throw fail(2, "unknown data type");  // unreachable: checked above
 }
 
 idx_array read_idx(const std::filesystem::path& path) {
@@ -330,35 +226,16 @@ idx_array read_idx(const std::filesystem::path& path) {
 
 template <class T>
 std::vector<std::byte> encode_idx(std::span<const std::size_t> shape, std::span<const T> values) {
-  static_assert(sizeof(T) <= 8);
-  std::uint8_t type = 0;
-  if constexpr (std::is_same_v<T, std::uint8_t>) type = 0x08;
-  else if constexpr (std::is_same_v<T, std::int8_t>) type = 0x09;
-  else if constexpr (std::is_same_v<T, std::int16_t>) type = 0x0B;
-  else if constexpr (std::is_same_v<T, std::int32_t>) type = 0x0C;
-  else if constexpr (std::is_same_v<T, float>) type = 0x0D;
-  else type = 0x0E;
   if (shape.empty() || shape.size() > 255) throw std::invalid_argument("encode_idx: 1 to 255 dimensions");
-  std::vector<std::byte> out;
+  std::vector<std::byte> out{std::byte{0}, std::byte{0}, std::byte(idx_type_of<T>()), std::byte(shape.size())};
   out.reserve(4 + 4 * shape.size() + values.size() * sizeof(T));
-  auto put = [&](std::uint8_t x) { out.push_back(std::byte{x}); };
-  put(0);
-  put(0);
-  put(type);
-  put(static_cast<std::uint8_t>(shape.size()));
-  for (std::size_t d : shape) {
-    auto v = static_cast<std::uint32_t>(d);
-    put(v >> 24);
-    put((v >> 16) & 0xff);
-    put((v >> 8) & 0xff);
-    put(v & 0xff);
-  }
-  for (const T& x : values) {
-    unsigned char raw[sizeof(T)];
-    std::memcpy(raw, &x, sizeof(T));
-    if constexpr (std::endian::native == std::endian::little) std::reverse(raw, raw + sizeof(T));
-    for (unsigned char c : raw) put(c);
-  }
+  auto put_big_endian = [&](auto x) {
+    auto raw = std::bit_cast<std::array<std::byte, sizeof x>>(x);
+    if constexpr (std::endian::native == std::endian::little) std::reverse(raw.begin(), raw.end());
+    out.insert(out.end(), raw.begin(), raw.end());
+  };
+  for (std::size_t d : shape) put_big_endian(static_cast<std::uint32_t>(d));
+  for (const T& x : values) put_big_endian(x);
   return out;
 }
 

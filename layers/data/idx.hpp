@@ -4,8 +4,8 @@
 ///
 /// An IDX file is a 4-byte magic `00 00 TYPE NDIMS`, then NDIMS big-endian
 /// 32-bit dimensions, then the elements in row-major order, big-endian.
-/// Gzip input is recognised by its magic bytes (`1f 8b`) and decompressed as
-/// it is parsed, so the file name does not matter.
+/// Gzip input is recognised by its magic bytes (`1f 8b`) and decompressed
+/// before it is parsed, so the file name does not matter.
 
 #include "layers/data/format_error.hpp"
 
@@ -36,6 +36,17 @@ std::size_t idx_type_size(idx_type type) noexcept;
 /// Lower-case name of `type` (`"u8"`, `"f32"`, …).
 std::string_view idx_type_name(idx_type type) noexcept;
 
+/// The `idx_type` whose elements are `T`s.
+template <class T>
+constexpr idx_type idx_type_of() {
+  if constexpr (std::is_same_v<T, std::uint8_t>) return idx_type::u8;
+  else if constexpr (std::is_same_v<T, std::int8_t>) return idx_type::i8;
+  else if constexpr (std::is_same_v<T, std::int16_t>) return idx_type::i16;
+  else if constexpr (std::is_same_v<T, std::int32_t>) return idx_type::i32;
+  else if constexpr (std::is_same_v<T, float>) return idx_type::f32;
+  else return idx_type::f64;
+}
+
 /// A parsed IDX array: its shape and its elements in host byte order.
 ///
 /// A value type; safe to read from any thread once built.
@@ -61,7 +72,7 @@ class idx_array {
   template <class T>
   std::span<const T> values() const {
     if (auto* v = std::get_if<std::vector<T>>(&values_)) return {v->data(), v->size()};
-    throw_type_mismatch(idx_type_name_of<T>());
+    throw_type_mismatch(idx_type_of<T>());
   }
 
   /// Moves the elements out as `std::vector<T>` (the array is left empty);
@@ -72,23 +83,14 @@ class idx_array {
       size_ = 0;
       return std::move(*v);
     }
-    throw_type_mismatch(idx_type_name_of<T>());
+    throw_type_mismatch(idx_type_of<T>());
   }
 
   /// The elements converted to float (exact for every type but i32 and f64).
   std::vector<float> to_float() const;
 
  private:
-  template <class T>
-  static constexpr std::string_view idx_type_name_of() {
-    if constexpr (std::is_same_v<T, std::uint8_t>) return "u8";
-    else if constexpr (std::is_same_v<T, std::int8_t>) return "i8";
-    else if constexpr (std::is_same_v<T, std::int16_t>) return "i16";
-    else if constexpr (std::is_same_v<T, std::int32_t>) return "i32";
-    else if constexpr (std::is_same_v<T, float>) return "f32";
-    else return "f64";
-  }
-  [[noreturn]] void throw_type_mismatch(std::string_view asked) const;
+  [[noreturn]] void throw_type_mismatch(idx_type asked) const;
 
   idx_type type_;
   std::vector<std::size_t> shape_;

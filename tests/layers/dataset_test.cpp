@@ -6,6 +6,7 @@
 #include "layers/data/dataset.hpp"
 #include "layers/data/format_error.hpp"
 #include "layers/data/idx.hpp"
+#include "layers/plan.hpp"
 
 #include <doctest/doctest.h>
 
@@ -201,38 +202,38 @@ TEST_SUITE("layers.dataset") {
     batcher b(ds.size(), {.batch_size = 2, .seed = 3});
     b.set_epoch(1);
     auto idx = b.indices(1);
-    auto bt = b.make_batch(ds, 1);
-    CHECK(bt.rows == 2);
-    CHECK(bt.index == 1);
-    CHECK(bt.epoch == 1);
-    for (std::size_t r = 0; r < 2; ++r) {
-      CHECK(bt.labels[r] == ds.labels[idx[r]]);
-      auto row = ds.rows(idx[r], 1);
-      CHECK(std::equal(bt.images.begin() + r * 4, bt.images.begin() + r * 4 + 4, row.begin()));
-    }
-    auto last = b.make_batch(ds, 2);
-    CHECK(last.rows == 1);
-    std::vector<float> wrong(3);
+    CHECK(idx.size() == 2);
+    std::vector<float> images(2 * 4);
     std::vector<std::int32_t> labels(2);
+    b.gather(ds, 1, images, labels);
+    for (std::size_t r = 0; r < 2; ++r) {
+      CHECK(labels[r] == ds.labels[idx[r]]);
+      auto row = ds.rows(idx[r], 1);
+      CHECK(std::equal(images.begin() + r * 4, images.begin() + r * 4 + 4, row.begin()));
+    }
+    CHECK(b.indices(2).size() == 1);
+    std::vector<float> wrong(3);
     CHECK_THROWS_AS(b.gather(ds, 0, wrong, labels), std::invalid_argument);
   }
 
   TEST_CASE("micro-batches split a batch into near-equal contiguous parts") {
-    CHECK(split_micro_batches(10, 3) == std::vector<row_range>{{0, 4}, {4, 7}, {7, 10}});
-    CHECK(split_micro_batches(8, 4) == std::vector<row_range>{{0, 2}, {2, 4}, {4, 6}, {6, 8}});
-    CHECK(split_micro_batches(5, 1) == std::vector<row_range>{{0, 5}});
-    CHECK(split_micro_batches(3, 3) == std::vector<row_range>{{0, 1}, {1, 2}, {2, 3}});
+    using nerve::layers::split_micro_batches;
+    using rows_list = std::vector<nerve::layers::micro_batch_rows>;
+    CHECK(split_micro_batches(10, 3) == rows_list{{0, 4}, {4, 3}, {7, 3}});
+    CHECK(split_micro_batches(8, 4) == rows_list{{0, 2}, {2, 2}, {4, 2}, {6, 2}});
+    CHECK(split_micro_batches(5, 1) == rows_list{{0, 5}});
+    CHECK(split_micro_batches(3, 3) == rows_list{{0, 1}, {1, 1}, {2, 1}});
     CHECK_THROWS_AS(split_micro_batches(3, 4), std::invalid_argument);
     CHECK_THROWS_AS(split_micro_batches(3, 0), std::invalid_argument);
-    for (std::size_t rows = 1; rows < 40; ++rows)
-      for (std::size_t m = 1; m <= rows; ++m) {
+    for (std::int64_t rows = 1; rows < 40; ++rows)
+      for (std::size_t m = 1; m <= std::size_t(rows); ++m) {
         auto parts = split_micro_batches(rows, m);
-        std::size_t total = 0, lo = rows, hi = 0;
+        std::int64_t total = 0, lo = rows, hi = 0;
         for (auto& p : parts) {
-          CHECK(p.begin == total);
-          total += p.size();
-          lo = std::min(lo, p.size());
-          hi = std::max(hi, p.size());
+          CHECK(p.first == total);
+          total += p.count;
+          lo = std::min(lo, p.count);
+          hi = std::max(hi, p.count);
         }
         CHECK(total == rows);
         CHECK(hi - lo <= 1);

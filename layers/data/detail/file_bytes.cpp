@@ -10,16 +10,11 @@
 
 namespace nerve::data::detail {
 
-namespace {
-[[noreturn]] void throw_errno(const std::filesystem::path& path, const char* what) {
+void throw_errno(const std::filesystem::path& path, const std::string& what) {
   throw std::system_error(errno, std::generic_category(), path.string() + ": " + what);
 }
 
-struct fd_guard {
-  int fd;
-  ~fd_guard() { ::close(fd); }
-};
-}  // namespace
+fd_guard::~fd_guard() { ::close(fd); }
 
 std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -47,6 +42,16 @@ std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
   }
   bytes.resize(used);
   return bytes;
+}
+
+bool write_all(int fd, std::span<const std::byte> bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return false;
+    bytes = bytes.subspan(static_cast<std::size_t>(n));
+  }
+  return true;
 }
 
 }  // namespace nerve::data::detail
