@@ -6,7 +6,6 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include <cmath>
 #include <string>
 
 namespace nerve::gpu::detail::cuda {
@@ -43,7 +42,7 @@ class cuda_event final : public event_impl {
 /// Every kernel of ours loaded now, not at its first launch (launch.hpp says why).
 cudaError_t preload_kernels() {
   for (cudaError_t (*part)() : {cuda_kernels::preload_elementwise, cuda_kernels::preload_loss,
-                                cuda_kernels::preload_optimizer, cuda_kernels::preload_window,
+                                cuda_kernels::preload_window,
                                 cuda_kernels::preload_testing})
     if (const cudaError_t e = part(); e != cudaSuccess) return e;
   return cudaSuccess;
@@ -222,10 +221,7 @@ class cuda_backend final : public backend {
   }
   void adam_update(stream_impl& s, float* w, const float* g, float* m, float* v, std::size_t n,
                    const adam_params& p) override {
-    // Bias corrections on the host, exactly as the CPU twin computes them.
-    const float c1 = 1.0f - float(std::pow(double(p.beta1), double(p.step)));
-    const float c2 = 1.0f - float(std::pow(double(p.beta2), double(p.step)));
-    NERVE_LAUNCH(adam_update(native(s), w, g, m, v, n, p, c1, c2));
+    NERVE_LAUNCH(adam_update(native(s), w, g, m, v, n, p));
   }
   void im2col(stream_impl& s, const float* x, const window_geometry& g, float* col) override {
     NERVE_LAUNCH(im2col(native(s), x, g, col));

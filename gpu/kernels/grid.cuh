@@ -1,5 +1,7 @@
 #pragma once
 // Grid-stride helpers shared by the kernels.
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -13,8 +15,26 @@ inline unsigned grid_for(std::size_t n) {
   return static_cast<unsigned>(blocks < 65535u * 16u ? (blocks ? blocks : 1) : 65535u * 16u);
 }
 
-#define NERVE_GRID_STRIDE(i, n)                                                        \
-  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;          \
-       i < std::int64_t(n); i += std::int64_t(gridDim.x) * blockDim.x)
+namespace {
 
+/// `op(i)` for every i < n (an op of gpu/kernels/ops.hpp), indices of type I. Internal to
+/// each .cu file, so no two files share a kernel symbol.
+template <class I, class Op>
+__global__ void each_kernel(Op op, I n) {
+  for (I i = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); i < n; i += I(gridDim.x) * I(blockDim.x)) op(i);
+}
+
+/// Enqueues `op` over n elements on `st` (signed indices by default: the compiler unrolls).
+template <class I = std::int64_t, class Op>
+void each(cudaStream_t st, std::size_t n, const Op& op) {
+  each_kernel<I><<<grid_for(n), block_size, 0, st>>>(op, I(n));
+}
+
+/// The kernel `each<I>` launches for `Op`, for cuda_kernels::load_now.
+template <class Op, class I = std::int64_t>
+const void* kernel_of() {
+  return reinterpret_cast<const void*>(&each_kernel<I, Op>);
+}
+
+}  // namespace
 }  // namespace nerve::gpu::cuda_kernels

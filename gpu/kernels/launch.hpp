@@ -28,9 +28,7 @@ void softmax_xent_backward(cudaStream_t st, const float* probs, const std::int32
                            std::size_t cols, float scale, float* dlogits);
 
 void sgd_update(cudaStream_t st, float* w, const float* g, float* velocity, std::size_t n, const sgd_params& p);
-/// c1 = 1 − beta1^step, c2 = 1 − beta2^step, computed on the host as the CPU twin does.
-void adam_update(cudaStream_t st, float* w, const float* g, float* m, float* v, std::size_t n, const adam_params& p,
-                 float c1, float c2);
+void adam_update(cudaStream_t st, float* w, const float* g, float* m, float* v, std::size_t n, const adam_params& p);
 
 void im2col(cudaStream_t st, const float* x, const window_geometry& g, float* col);
 void col2im(cudaStream_t st, const float* col, const window_geometry& g, float* dx);
@@ -50,7 +48,6 @@ void avg_pool_backward(cudaStream_t st, const float* dy, const window_geometry& 
 /// process sets CUDA_MODULE_LOADING=EAGER. Each returns the first error.
 cudaError_t preload_elementwise();
 cudaError_t preload_loss();
-cudaError_t preload_optimizer();
 cudaError_t preload_window();
 cudaError_t preload_testing();
 
