@@ -1,5 +1,4 @@
-// Pointwise kernels (bodies in gpu/kernels/ops.hpp): activations, bias add, axpy/scale/fill,
-// the optimizer updates; and column sums.
+// The pointwise kernels (their bodies are gpu/kernels/ops.hpp's), and column sums.
 #include "gpu/kernels/grid.cuh"
 #include "gpu/kernels/launch.hpp"
 #include "gpu/kernels/ops.hpp"
@@ -38,18 +37,8 @@ __global__ void column_sums_kernel(const float* __restrict__ x, std::size_t rows
 
 }  // namespace
 
-void activation_forward(cudaStream_t st, activation f, const float* x, float* y, std::size_t n, float alpha) {
-  ops::with_activation(f, [&](auto k) { each(st, n, ops::activation_forward<k>{x, y, alpha}); });
-}
-
-void activation_backward(cudaStream_t st, activation f, const float* x, const float* y, const float* dy, float* dx,
-                         std::size_t n, float alpha) {
-  ops::with_activation(f, [&](auto k) { each(st, n, ops::activation_backward<k>{x, y, dy, dx, alpha}); });
-}
-
-void bias_add(cudaStream_t st, const float* x, const float* bias, float* y, std::size_t rows, std::size_t cols,
-              bool relu) {
-  each(st, rows * cols, ops::bias_add{x, bias, y, cols, relu});
+void each(cudaStream_t st, std::size_t n, const ops::pointwise_op& op) {
+  std::visit([&](const auto& o) { launch_each<std::int64_t>(st, n, o); }, op);
 }
 
 void column_sums(cudaStream_t st, const float* x, std::size_t rows, std::size_t cols, float* out, float beta) {
@@ -57,30 +46,9 @@ void column_sums(cudaStream_t st, const float* x, std::size_t rows, std::size_t 
   column_sums_kernel<<<blocks, dim3(sums_tile, sums_tile), 0, st>>>(x, rows, cols, out, beta);
 }
 
-void axpy(cudaStream_t st, std::size_t n, float alpha, const float* x, float* y) {
-  each(st, n, ops::axpy{alpha, x, y});
-}
-void scale(cudaStream_t st, std::size_t n, float alpha, float* x) { each(st, n, ops::scale{alpha, x}); }
-void fill(cudaStream_t st, std::size_t n, float value, float* x) { each(st, n, ops::fill{value, x}); }
-
-void sgd_update(cudaStream_t st, float* w, const float* g, float* velocity, std::size_t n, const sgd_params& p) {
-  each(st, n, ops::sgd_update{w, g, velocity, p});
-}
-
-void adam_update(cudaStream_t st, float* w, const float* g, float* m, float* v, std::size_t n, const adam_params& p) {
-  const float c1 = ops::bias_correction(p.beta1, p.step), c2 = ops::bias_correction(p.beta2, p.step);
-  each(st, n, ops::adam_update{w, g, m, v, p, c1, c2});
-}
-
 cudaError_t preload_elementwise() {
-  std::vector<const void*> kernels{
-      reinterpret_cast<const void*>(&column_sums_kernel), kernel_of<ops::bias_add>(), kernel_of<ops::axpy>(),
-      kernel_of<ops::scale>(), kernel_of<ops::fill>(), kernel_of<ops::sgd_update>(), kernel_of<ops::adam_update>()};
-  for (auto f : {activation::relu, activation::leaky_relu, activation::sigmoid, activation::tanh, activation::gelu})
-    ops::with_activation(f, [&](auto k) {
-      kernels.push_back(kernel_of<ops::activation_forward<k>>());
-      kernels.push_back(kernel_of<ops::activation_backward<k>>());
-    });
+  std::vector<const void*> kernels{reinterpret_cast<const void*>(&column_sums_kernel)};
+  add_kernels<std::int64_t>(kernels, static_cast<const ops::pointwise_op*>(nullptr));
   return load_now(kernels);
 }
 

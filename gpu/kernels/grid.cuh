@@ -4,6 +4,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <variant>
+#include <vector>
 
 namespace nerve::gpu::cuda_kernels {
 
@@ -24,16 +26,17 @@ __global__ void each_kernel(Op op, I n) {
   for (I i = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); i < n; i += I(gridDim.x) * I(blockDim.x)) op(i);
 }
 
-/// Enqueues `op` over n elements on `st` (signed indices by default: the compiler unrolls).
-template <class I = std::int64_t, class Op>
-void each(cudaStream_t st, std::size_t n, const Op& op) {
+/// Enqueues `op` over n elements on `st`.
+template <class I, class Op>
+void launch_each(cudaStream_t st, std::size_t n, const Op& op) {
   each_kernel<I><<<grid_for(n), block_size, 0, st>>>(op, I(n));
 }
 
-/// The kernel `each<I>` launches for `Op`, for cuda_kernels::load_now.
-template <class Op, class I = std::int64_t>
-const void* kernel_of() {
-  return reinterpret_cast<const void*>(&each_kernel<I, Op>);
+/// Appends the kernels `launch_each<I>` runs for every alternative of a variant of ops,
+/// for cuda_kernels::load_now.
+template <class I, class... Ops>
+void add_kernels(std::vector<const void*>& out, const std::variant<Ops...>*) {
+  (out.push_back(reinterpret_cast<const void*>(&each_kernel<I, Ops>)), ...);
 }
 
 }  // namespace

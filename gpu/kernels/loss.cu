@@ -1,7 +1,6 @@
-// Softmax cross-entropy: forward one warp per row; backward per element (gpu/kernels/ops.hpp).
+// Softmax cross-entropy forward, one warp per row (backward is a pointwise op).
 #include "gpu/kernels/grid.cuh"
 #include "gpu/kernels/launch.hpp"
-#include "gpu/kernels/ops.hpp"
 #include "gpu/kernels/preload.cuh"
 
 #include <cfloat>
@@ -57,13 +56,6 @@ void softmax_xent_forward(cudaStream_t st, const float* logits, const std::int32
   xent_fwd<<<blocks, warps_per_block * 32, 0, st>>>(logits, labels, rows, cols, probs, loss, correct);
 }
 
-void softmax_xent_backward(cudaStream_t st, const float* probs, const std::int32_t* labels, std::size_t rows,
-                           std::size_t cols, float scale, float* dlogits) {
-  each(st, rows * cols, ops::softmax_xent_backward{probs, labels, cols, scale, dlogits});
-}
-
-cudaError_t preload_loss() {
-  return load_now({reinterpret_cast<const void*>(&xent_fwd), kernel_of<ops::softmax_xent_backward>()});
-}
+cudaError_t preload_loss() { return load_now({reinterpret_cast<const void*>(&xent_fwd)}); }
 
 }  // namespace nerve::gpu::cuda_kernels

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <variant>
 
 #ifdef __CUDACC__
 #define NERVE_HOST_DEVICE __host__ __device__
@@ -151,7 +152,7 @@ inline float bias_correction(float beta, std::int64_t step) {
 }
 
 struct adam_update {
-  float *w;
+  float* w;
   const float* g;
   float *m, *v;
   adam_params p;
@@ -298,5 +299,17 @@ struct pool_backward {
     dx[idx] = Max ? acc : acc * (1.0f / float(g.kernel_h * g.kernel_w));
   }
 };
+
+/// Every pointwise op: what a backend runs over elements [0, n) (`backend::launch`).
+using pointwise_op =
+    std::variant<activation_forward<activation::relu>, activation_forward<activation::leaky_relu>,
+                 activation_forward<activation::sigmoid>, activation_forward<activation::tanh>,
+                 activation_forward<activation::gelu>, activation_backward<activation::relu>,
+                 activation_backward<activation::leaky_relu>, activation_backward<activation::sigmoid>,
+                 activation_backward<activation::tanh>, activation_backward<activation::gelu>, bias_add,
+                 softmax_xent_backward, axpy, scale, fill, sgd_update, adam_update>;
+/// Every window op (`backend::launch_window`: the index type may depend on the extent).
+using window_op = std::variant<im2col, col2im, pool_forward<true>, pool_forward<false>, pool_backward<true>,
+                               pool_backward<false>>;
 
 }  // namespace nerve::gpu::ops

@@ -25,48 +25,23 @@ bool narrow(const window_geometry& g) {
   return biggest + std::size_t(grid_for(biggest)) * block_size < (std::size_t(1) << 32);
 }
 
-template <class Op>
-void each_window(cudaStream_t st, const window_geometry& g, std::size_t n, const Op& op) {
-  if (narrow(g))
-    each<std::uint32_t>(st, n, op);
-  else
-    each<std::size_t>(st, n, op);
-}
-
 }  // namespace
 
-void im2col(cudaStream_t st, const float* x, const window_geometry& g, float* col) {
-  each_window(st, g, ops::patch_elements(g), ops::im2col{x, g, col});
-}
-void col2im(cudaStream_t st, const float* col, const window_geometry& g, float* dx) {
-  each_window(st, g, ops::inputs(g), ops::col2im{col, g, dx});
-}
-void max_pool_forward(cudaStream_t st, const float* x, const window_geometry& g, float* y, std::int32_t* argmax) {
-  each_window(st, g, ops::outputs(g), ops::pool_forward<true>{x, g, y, argmax});
-}
-void max_pool_backward(cudaStream_t st, const float* dy, const std::int32_t* argmax, const window_geometry& g,
-                       float* dx) {
-  each_window(st, g, ops::inputs(g), ops::pool_backward<true>{dy, argmax, g, dx});
-}
-void avg_pool_forward(cudaStream_t st, const float* x, const window_geometry& g, float* y) {
-  each_window(st, g, ops::outputs(g), ops::pool_forward<false>{x, g, y, nullptr});
-}
-void avg_pool_backward(cudaStream_t st, const float* dy, const window_geometry& g, float* dx) {
-  each_window(st, g, ops::inputs(g), ops::pool_backward<false>{dy, nullptr, g, dx});
+void each(cudaStream_t st, std::size_t n, const ops::window_op& op) {
+  std::visit(
+      [&](const auto& o) {
+        if (narrow(o.g))
+          launch_each<std::uint32_t>(st, n, o);
+        else
+          launch_each<std::size_t>(st, n, o);
+      },
+      op);
 }
 
 cudaError_t preload_window() {
   std::vector<const void*> kernels;
-  auto both = [&](auto op) {
-    kernels.push_back(kernel_of<decltype(op), std::uint32_t>());
-    kernels.push_back(kernel_of<decltype(op), std::size_t>());
-  };
-  both(ops::im2col{});
-  both(ops::col2im{});
-  both(ops::pool_forward<true>{});
-  both(ops::pool_backward<true>{});
-  both(ops::pool_forward<false>{});
-  both(ops::pool_backward<false>{});
+  add_kernels<std::uint32_t>(kernels, static_cast<const ops::window_op*>(nullptr));
+  add_kernels<std::size_t>(kernels, static_cast<const ops::window_op*>(nullptr));
   return load_now(kernels);
 }
 

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <variant>
 #include <vector>
 
 namespace nerve::gpu::detail {
@@ -251,17 +252,11 @@ class standin final : public backend {
       for (int i = 0; i < batch; ++i) cpu::gemm(ta, tb, m, n, k, alpha, a + i * sa, lda, b + i * sb, ldb, beta, c + i * sc, ldc);
     });
   }
-  void activation_forward(stream_impl& s, activation f, const float* x, float* y, std::size_t n,
-                          float alpha) override {
-    run_on(s, [=] { cpu::activation_forward(f, x, y, n, alpha); });
+  void launch(stream_impl& s, std::size_t n, const ops::pointwise_op& op) override {
+    run_on(s, [n, op] { std::visit([n](const auto& o) { cpu::each(n, o); }, op); });
   }
-  void activation_backward(stream_impl& s, activation f, const float* x, const float* y, const float* dy, float* dx,
-                           std::size_t n, float alpha) override {
-    run_on(s, [=] { cpu::activation_backward(f, x, y, dy, dx, n, alpha); });
-  }
-  void bias_add(stream_impl& s, const float* x, const float* bias, float* y, std::size_t rows, std::size_t cols,
-                bool relu) override {
-    run_on(s, [=] { cpu::bias_add(x, bias, y, rows, cols, relu); });
+  void launch(stream_impl& s, std::size_t n, const ops::window_op& op) override {
+    run_on(s, [n, op] { std::visit([n](const auto& o) { cpu::each(n, o); }, op); });
   }
   void column_sums(stream_impl& s, const float* x, std::size_t rows, std::size_t cols, float* out,
                    float beta) override {
@@ -270,47 +265,6 @@ class standin final : public backend {
   void softmax_xent_forward(stream_impl& s, const float* logits, const std::int32_t* labels, std::size_t rows,
                             std::size_t cols, float* probs, float* loss, std::int32_t* correct) override {
     run_on(s, [=] { cpu::softmax_xent_forward(logits, labels, rows, cols, probs, loss, correct); });
-  }
-  void softmax_xent_backward(stream_impl& s, const float* probs, const std::int32_t* labels, std::size_t rows,
-                             std::size_t cols, float scale, float* dlogits) override {
-    run_on(s, [=] { cpu::softmax_xent_backward(probs, labels, rows, cols, scale, dlogits); });
-  }
-  void axpy(stream_impl& s, std::size_t n, float alpha, const float* x, float* y) override {
-    run_on(s, [=] { cpu::axpy(n, alpha, x, y); });
-  }
-  void scale(stream_impl& s, std::size_t n, float alpha, float* x) override {
-    run_on(s, [=] { cpu::scale(n, alpha, x); });
-  }
-  void fill(stream_impl& s, std::size_t n, float value, float* x) override {
-    run_on(s, [=] { cpu::fill(n, value, x); });
-  }
-  void sgd_update(stream_impl& s, float* w, const float* g, float* velocity, std::size_t n,
-                  const sgd_params& p) override {
-    run_on(s, [=] { cpu::sgd_update(w, g, velocity, n, p); });
-  }
-  void adam_update(stream_impl& s, float* w, const float* g, float* m, float* v, std::size_t n,
-                   const adam_params& p) override {
-    run_on(s, [=] { cpu::adam_update(w, g, m, v, n, p); });
-  }
-  void im2col(stream_impl& s, const float* x, const window_geometry& g, float* col) override {
-    run_on(s, [=] { cpu::im2col(x, g, col); });
-  }
-  void col2im(stream_impl& s, const float* col, const window_geometry& g, float* dx) override {
-    run_on(s, [=] { cpu::col2im(col, g, dx); });
-  }
-  void max_pool_forward(stream_impl& s, const float* x, const window_geometry& g, float* y,
-                        std::int32_t* argmax) override {
-    run_on(s, [=] { cpu::max_pool_forward(x, g, y, argmax); });
-  }
-  void max_pool_backward(stream_impl& s, const float* dy, const std::int32_t* argmax, const window_geometry& g,
-                         float* dx) override {
-    run_on(s, [=] { cpu::max_pool_backward(dy, argmax, g, dx); });
-  }
-  void avg_pool_forward(stream_impl& s, const float* x, const window_geometry& g, float* y) override {
-    run_on(s, [=] { cpu::avg_pool_forward(x, g, y); });
-  }
-  void avg_pool_backward(stream_impl& s, const float* dy, const window_geometry& g, float* dx) override {
-    run_on(s, [=] { cpu::avg_pool_backward(dy, g, dx); });
   }
 
   void enqueue_fault(stream_impl& s, int) override {
