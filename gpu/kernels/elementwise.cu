@@ -2,7 +2,6 @@
 #include "gpu/kernels/grid.cuh"
 #include "gpu/kernels/launch.hpp"
 #include "gpu/kernels/ops.hpp"
-#include "gpu/kernels/preload.cuh"
 
 #include <vector>
 

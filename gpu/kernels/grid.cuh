@@ -1,5 +1,5 @@
 #pragma once
-// Grid-stride helpers shared by the kernels.
+// Grid-stride launches shared by the kernels, and their loading before the first launch.
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -15,6 +15,17 @@ constexpr int block_size = 256;
 inline unsigned grid_for(std::size_t n) {
   const std::size_t blocks = (n + block_size - 1) / block_size;
   return static_cast<unsigned>(blocks < 65535u * 16u ? (blocks ? blocks : 1) : 65535u * 16u);
+}
+
+/// Loads each kernel now (see cuda_kernels::preload_elementwise in launch.hpp):
+/// cudaFuncGetAttributes references it, and CUDA's lazy loading loads a kernel at its
+/// first reference. Returns the first error.
+inline cudaError_t load_now(const std::vector<const void*>& kernels) {
+  for (const void* k : kernels) {
+    cudaFuncAttributes a{};
+    if (const cudaError_t e = cudaFuncGetAttributes(&a, k); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 namespace {

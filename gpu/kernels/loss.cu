@@ -1,7 +1,6 @@
 // Softmax cross-entropy forward, one warp per row (backward is a pointwise op).
 #include "gpu/kernels/grid.cuh"
 #include "gpu/kernels/launch.hpp"
-#include "gpu/kernels/preload.cuh"
 
 #include <cfloat>
 
