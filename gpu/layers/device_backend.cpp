@@ -152,14 +152,8 @@ struct device_backend::impl {
   /// `then` as a `backend_done` in `owner`'s mailbox once the work enqueued so far is done;
   /// `what` names the wait's span in the trace.
   void when_done(actors::actor& owner, std::function<void()> then, const char* what) {
-    s.async_wait(owner.executor(), [to = owner.self(), then = std::move(then), keep = std::exchange(waited, {}),
-                                    sums = std::exchange(sums, {})](std::error_code ec) mutable {
-      auto* a = to.get();
-      if (!a) return;  // the network is gone
-      std::exception_ptr err;
-      if (ec) err = std::make_exception_ptr(error(ec, "device backend: '" + a->name() + "'"));
-      (void)a->try_tell(layers::backend_done{std::move(err), std::move(then)}, actors::lane::urgent);
-    }, span_label{what});
+    after_stream(owner, s, "device backend", [then = std::move(then), sums = std::exchange(sums, {})] { then(); },
+                 std::exchange(waited, {}), span_label{what});
   }
 };
 
