@@ -31,15 +31,15 @@ struct fake_record {
   std::error_code error;   // guarded by the event's m
 };
 
-/// A fake event: completes when its stream's worker reaches the marker.
+/// A fake event: its state is its latest record's, complete when its stream's worker
+/// reaches the marker.
 class fake_event final : public event_impl {
  public:
   std::mutex m;
   std::condition_variable cv;
-  std::uint64_t seq = 0;   // guarded by m: which record is current
-  bool done = true;        // guarded by m: a never-recorded event is complete, as in CUDA
-  std::error_code error;   // guarded by m
   std::shared_ptr<fake_record> current;  // guarded by m: the latest record (null: never recorded)
+  /// Under m. A never-recorded event is complete, as in CUDA.
+  bool done() const { return !current || current->done; }
 };
 
 /// A fake stream: one worker thread runs the tasks in order. After a task
@@ -49,8 +49,7 @@ class fake_stream final : public stream_impl {
  public:
   struct task {
     unique_function<void()> fn;
-    fake_event* marker = nullptr;  // set: complete this event (seq) instead of running fn
-    std::uint64_t seq = 0;
+    fake_event* marker = nullptr;  // set: complete `rec` of this event instead of running fn
     bool always = false;           // runs even after a failure (frees)
     std::shared_ptr<fake_record> rec = nullptr;  // with marker: the record it completes
   };
@@ -101,9 +100,12 @@ class standin final : public backend {
 
   // Device and pinned allocations, by start: a copy's destination outside all of them is
   // pageable host memory.
-  void remember(void* p, std::size_t bytes) {
+  void* host_block(std::size_t bytes, const char* what) {
+    void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+    if (!p) throw error(std::make_error_code(std::errc::not_enough_memory), what);
     std::lock_guard lk(mem_m_);
     blocks_[reinterpret_cast<std::uintptr_t>(p)] = bytes;
+    return p;
   }
   void forget(void* p) noexcept {
     std::lock_guard lk(mem_m_);
@@ -142,7 +144,7 @@ class standin final : public backend {
   }
 
   void enqueue_host(stream_impl& s, unique_function<void()> fn) override {
-    as_fake(s).push({std::move(fn), nullptr, 0, false});
+    as_fake(s).push({std::move(fn), nullptr, false});
   }
 
   event_impl* create_event() override {
@@ -162,22 +164,18 @@ class standin final : public backend {
 
   void record(event_impl& ei, stream_impl& s) override {
     auto& e = static_cast<fake_event&>(ei);
-    std::uint64_t seq;
     auto rec = std::make_shared<fake_record>();
     {
       std::lock_guard lk(e.m);
-      seq = ++e.seq;
-      e.done = false;
-      e.error = {};
       e.current = rec;
     }
-    as_fake(s).push({nullptr, &e, seq, true, std::move(rec)});
+    as_fake(s).push({nullptr, &e, true, std::move(rec)});
   }
 
   event_state query(event_impl& ei) noexcept override {
     auto& e = static_cast<fake_event&>(ei);
     std::lock_guard lk(e.m);
-    return {e.done, e.error};
+    return {e.done(), e.current ? e.current->error : std::error_code()};
   }
 
   std::error_code wait(event_impl& ei) noexcept override { return wait_for(static_cast<fake_event&>(ei), true); }
@@ -186,8 +184,9 @@ class standin final : public backend {
   /// work (and synchronize) runs to its end, as on a GPU.
   std::error_code wait_for(fake_event& e, bool interruptible) noexcept {
     std::unique_lock lk(e.m);
-    e.cv.wait(lk, [&] { return e.done || (interruptible && interrupted_.load(std::memory_order_acquire)); });
-    return e.done ? e.error : std::error_code(errc::cancelled);
+    e.cv.wait(lk, [&] { return e.done() || (interruptible && interrupted_.load(std::memory_order_acquire)); });
+    if (!e.done()) return errc::cancelled;
+    return e.current ? e.current->error : std::error_code();
   }
 
   void stream_wait(stream_impl& s, event_impl& ei) override {
@@ -207,29 +206,19 @@ class standin final : public backend {
                 e->cv.wait(lk, [&] { return rec->done; });
                 if (rec->error) fs->fail(rec->error);
               },
-              nullptr, 0, false});
+              nullptr, false});
   }
 
-  void* allocate(std::size_t bytes, stream_impl&) override {
-    void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
-    if (!p) throw error(std::make_error_code(std::errc::not_enough_memory), "stand-in allocate");
-    remember(p, bytes);
-    return p;
-  }
+  void* allocate(std::size_t bytes, stream_impl&) override { return host_block(bytes, "stand-in allocate"); }
   void deallocate(void* p, stream_impl& s) noexcept override {
     forget(p);
     try {
-      as_fake(s).push({[p] { std::free(p); }, nullptr, 0, true});
+      as_fake(s).push({[p] { std::free(p); }, nullptr, true});
     } catch (...) {
       // Out of memory while queueing the free: leaking is the safe answer.
     }
   }
-  void* allocate_pinned(std::size_t bytes) override {
-    void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
-    if (!p) throw error(std::make_error_code(std::errc::not_enough_memory), "stand-in allocate_pinned");
-    remember(p, bytes);
-    return p;
-  }
+  void* allocate_pinned(std::size_t bytes) override { return host_block(bytes, "stand-in allocate_pinned"); }
   void deallocate_pinned(void* p) noexcept override {
     forget(p);
     std::free(p);
@@ -300,7 +289,7 @@ class standin final : public backend {
   static fake_stream& as_fake(stream_impl& s) { return static_cast<fake_stream&>(s); }
   template <class F>
   void run_on(stream_impl& s, F&& f) {
-    as_fake(s).push({unique_function<void()>(std::forward<F>(f)), nullptr, 0, false});
+    as_fake(s).push({unique_function<void()>(std::forward<F>(f)), nullptr, false});
   }
 
   std::function<void()> hook_;  // set before any stream exists
@@ -323,14 +312,8 @@ void fake_stream::run() {
       {
         // Notify under the lock: a waiter may destroy the event as soon as it sees it done.
         std::lock_guard el(t.marker->m);
-        if (t.rec) {
-          t.rec->done = true;
-          t.rec->error = failed_;
-        }
-        if (t.marker->seq == t.seq) {
-          t.marker->done = true;
-          t.marker->error = failed_;
-        }
+        t.rec->done = true;
+        t.rec->error = failed_;
         t.marker->cv.notify_all();
       }
       backend_.completed();
