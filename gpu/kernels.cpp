@@ -7,15 +7,22 @@
 #include "gpu/status.hpp"
 #include "gpu/stream.hpp"
 
+#include <variant>
+
 namespace nerve::gpu {
 namespace {
 
 detail::backend& of(stream& s) { return *s.impl().core->impl; }
 
-void check_window(const window_geometry& g, const char* what) {
+/// Checks the op's window (`what` names the call), then enqueues it.
+void launch_window(stream& s, const char* what, const ops::window_op& op) {
+  const auto& g = std::visit([](const auto& o) -> const window_geometry& { return o.g; }, op);
   if (g.batch < 0 || g.channels < 1 || g.height < 1 || g.width < 1 || g.kernel_h < 1 || g.kernel_w < 1 ||
       g.stride_h < 1 || g.stride_w < 1 || g.pad_h < 0 || g.pad_w < 0 || g.out_h() < 1 || g.out_w() < 1)
     throw error(errc::invalid_argument, std::string(what) + ": bad window geometry");
+  if (std::holds_alternative<ops::pool_forward<true>>(op) && (g.pad_h >= g.kernel_h || g.pad_w >= g.kernel_w))
+    throw error(errc::invalid_argument, std::string(what) + ": padding must be smaller than the window");
+  if (g.batch) of(s).launch(s.impl(), op);
 }
 
 }  // namespace
@@ -65,30 +72,22 @@ void adam_update(stream& s, float* w, const float* g, float* m, float* v, std::s
   if (n) of(s).launch(s.impl(), n, ops::adam_update{w, g, m, v, p, c1, c2});
 }
 void im2col(stream& s, const float* x, const window_geometry& g, float* col) {
-  check_window(g, "im2col");
-  if (g.batch) of(s).launch(s.impl(), ops::patch_elements(g), ops::im2col{x, g, col});
+  launch_window(s, "im2col", ops::im2col{x, g, col});
 }
 void col2im(stream& s, const float* col, const window_geometry& g, float* dx) {
-  check_window(g, "col2im");
-  if (g.batch) of(s).launch(s.impl(), ops::inputs(g), ops::col2im{col, g, dx});
+  launch_window(s, "col2im", ops::col2im{col, g, dx});
 }
 void max_pool_forward(stream& s, const float* x, const window_geometry& g, float* y, std::int32_t* argmax) {
-  check_window(g, "max_pool_forward");
-  if (g.pad_h >= g.kernel_h || g.pad_w >= g.kernel_w)
-    throw error(errc::invalid_argument, "max_pool_forward: padding must be smaller than the window");
-  if (g.batch) of(s).launch(s.impl(), ops::outputs(g), ops::pool_forward<true>{x, g, y, argmax});
+  launch_window(s, "max_pool_forward", ops::pool_forward<true>{x, g, y, argmax});
 }
 void max_pool_backward(stream& s, const float* dy, const std::int32_t* argmax, const window_geometry& g, float* dx) {
-  check_window(g, "max_pool_backward");
-  if (g.batch) of(s).launch(s.impl(), ops::inputs(g), ops::pool_backward<true>{dy, argmax, g, dx});
+  launch_window(s, "max_pool_backward", ops::pool_backward<true>{dy, argmax, g, dx});
 }
 void avg_pool_forward(stream& s, const float* x, const window_geometry& g, float* y) {
-  check_window(g, "avg_pool_forward");
-  if (g.batch) of(s).launch(s.impl(), ops::outputs(g), ops::pool_forward<false>{x, g, y, nullptr});
+  launch_window(s, "avg_pool_forward", ops::pool_forward<false>{x, g, y, nullptr});
 }
 void avg_pool_backward(stream& s, const float* dy, const window_geometry& g, float* dx) {
-  check_window(g, "avg_pool_backward");
-  if (g.batch) of(s).launch(s.impl(), ops::inputs(g), ops::pool_backward<false>{dy, nullptr, g, dx});
+  launch_window(s, "avg_pool_backward", ops::pool_backward<false>{dy, nullptr, g, dx});
 }
 
 }  // namespace nerve::gpu

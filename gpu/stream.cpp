@@ -65,6 +65,15 @@ void stream::async_wait(const boost::asio::any_io_executor& executor, completion
 
 void stream::async_wait(const boost::asio::any_io_executor& executor, completion_handler handler,
                         const span_label& label) {
+  submit_wait(nullptr, executor, std::move(handler), label);
+}
+
+void stream::async_wait(const event& e, const boost::asio::any_io_executor& executor, completion_handler handler) {
+  submit_wait(&e, executor, std::move(handler), span_label{});
+}
+
+void stream::submit_wait(const event* e, const boost::asio::any_io_executor& executor, completion_handler handler,
+                         const span_label& label) {
   auto& core = *impl_->core;
   detail::waiter w;
   w.stream = impl_;
@@ -73,26 +82,16 @@ void stream::async_wait(const boost::asio::any_io_executor& executor, completion
   trace_wait(w, core, label);
   if (core.options.counter.begin) core.options.counter.begin();
   w.token = detail::work_token(&core.options.counter);
-  // Record and submit under the stream's lock so waiters and records agree on order.
+  // Record (without `e`) and submit under the stream's lock so waiters and records agree
+  // on order. If the record throws (a CUDA error), the caller learns it here; the handler
+  // is dropped and the token's destructor balances the counter.
   std::lock_guard lk(impl_->submit_mutex);
-  // If the record throws (a CUDA error), the caller learns it here; the handler is
-  // dropped and the token's destructor balances the counter.
-  w.event = core.acquire_event();
-  core.impl->record(*w.event, *impl_);
-  core.completions->submit(std::move(w));
-}
-
-void stream::async_wait(const event& e, const boost::asio::any_io_executor& executor, completion_handler handler) {
-  auto& core = *impl_->core;
-  detail::waiter w;
-  w.stream = impl_;
-  w.event = e.shared_impl();
-  w.executor = executor;
-  w.handler = std::move(handler);
-  trace_wait(w, core, span_label{});
-  if (core.options.counter.begin) core.options.counter.begin();
-  w.token = detail::work_token(&core.options.counter);
-  std::lock_guard lk(impl_->submit_mutex);
+  if (e) {
+    w.event = e->shared_impl();
+  } else {
+    w.event = core.acquire_event();
+    core.impl->record(*w.event, *impl_);
+  }
   core.completions->submit(std::move(w));
 }
 

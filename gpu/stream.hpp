@@ -88,6 +88,9 @@ class stream {
  private:
   friend class device;
   explicit stream(std::shared_ptr<detail::stream_impl> impl) : impl_(std::move(impl)) {}
+  /// The async_waits: for `e`, or (null) for an event recorded now.
+  void submit_wait(const event* e, const boost::asio::any_io_executor& executor, completion_handler handler,
+                   const span_label& label);
   std::shared_ptr<detail::stream_impl> impl_;
 };
 

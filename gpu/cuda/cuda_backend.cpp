@@ -42,8 +42,7 @@ class cuda_event final : public event_impl {
 /// Every kernel of ours loaded now, not at its first launch (launch.hpp says why).
 cudaError_t preload_kernels() {
   for (cudaError_t (*part)() : {cuda_kernels::preload_elementwise, cuda_kernels::preload_loss,
-                                cuda_kernels::preload_window,
-                                cuda_kernels::preload_testing})
+                                cuda_kernels::preload_window, cuda_kernels::preload_testing})
     if (const cudaError_t e = part(); e != cudaSuccess) return e;
   return cudaSuccess;
 }
@@ -185,9 +184,7 @@ class cuda_backend final : public backend {
   void launch(stream_impl& s, std::size_t n, const ops::pointwise_op& op) override {
     NERVE_LAUNCH(each(native(s), n, op));
   }
-  void launch(stream_impl& s, std::size_t n, const ops::window_op& op) override {
-    NERVE_LAUNCH(each(native(s), n, op));
-  }
+  void launch(stream_impl& s, const ops::window_op& op) override { NERVE_LAUNCH(each(native(s), op)); }
   void column_sums(stream_impl& s, const float* x, std::size_t rows, std::size_t cols, float* out,
                    float beta) override {
     NERVE_LAUNCH(column_sums(native(s), x, rows, cols, out, beta));

@@ -101,9 +101,10 @@ class backend {
                                     std::int64_t stride_b, float beta, float* c, int ldc, std::int64_t stride_c,
                                     int batch) = 0;
 
-  /// Runs `op` (gpu/kernels/ops.hpp) over elements [0, n); the launchers checked the arguments.
+  /// Runs `op` (gpu/kernels/ops.hpp) over elements [0, n), or [0, op.size()) for a window
+  /// op; the launchers checked the arguments.
   virtual void launch(stream_impl& s, std::size_t n, const ops::pointwise_op& op) = 0;
-  virtual void launch(stream_impl& s, std::size_t n, const ops::window_op& op) = 0;
+  virtual void launch(stream_impl& s, const ops::window_op& op) = 0;
   virtual void column_sums(stream_impl& s, const float* x, std::size_t rows, std::size_t cols, float* out,
                            float beta) = 0;
   virtual void softmax_xent_forward(stream_impl& s, const float* logits, const std::int32_t* labels,

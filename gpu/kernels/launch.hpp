@@ -12,8 +12,8 @@ namespace nerve::gpu::cuda_kernels {
 
 /// `op` over elements [0, n) (gpu/kernels/ops.hpp), one thread per element.
 void each(cudaStream_t st, std::size_t n, const ops::pointwise_op& op);
-/// The same for a window op, on 32-bit indices where every index of the launch fits.
-void each(cudaStream_t st, std::size_t n, const ops::window_op& op);
+/// A window op over its `size()` elements, on 32-bit indices where every index fits.
+void each(cudaStream_t st, const ops::window_op& op);
 
 void column_sums(cudaStream_t st, const float* x, std::size_t rows, std::size_t cols, float* out, float beta);
 /// `correct` is zeroed (cudaMemsetAsync) and counted with atomics.

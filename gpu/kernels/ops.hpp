@@ -183,11 +183,28 @@ inline std::size_t outputs(const window_geometry& g) {
   return std::size_t(g.batch) * g.channels * g.out_h() * g.out_w();
 }
 
+/// Calls `f(i, j, y, x)`, in (i, j) order, for every window (output y, x) that reads input
+/// pixel (h, w) at kernel offset (i, j): the gather of col2im and of pooling's backward.
+template <class F>
+NERVE_HOST_DEVICE void windows_reading(const window_geometry& g, int h, int w, F&& f) {
+  const int oh = g.out_h(), ow = g.out_w();
+  for (int i = 0; i < g.kernel_h; ++i) {
+    const int ys = h + g.pad_h - i;
+    if (ys < 0 || ys % g.stride_h || ys / g.stride_h >= oh) continue;
+    for (int j = 0; j < g.kernel_w; ++j) {
+      const int xs = w + g.pad_w - j;
+      if (xs < 0 || xs % g.stride_w || xs / g.stride_w >= ow) continue;
+      f(i, j, ys / g.stride_h, xs / g.stride_w);
+    }
+  }
+}
+
 /// Element `idx` of the patch matrices (n, row (c, i, j), column (y, x)).
 struct im2col {
   const float* x;
   window_geometry g;
   float* col;
+  std::size_t size() const { return patch_elements(g); }
   template <class I>
   NERVE_HOST_DEVICE void operator()(I idx) const {
     const I oh = I(g.out_h()), ow = I(g.out_w()), kh = I(g.kernel_h), kw = I(g.kernel_w);
@@ -209,29 +226,20 @@ struct col2im {
   const float* col;
   window_geometry g;
   float* dx;
+  std::size_t size() const { return inputs(g); }
   template <class I>
   NERVE_HOST_DEVICE void operator()(I idx) const {
-    const int oh = g.out_h(), ow = g.out_w();
-    const I pc = I(oh) * I(ow), pr = I(g.channels) * I(g.kernel_h) * I(g.kernel_w);
+    const int ow = g.out_w();
+    const I pc = I(g.out_h()) * I(ow), pr = I(g.channels) * I(g.kernel_h) * I(g.kernel_w);
     const I plane = I(g.width) * I(g.height);
     const I nc = idx / plane, hw = idx - nc * plane;
     const I n = nc / I(g.channels), c = nc - n * I(g.channels);
     const int h = int(hw / I(g.width)), w = int(hw - I(h) * I(g.width));
     float acc = 0.0f;
-    for (int i = 0; i < g.kernel_h; ++i) {
-      const int ys = h + g.pad_h - i;
-      if (ys < 0 || ys % g.stride_h) continue;
-      const int y = ys / g.stride_h;
-      if (y >= oh) continue;
-      for (int j = 0; j < g.kernel_w; ++j) {
-        const int xs = w + g.pad_w - j;
-        if (xs < 0 || xs % g.stride_w) continue;
-        const int xo = xs / g.stride_w;
-        if (xo >= ow) continue;
-        const I row = (c * I(g.kernel_h) + I(i)) * I(g.kernel_w) + I(j);
-        acc += read_only(col[n * pr * pc + row * pc + I(y) * I(ow) + I(xo)]);
-      }
-    }
+    windows_reading(g, h, w, [&](int i, int j, int y, int xo) {
+      const I row = (c * I(g.kernel_h) + I(i)) * I(g.kernel_w) + I(j);
+      acc += read_only(col[n * pr * pc + row * pc + I(y) * I(ow) + I(xo)]);
+    });
     dx[idx] = acc;
   }
 };
@@ -244,6 +252,7 @@ struct pool_forward {
   window_geometry g;
   float* y;
   std::int32_t* argmax;  ///< max pooling only
+  std::size_t size() const { return outputs(g); }
   template <class I>
   NERVE_HOST_DEVICE void operator()(I o) const {
     const int oh = g.out_h(), ow = g.out_w();
@@ -278,6 +287,7 @@ struct pool_backward {
   const std::int32_t* argmax;  ///< max pooling only
   window_geometry g;
   float* dx;
+  std::size_t size() const { return inputs(g); }
   template <class I>
   NERVE_HOST_DEVICE void operator()(I idx) const {
     const int oh = g.out_h(), ow = g.out_w();
@@ -286,16 +296,10 @@ struct pool_backward {
     const int h = int(hw / I(g.width)), w = int(hw - I(h) * I(g.width));
     const std::int32_t me = h * g.width + w;
     float acc = 0.0f;
-    for (int i = 0; i < g.kernel_h; ++i) {
-      const int ys = h + g.pad_h - i;
-      if (ys < 0 || ys % g.stride_h || ys / g.stride_h >= oh) continue;
-      for (int j = 0; j < g.kernel_w; ++j) {
-        const int xs = w + g.pad_w - j;
-        if (xs < 0 || xs % g.stride_w || xs / g.stride_w >= ow) continue;
-        const I o = (p * I(oh) + I(ys / g.stride_h)) * I(ow) + I(xs / g.stride_w);
-        if (!Max || read_only(argmax[o]) == me) acc += read_only(dy[o]);
-      }
-    }
+    windows_reading(g, h, w, [&](int, int, int y, int xo) {
+      const I o = (p * I(oh) + I(y)) * I(ow) + I(xo);
+      if (!Max || read_only(argmax[o]) == me) acc += read_only(dy[o]);
+    });
     dx[idx] = Max ? acc : acc * (1.0f / float(g.kernel_h * g.kernel_w));
   }
 };
@@ -308,7 +312,7 @@ using pointwise_op =
                  activation_backward<activation::leaky_relu>, activation_backward<activation::sigmoid>,
                  activation_backward<activation::tanh>, activation_backward<activation::gelu>, bias_add,
                  softmax_xent_backward, axpy, scale, fill, sgd_update, adam_update>;
-/// Every window op (`backend::launch_window`: the index type may depend on the extent).
+/// Every window op (`backend::launch`, over its `size()` elements).
 using window_op = std::variant<im2col, col2im, pool_forward<true>, pool_forward<false>, pool_backward<true>,
                                pool_backward<false>>;
 

@@ -26,13 +26,13 @@ bool narrow(const window_geometry& g) {
 
 }  // namespace
 
-void each(cudaStream_t st, std::size_t n, const ops::window_op& op) {
+void each(cudaStream_t st, const ops::window_op& op) {
   std::visit(
       [&](const auto& o) {
         if (narrow(o.g))
-          launch_each<std::uint32_t>(st, n, o);
+          launch_each<std::uint32_t>(st, o.size(), o);
         else
-          launch_each<std::size_t>(st, n, o);
+          launch_each<std::size_t>(st, o.size(), o);
       },
       op);
 }

@@ -244,8 +244,8 @@ class standin final : public backend {
   void launch(stream_impl& s, std::size_t n, const ops::pointwise_op& op) override {
     run_on(s, [n, op] { std::visit([n](const auto& o) { cpu::each(n, o); }, op); });
   }
-  void launch(stream_impl& s, std::size_t n, const ops::window_op& op) override {
-    run_on(s, [n, op] { std::visit([n](const auto& o) { cpu::each(n, o); }, op); });
+  void launch(stream_impl& s, const ops::window_op& op) override {
+    run_on(s, [op] { std::visit([](const auto& o) { cpu::each(o.size(), o); }, op); });
   }
   void column_sums(stream_impl& s, const float* x, std::size_t rows, std::size_t cols, float* out,
                    float beta) override {
