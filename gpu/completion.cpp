@@ -66,13 +66,13 @@ void deliver(waiter&& w, std::error_code ec) {
       r.peer = tr.stream_track;
       r.aux = actors::detail::current_loop ? static_cast<std::int32_t>(actors::detail::current_loop->index) : -1;
       rec.write(r);
-      t.release();
+      t.reset();
     });
     return;
   }
   boost::asio::post(ex, [h = std::move(w.handler), t = std::move(w.token), ec]() mutable {
     h(ec);
-    t.release();
+    t.reset();
   });
 }
 

@@ -81,7 +81,7 @@ void stream::submit_wait(const event* e, const boost::asio::any_io_executor& exe
   w.handler = std::move(handler);
   trace_wait(w, core, label);
   if (core.options.counter.begin) core.options.counter.begin();
-  w.token = detail::work_token(&core.options.counter);
+  w.token = detail::work_token(core.options.counter.end ? &core.options.counter : nullptr);
   // Record (without `e`) and submit under the stream's lock so waiters and records agree
   // on order. If the record throws (a CUDA error), the caller learns it here; the handler
   // is dropped and the token's destructor balances the counter.

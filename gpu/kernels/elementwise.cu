@@ -12,10 +12,7 @@ namespace {
 // tile·32 + tx in double (a warp reads 32 neighbouring floats), then row 0 of the block
 // adds the 32 partial sums in order. The order depends on the shape alone: deterministic,
 // and in double like the CPU twin (which adds the rows one by one), so the two differ by
-// the final rounding and the double sums' orders. One thread per column walking all the
-// rows, as this was, left 4 blocks for 1,024 columns (one thread for the loss's single
-// column) and a 1,024-long chain of loads in each; on an H200 this kernel cut the device
-// time of deep-mlp's step at batch 1024 (six column sums) from 1,336 to 1,015 µs.
+// the final rounding and the double sums' orders (docs/gpu.md has the measured gain).
 constexpr int sums_tile = 32;
 
 __global__ void column_sums_kernel(const float* __restrict__ x, std::size_t rows, std::size_t cols, float* out,

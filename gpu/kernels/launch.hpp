@@ -23,11 +23,9 @@ void softmax_xent_forward(cudaStream_t st, const float* logits, const std::int32
 /// Load every kernel of their file now; the CUDA backend calls them all when a device
 /// opens. CUDA (12.2 on) loads a kernel lazily, at its first launch, and loading may
 /// wait for the whole context to go idle: a kernel launched for the first time behind
-/// one that spins until the host lets it go (the test gate) deadlocks. The fault test
-/// hung so on an H200; with the kernels preloaded (or CUDA_MODULE_LOADING=EAGER) it
-/// passes. The first step of a run is not slowed by loading either. cuBLAS's kernels
-/// stay lazy: work behind a gate runs each product once before (a warm-up), or the
-/// process sets CUDA_MODULE_LOADING=EAGER. Each returns the first error.
+/// one that spins until the host lets it go (the test gate) deadlocks (docs/gpu.md).
+/// cuBLAS's kernels stay lazy: work behind a gate runs each product once before (a
+/// warm-up), or the process sets CUDA_MODULE_LOADING=EAGER. Each returns the first error.
 cudaError_t preload_elementwise();
 cudaError_t preload_loss();
 cudaError_t preload_window();
