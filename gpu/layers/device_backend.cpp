@@ -233,7 +233,12 @@ class device_kernels final : public layers::layer_kernels {
   }
   void with_host(actors::actor& owner, std::vector<layers::value*> vs,
                  std::function<void(std::vector<layers::tensor>&)> fn) override {
-    // Downloads only for hooks: the host tensors live in the completion until it runs.
+    download(owner, std::move(vs), "hooks", std::move(fn));
+  }
+  /// Downloads `vs` (through staging), then `fn` on their host copies in a completion on
+  /// `owner` (`what` labels the wait); the host tensors live in the completion until it runs.
+  void download(actors::actor& owner, std::vector<layers::value*> vs, const char* what,
+                std::function<void(std::vector<layers::tensor>&)> fn) {
     auto host = std::make_shared<std::vector<layers::tensor>>(vs.size());
     auto copies = std::make_shared<std::vector<staged_copy>>();
     for (std::size_t i = 0; i < vs.size(); ++i) {
@@ -245,7 +250,7 @@ class device_kernels final : public layers::layer_kernels {
     b_.when_done(owner, [host, copies, pool = b_.pool, fn = std::move(fn)] {
       for (auto& d : *copies) d.finish(*pool);
       fn(*host);
-    }, "hooks");
+    }, what);
   }
   void adopt(actors::actor& owner, layers::value& v) override {
     if (!v.device) {  // from the host: through a pinned buffer, given back once copied
@@ -276,13 +281,9 @@ class device_kernels final : public layers::layer_kernels {
       copy_async(b_.s, c->data(), t.data(), t.bytes());
       return then(layers::value(std::make_unique<device_value>(std::move(c), b_.s.record())));
     }
-    auto host = std::make_shared<layers::tensor>(host_like(t));
-    auto copy = std::make_shared<staged_copy>(start_download(b_.s, *b_.pool, t, *host));
     ++b_.host_transfers;
-    b_.when_done(owner, [host, copy, pool = b_.pool, then = std::move(then)] {
-      copy->finish(*pool);
-      then(layers::value(std::move(*host)));
-    }, "to host");
+    download(owner, {&v}, "to host",
+             [then = std::move(then)](auto& host) { then(layers::value(std::move(host[0]))); });
   }
 
  private:
