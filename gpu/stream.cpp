@@ -54,11 +54,6 @@ void trace_wait(detail::waiter& w, detail::device_core& core, const span_label& 
 }
 }  // namespace
 
-std::int64_t stream::trace_now() const noexcept {
-  auto* rec = impl_->core->options.recorder;
-  return rec && rec->enabled() ? rec->now() : -1;
-}
-
 void stream::async_wait(const boost::asio::any_io_executor& executor, completion_handler handler) {
   async_wait(executor, std::move(handler), span_label{});
 }
