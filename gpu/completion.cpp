@@ -54,25 +54,18 @@ void deliver(waiter&& w, std::error_code ec) {
       auto& rec = *tr.rec;
       const auto start = rec.now();
       h(ec);
-      actors::record r;
-      r.kind = actors::record_kind::handle;
-      r.ts_ns = start;
-      r.dur_ns = rec.now() - start;
-      r.flow = flow;
-      r.mb = tr.mb;
-      r.value = start - posted;  // queue wait: completion observed -> handler start
-      r.name = "completion";
-      r.track = tr.completion_track;
-      r.peer = tr.stream_track;
-      r.aux = actors::detail::current_loop ? static_cast<std::int32_t>(actors::detail::current_loop->index) : -1;
-      rec.write(r);
-      t.release();
+      const auto* loop = actors::detail::current_loop;
+      // value: the queue wait, completion observed -> handler start.
+      rec.write({.ts_ns = start, .dur_ns = rec.now() - start, .flow = flow, .mb = tr.mb, .value = start - posted,
+                 .name = "completion", .track = tr.completion_track, .peer = tr.stream_track,
+                 .aux = loop ? static_cast<std::int32_t>(loop->index) : -1, .kind = actors::record_kind::handle});
+      t.reset();
     });
     return;
   }
   boost::asio::post(ex, [h = std::move(w.handler), t = std::move(w.token), ec]() mutable {
     h(ec);
-    t.release();
+    t.reset();
   });
 }
 

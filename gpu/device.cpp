@@ -82,7 +82,6 @@ stream device::create_stream(const stream_options& options) {
 }
 
 void device::shutdown() noexcept {
-  core_->shut_down.store(true, std::memory_order_release);
   core_->completions->shutdown();
 }
 

@@ -1,32 +1,44 @@
-// The launchers: argument checks, then the backend's table.
+// The launchers: argument checks, then the backend's table (the pointwise and window ops of
+// gpu/kernels/ops.hpp, column sums, softmax cross-entropy forward).
 #include "gpu/kernels.hpp"
 
 #include "gpu/detail/device_core.hpp"
+#include "gpu/kernels/ops.hpp"
 #include "gpu/status.hpp"
 #include "gpu/stream.hpp"
+
+#include <variant>
 
 namespace nerve::gpu {
 namespace {
 
 detail::backend& of(stream& s) { return *s.impl().core->impl; }
 
-void check_window(const window_geometry& g, const char* what) {
+/// Checks the op's window (`what` names the call), then enqueues it.
+void launch_window(stream& s, const char* what, const ops::window_op& op) {
+  const auto& g = std::visit([](const auto& o) -> const window_geometry& { return o.g; }, op);
   if (g.batch < 0 || g.channels < 1 || g.height < 1 || g.width < 1 || g.kernel_h < 1 || g.kernel_w < 1 ||
       g.stride_h < 1 || g.stride_w < 1 || g.pad_h < 0 || g.pad_w < 0 || g.out_h() < 1 || g.out_w() < 1)
     throw error(errc::invalid_argument, std::string(what) + ": bad window geometry");
+  if (std::holds_alternative<ops::pool_forward<true>>(op) && (g.pad_h >= g.kernel_h || g.pad_w >= g.kernel_w))
+    throw error(errc::invalid_argument, std::string(what) + ": padding must be smaller than the window");
+  if (g.batch) of(s).launch(s.impl(), op);
 }
 
 }  // namespace
 
 void activation_forward(stream& s, activation f, const float* x, float* y, std::size_t n, float alpha) {
-  if (n) of(s).activation_forward(s.impl(), f, x, y, n, alpha);
+  if (n) ops::with_activation(f, [&](auto k) { of(s).launch(s.impl(), n, ops::activation_forward<k>{x, y, alpha}); });
 }
 void activation_backward(stream& s, activation f, const float* x, const float* y, const float* dy, float* dx,
                          std::size_t n, float alpha) {
-  if (n) of(s).activation_backward(s.impl(), f, x, y, dy, dx, n, alpha);
+  if (n)
+    ops::with_activation(f, [&](auto k) {
+      of(s).launch(s.impl(), n, ops::activation_backward<k>{x, y, dy, dx, alpha});
+    });
 }
 void bias_add(stream& s, const float* x, const float* bias, float* y, std::size_t rows, std::size_t cols, bool relu) {
-  if (rows && cols) of(s).bias_add(s.impl(), x, bias, y, rows, cols, relu);
+  if (rows && cols) of(s).launch(s.impl(), rows * cols, ops::bias_add{x, bias, y, cols, relu});
 }
 void column_sums(stream& s, const float* x, std::size_t rows, std::size_t cols, float* out, float beta) {
   if (cols) of(s).column_sums(s.impl(), x, rows, cols, out, beta);
@@ -38,50 +50,44 @@ void softmax_xent_forward(stream& s, const float* logits, const std::int32_t* la
 }
 void softmax_xent_backward(stream& s, const float* probs, const std::int32_t* labels, std::size_t rows,
                            std::size_t cols, float scale, float* dlogits) {
-  if (rows && cols) of(s).softmax_xent_backward(s.impl(), probs, labels, rows, cols, scale, dlogits);
+  if (rows && cols)
+    of(s).launch(s.impl(), rows * cols, ops::softmax_xent_backward{probs, labels, cols, scale, dlogits});
 }
 void axpy(stream& s, std::size_t n, float alpha, const float* x, float* y) {
-  if (n) of(s).axpy(s.impl(), n, alpha, x, y);
+  if (n) of(s).launch(s.impl(), n, ops::axpy{alpha, x, y});
 }
 void scale(stream& s, std::size_t n, float alpha, float* x) {
-  if (n) of(s).scale(s.impl(), n, alpha, x);
+  if (n) of(s).launch(s.impl(), n, ops::scale{alpha, x});
 }
 void fill(stream& s, std::size_t n, float value, float* x) {
-  if (n) of(s).fill(s.impl(), n, value, x);
+  if (n) of(s).launch(s.impl(), n, ops::fill{value, x});
 }
 void sgd_update(stream& s, float* w, const float* g, float* velocity, std::size_t n, const sgd_params& p) {
   if (p.momentum != 0.0f && !velocity) throw error(errc::invalid_argument, "sgd_update: momentum needs a velocity");
-  if (n) of(s).sgd_update(s.impl(), w, g, velocity, n, p);
+  if (n) of(s).launch(s.impl(), n, ops::sgd_update{w, g, velocity, p});
 }
 void adam_update(stream& s, float* w, const float* g, float* m, float* v, std::size_t n, const adam_params& p) {
   if (p.step < 1) throw error(errc::invalid_argument, "adam_update: step is 1-based");
-  if (n) of(s).adam_update(s.impl(), w, g, m, v, n, p);
+  const float c1 = ops::bias_correction(p.beta1, p.step), c2 = ops::bias_correction(p.beta2, p.step);
+  if (n) of(s).launch(s.impl(), n, ops::adam_update{w, g, m, v, p, c1, c2});
 }
 void im2col(stream& s, const float* x, const window_geometry& g, float* col) {
-  check_window(g, "im2col");
-  if (g.batch) of(s).im2col(s.impl(), x, g, col);
+  launch_window(s, "im2col", ops::im2col{x, g, col});
 }
 void col2im(stream& s, const float* col, const window_geometry& g, float* dx) {
-  check_window(g, "col2im");
-  if (g.batch) of(s).col2im(s.impl(), col, g, dx);
+  launch_window(s, "col2im", ops::col2im{col, g, dx});
 }
 void max_pool_forward(stream& s, const float* x, const window_geometry& g, float* y, std::int32_t* argmax) {
-  check_window(g, "max_pool_forward");
-  if (g.pad_h >= g.kernel_h || g.pad_w >= g.kernel_w)
-    throw error(errc::invalid_argument, "max_pool_forward: padding must be smaller than the window");
-  if (g.batch) of(s).max_pool_forward(s.impl(), x, g, y, argmax);
+  launch_window(s, "max_pool_forward", ops::pool_forward<true>{x, g, y, argmax});
 }
 void max_pool_backward(stream& s, const float* dy, const std::int32_t* argmax, const window_geometry& g, float* dx) {
-  check_window(g, "max_pool_backward");
-  if (g.batch) of(s).max_pool_backward(s.impl(), dy, argmax, g, dx);
+  launch_window(s, "max_pool_backward", ops::pool_backward<true>{dy, argmax, g, dx});
 }
 void avg_pool_forward(stream& s, const float* x, const window_geometry& g, float* y) {
-  check_window(g, "avg_pool_forward");
-  if (g.batch) of(s).avg_pool_forward(s.impl(), x, g, y);
+  launch_window(s, "avg_pool_forward", ops::pool_forward<false>{x, g, y, nullptr});
 }
 void avg_pool_backward(stream& s, const float* dy, const window_geometry& g, float* dx) {
-  check_window(g, "avg_pool_backward");
-  if (g.batch) of(s).avg_pool_backward(s.impl(), dy, g, dx);
+  launch_window(s, "avg_pool_backward", ops::pool_backward<false>{dy, nullptr, g, dx});
 }
 
 }  // namespace nerve::gpu

@@ -24,7 +24,6 @@ class loop_thread {
     guard_.reset();
     if (thread_.joinable()) thread_.join();
   }
-  boost::asio::io_context& context() noexcept { return ctx_; }
   boost::asio::io_context::executor_type executor() noexcept { return ctx_.get_executor(); }
   /// True on the loop's own thread.
   bool running_here() noexcept { return ctx_.get_executor().running_in_this_thread(); }

@@ -19,32 +19,29 @@ namespace detail {
 class device_core;
 }
 
-/// Bytes on a device, freed in stream order on the stream that owns it. Move-only.
+/// Bytes on a device, freed in stream order on the stream that owns it (after the work
+/// enqueued on it) when the buffer goes or is assigned another. Move-only.
 class device_buffer {
  public:
   device_buffer() = default;
   /// Allocates `bytes` in stream order on `s`: usable by work enqueued on `s` after this.
   device_buffer(stream& s, std::size_t bytes);
-  ~device_buffer() { reset(); }
-  device_buffer(device_buffer&& o) noexcept;
-  device_buffer& operator=(device_buffer&& o) noexcept;
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
 
-  void* data() const noexcept { return data_; }
-  std::size_t bytes() const noexcept { return bytes_; }
+  void* data() const noexcept { return data_.get(); }
+  std::size_t bytes() const noexcept { return data_ ? bytes_ : 0; }
   bool empty() const noexcept { return data_ == nullptr; }
-  /// Frees in stream order on the owning stream (after the work enqueued on it).
-  void reset() noexcept;
   /// Makes `s` the owning stream, e.g. when the buffer was handed to another
   /// actor: that actor's stream waited on the producer's event, and the free
   /// must come after *its* work.
-  void set_stream(const stream& s) noexcept { owner_ = s.shared_impl(); }
+  void set_stream(const stream& s) noexcept { data_.get_deleter().owner = s.shared_impl(); }
 
  private:
-  void* data_ = nullptr;
+  struct free_on_stream {
+    std::shared_ptr<detail::stream_impl> owner;
+    void operator()(void* p) noexcept;
+  };
+  std::unique_ptr<void, free_on_stream> data_;
   std::size_t bytes_ = 0;
-  std::shared_ptr<detail::stream_impl> owner_;
 };
 
 /// Shape of a tensor, outermost first.
@@ -83,24 +80,21 @@ class pinned_buffer {
  public:
   pinned_buffer() = default;
   pinned_buffer(device& d, std::size_t bytes);
-  ~pinned_buffer() { reset(); }
-  pinned_buffer(pinned_buffer&& o) noexcept;
-  pinned_buffer& operator=(pinned_buffer&& o) noexcept;
-  pinned_buffer(const pinned_buffer&) = delete;
-  pinned_buffer& operator=(const pinned_buffer&) = delete;
 
-  void* data() const noexcept { return data_; }
-  std::size_t bytes() const noexcept { return bytes_; }
+  void* data() const noexcept { return data_.get(); }
+  std::size_t bytes() const noexcept { return data_ ? bytes_ : 0; }
   template <class T>
   std::span<T> as() const noexcept {
-    return {static_cast<T*>(data_), bytes_ / sizeof(T)};
+    return {static_cast<T*>(data()), bytes() / sizeof(T)};
   }
-  void reset() noexcept;
 
  private:
-  void* data_ = nullptr;
+  struct free_pinned {
+    std::shared_ptr<detail::device_core> core;
+    void operator()(void* p) noexcept;
+  };
+  std::unique_ptr<void, free_pinned> data_;
   std::size_t bytes_ = 0;
-  std::shared_ptr<detail::device_core> core_;
 };
 
 /// Copies `bytes` from `src` to `dst` in stream order; host, pinned or device

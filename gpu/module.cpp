@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <system_error>
+#include <vector>
 
 namespace nerve::gpu::detail {
 namespace {
@@ -26,8 +27,7 @@ std::filesystem::path own_folder() {
   return ec ? std::filesystem::path() : exe.parent_path();
 }
 
-}  // namespace
-
+/// Where `file` is looked for, in order (module.hpp).
 std::vector<std::string> module_candidates(const std::string& file, const char* env_var) {
   if (const char* p = env_var ? std::getenv(env_var) : nullptr; p && *p) return {p};
   std::vector<std::string> out;
@@ -38,6 +38,8 @@ std::vector<std::string> module_candidates(const std::string& file, const char* 
   out.push_back(file);  // no slash: dlopen searches LD_LIBRARY_PATH, RUNPATH and ld.so.cache
   return out;
 }
+
+}  // namespace
 
 opened_module open_module(const std::string& file, const char* env_var) {
   const auto candidates = module_candidates(file, env_var);

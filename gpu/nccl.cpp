@@ -1,27 +1,22 @@
 #include "gpu/nccl.hpp"
 
-#include "gpu/status.hpp"
-
-#if NERVE_HAS_NCCL
 #include "gpu/detail/module.hpp"
 #include "gpu/detail/nccl_module.hpp"
+#include "gpu/status.hpp"
 
 #include <dlfcn.h>
-#endif
 
 namespace nerve::gpu {
 
 namespace {
 
-#if NERVE_HAS_NCCL
 struct nccl_table {
-  decltype(&nerve_nccl_version) version = nullptr;
   decltype(&nerve_nccl_init_all) init_all = nullptr;
   decltype(&nerve_nccl_unique_id) unique_id = nullptr;
   decltype(&nerve_nccl_init_rank) init_rank = nullptr;
   decltype(&nerve_nccl_all_reduce_sum) all_reduce_sum = nullptr;
   decltype(&nerve_nccl_destroy) destroy = nullptr;
-  std::string error;
+  std::string error;  ///< why NCCL cannot be used; empty when it can
 };
 
 template <class F>
@@ -30,15 +25,19 @@ void bind(void* h, const char* name, F& f, std::string& error) {
   if (!f && error.empty()) error = std::string("NCCL module has no ") + name;
 }
 
+/// Opened once, by the first caller; never unloaded.
 const nccl_table& table() {
   static const nccl_table loaded = [] {
     nccl_table t;
+    if (!NERVE_HAS_NCCL) {
+      t.error = "NCCL was not built (no nccl.h and libnccl beside the CUDA toolkit)";
+      return t;
+    }
     const auto mod = detail::open_module(detail::nccl_module_file, detail::nccl_module_env);
     if (!mod.handle) {
       t.error = "NCCL could not be loaded: " + mod.error;
       return t;
     }
-    bind(mod.handle, "nerve_nccl_version", t.version, t.error);
     bind(mod.handle, "nerve_nccl_init_all", t.init_all, t.error);
     bind(mod.handle, "nerve_nccl_unique_id", t.unique_id, t.error);
     bind(mod.handle, "nerve_nccl_init_rank", t.init_rank, t.error);
@@ -58,38 +57,25 @@ const nccl_table& checked() {
 void check(int rc, const char* err) {
   if (rc != 0) throw error(errc::invalid_argument, std::string("NCCL: ") + err);
 }
-#else
-[[noreturn]] void unavailable() {
-  throw error(errc::not_supported, "NCCL was not built (no nccl.h and libnccl beside the CUDA toolkit)");
-}
-#endif
 
 }  // namespace
 
 bool nccl_comms::available(std::string* why) {
-#if NERVE_HAS_NCCL
   const auto& t = table();
   if (why) *why = t.error;
   return t.error.empty();
-#else
-  if (why) *why = "NCCL was not built";
-  return false;
-#endif
 }
 
 std::string nccl_comms::unique_id() {
-#if NERVE_HAS_NCCL
+  const auto& t = checked();
   std::string id(detail::nccl_id_bytes, '\0');
   char err[256] = {};
-  check(checked().unique_id(id.data(), err, sizeof err), err);
+  check(t.unique_id(id.data(), err, sizeof err), err);
   return id;
-#else
-  unavailable();
-#endif
 }
 
 nccl_comms::nccl_comms(const std::vector<device*>& devices) {
-#if NERVE_HAS_NCCL
+  const auto& t = checked();
   std::vector<int> ordinals;
   for (auto* d : devices) {
     if (d->kind() != backend_kind::cuda) throw error(errc::not_supported, "NCCL: " + d->name() + " is not a CUDA device");
@@ -97,35 +83,25 @@ nccl_comms::nccl_comms(const std::vector<device*>& devices) {
   }
   comms_.assign(devices.size(), nullptr);
   char err[256] = {};
-  check(checked().init_all(int(ordinals.size()), ordinals.data(), comms_.data(), err, sizeof err), err);
-#else
-  (void)devices;
-  unavailable();
-#endif
+  check(t.init_all(int(ordinals.size()), ordinals.data(), comms_.data(), err, sizeof err), err);
 }
 
 nccl_comms::nccl_comms(device& dev, int nranks, int rank, const std::string& id) {
-#if NERVE_HAS_NCCL
+  const auto& t = checked();
   if (dev.kind() != backend_kind::cuda) throw error(errc::not_supported, "NCCL: " + dev.name() + " is not a CUDA device");
   if (id.size() != detail::nccl_id_bytes) throw error(errc::invalid_argument, "NCCL: an id of " + std::to_string(id.size()) + " bytes");
   comms_.assign(1, nullptr);
   char err[256] = {};
-  check(checked().init_rank(&comms_[0], nranks, id.data(), rank, dev.ordinal(), err, sizeof err), err);
-#else
-  (void)dev, (void)nranks, (void)rank, (void)id;
-  unavailable();
-#endif
+  check(t.init_rank(&comms_[0], nranks, id.data(), rank, dev.ordinal(), err, sizeof err), err);
 }
 
 nccl_comms::~nccl_comms() {
-#if NERVE_HAS_NCCL
-  if (!comms_.empty() && table().destroy) table().destroy(int(comms_.size()), comms_.data());
-#endif
+  if (!comms_.empty()) table().destroy(int(comms_.size()), comms_.data());
 }
 
 void nccl_comms::all_reduce_sum(const std::vector<stream>& streams,
                                 const std::vector<std::vector<std::pair<float*, std::size_t>>>& buffers) {
-#if NERVE_HAS_NCCL
+  const auto& t = checked();
   if (streams.size() != comms_.size() || buffers.size() != comms_.size())
     throw error(errc::invalid_argument, "NCCL: " + std::to_string(streams.size()) + " streams and " +
                                             std::to_string(buffers.size()) + " buffer lists for " +
@@ -144,13 +120,9 @@ void nccl_comms::all_reduce_sum(const std::vector<stream>& streams,
     }
   }
   char err[256] = {};
-  check(checked().all_reduce_sum(int(comms_.size()), comms_.data(), native.data(), int(nb), ptrs.data(), counts.data(),
-                                 err, sizeof err),
+  check(t.all_reduce_sum(int(comms_.size()), comms_.data(), native.data(), int(nb), ptrs.data(), counts.data(), err,
+                         sizeof err),
         err);
-#else
-  (void)streams, (void)buffers;
-  unavailable();
-#endif
 }
 
 }  // namespace nerve::gpu

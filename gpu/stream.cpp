@@ -54,17 +54,21 @@ void trace_wait(detail::waiter& w, detail::device_core& core, const span_label& 
 }
 }  // namespace
 
-std::int64_t stream::trace_now() const noexcept {
-  auto* rec = impl_->core->options.recorder;
-  return rec && rec->enabled() ? rec->now() : -1;
-}
-
 void stream::async_wait(const boost::asio::any_io_executor& executor, completion_handler handler) {
   async_wait(executor, std::move(handler), span_label{});
 }
 
 void stream::async_wait(const boost::asio::any_io_executor& executor, completion_handler handler,
                         const span_label& label) {
+  submit_wait(nullptr, executor, std::move(handler), label);
+}
+
+void stream::async_wait(const event& e, const boost::asio::any_io_executor& executor, completion_handler handler) {
+  submit_wait(&e, executor, std::move(handler), span_label{});
+}
+
+void stream::submit_wait(const event* e, const boost::asio::any_io_executor& executor, completion_handler handler,
+                         const span_label& label) {
   auto& core = *impl_->core;
   detail::waiter w;
   w.stream = impl_;
@@ -72,27 +76,17 @@ void stream::async_wait(const boost::asio::any_io_executor& executor, completion
   w.handler = std::move(handler);
   trace_wait(w, core, label);
   if (core.options.counter.begin) core.options.counter.begin();
-  w.token = detail::work_token(&core.options.counter);
-  // Record and submit under the stream's lock so waiters and records agree on order.
+  w.token = detail::work_token(core.options.counter.end ? &core.options.counter : nullptr);
+  // Record (without `e`) and submit under the stream's lock so waiters and records agree
+  // on order. If the record throws (a CUDA error), the caller learns it here; the handler
+  // is dropped and the token's destructor balances the counter.
   std::lock_guard lk(impl_->submit_mutex);
-  // If the record throws (a CUDA error), the caller learns it here; the handler is
-  // dropped and the token's destructor balances the counter.
-  w.event = core.acquire_event();
-  core.impl->record(*w.event, *impl_);
-  core.completions->submit(std::move(w));
-}
-
-void stream::async_wait(const event& e, const boost::asio::any_io_executor& executor, completion_handler handler) {
-  auto& core = *impl_->core;
-  detail::waiter w;
-  w.stream = impl_;
-  w.event = e.shared_impl();
-  w.executor = executor;
-  w.handler = std::move(handler);
-  trace_wait(w, core, span_label{});
-  if (core.options.counter.begin) core.options.counter.begin();
-  w.token = detail::work_token(&core.options.counter);
-  std::lock_guard lk(impl_->submit_mutex);
+  if (e) {
+    w.event = e->shared_impl();
+  } else {
+    w.event = core.acquire_event();
+    core.impl->record(*w.event, *impl_);
+  }
   core.completions->submit(std::move(w));
 }
 

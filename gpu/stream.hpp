@@ -25,7 +25,7 @@ class stream_impl;
 
 /// How a traced wait shows in the trace (when its device records, see
 /// `device_options::recorder`): a span on the stream's track named `name`, from
-/// `start_ns` (recorder clock, from `stream::trace_now()` before the work was enqueued;
+/// `start_ns` (the recorder's clock, `recorder::now()` read before the work was enqueued;
 /// -1: the wait itself) to the completion, with `mb` as its micro-batch.
 struct span_label {
   const char* name = "gpu";  ///< a static string
@@ -67,10 +67,6 @@ class stream {
   /// it joins this stream's FIFO of waiters.
   void async_wait(const event& e, const boost::asio::any_io_executor& executor, completion_handler handler);
 
-  /// The recorder clock now (ns) when this stream's device records and its recorder is
-  /// on, else -1: read it before enqueueing a step's work, for its `span_label`.
-  std::int64_t trace_now() const noexcept;
-
   /// Blocks until all enqueued work is done; throws `gpu::error` on failure.
   /// Setup, tests and shutdown only: never on an event loop.
   void synchronize();
@@ -88,6 +84,9 @@ class stream {
  private:
   friend class device;
   explicit stream(std::shared_ptr<detail::stream_impl> impl) : impl_(std::move(impl)) {}
+  /// The async_waits: for `e`, or (null) for an event recorded now.
+  void submit_wait(const event* e, const boost::asio::any_io_executor& executor, completion_handler handler,
+                   const span_label& label);
   std::shared_ptr<detail::stream_impl> impl_;
 };
 

@@ -6,7 +6,6 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include <cmath>
 #include <string>
 
 namespace nerve::gpu::detail::cuda {
@@ -43,8 +42,7 @@ class cuda_event final : public event_impl {
 /// Every kernel of ours loaded now, not at its first launch (launch.hpp says why).
 cudaError_t preload_kernels() {
   for (cudaError_t (*part)() : {cuda_kernels::preload_elementwise, cuda_kernels::preload_loss,
-                                cuda_kernels::preload_optimizer, cuda_kernels::preload_window,
-                                cuda_kernels::preload_testing})
+                                cuda_kernels::preload_window, cuda_kernels::preload_testing})
     if (const cudaError_t e = part(); e != cudaSuccess) return e;
   return cudaSuccess;
 }
@@ -183,18 +181,10 @@ class cuda_backend final : public backend {
     NERVE_CUDA_CHECK(cudaGetLastError()); \
   } while (0)
 
-  void activation_forward(stream_impl& s, activation f, const float* x, float* y, std::size_t n,
-                          float alpha) override {
-    NERVE_LAUNCH(activation_forward(native(s), f, x, y, n, alpha));
+  void launch(stream_impl& s, std::size_t n, const ops::pointwise_op& op) override {
+    NERVE_LAUNCH(each(native(s), n, op));
   }
-  void activation_backward(stream_impl& s, activation f, const float* x, const float* y, const float* dy, float* dx,
-                           std::size_t n, float alpha) override {
-    NERVE_LAUNCH(activation_backward(native(s), f, x, y, dy, dx, n, alpha));
-  }
-  void bias_add(stream_impl& s, const float* x, const float* bias, float* y, std::size_t rows, std::size_t cols,
-                bool relu) override {
-    NERVE_LAUNCH(bias_add(native(s), x, bias, y, rows, cols, relu));
-  }
+  void launch(stream_impl& s, const ops::window_op& op) override { NERVE_LAUNCH(each(native(s), op)); }
   void column_sums(stream_impl& s, const float* x, std::size_t rows, std::size_t cols, float* out,
                    float beta) override {
     NERVE_LAUNCH(column_sums(native(s), x, rows, cols, out, beta));
@@ -202,50 +192,6 @@ class cuda_backend final : public backend {
   void softmax_xent_forward(stream_impl& s, const float* logits, const std::int32_t* labels, std::size_t rows,
                             std::size_t cols, float* probs, float* loss, std::int32_t* correct) override {
     NERVE_LAUNCH(softmax_xent_forward(native(s), logits, labels, rows, cols, probs, loss, correct));
-  }
-  void softmax_xent_backward(stream_impl& s, const float* probs, const std::int32_t* labels, std::size_t rows,
-                             std::size_t cols, float scale, float* dlogits) override {
-    NERVE_LAUNCH(softmax_xent_backward(native(s), probs, labels, rows, cols, scale, dlogits));
-  }
-  void axpy(stream_impl& s, std::size_t n, float alpha, const float* x, float* y) override {
-    NERVE_LAUNCH(axpy(native(s), n, alpha, x, y));
-  }
-  void scale(stream_impl& s, std::size_t n, float alpha, float* x) override {
-    NERVE_LAUNCH(scale(native(s), n, alpha, x));
-  }
-  void fill(stream_impl& s, std::size_t n, float value, float* x) override {
-    NERVE_LAUNCH(fill(native(s), n, value, x));
-  }
-  void sgd_update(stream_impl& s, float* w, const float* g, float* velocity, std::size_t n,
-                  const sgd_params& p) override {
-    NERVE_LAUNCH(sgd_update(native(s), w, g, velocity, n, p));
-  }
-  void adam_update(stream_impl& s, float* w, const float* g, float* m, float* v, std::size_t n,
-                   const adam_params& p) override {
-    // Bias corrections on the host, exactly as the CPU twin computes them.
-    const float c1 = 1.0f - float(std::pow(double(p.beta1), double(p.step)));
-    const float c2 = 1.0f - float(std::pow(double(p.beta2), double(p.step)));
-    NERVE_LAUNCH(adam_update(native(s), w, g, m, v, n, p, c1, c2));
-  }
-  void im2col(stream_impl& s, const float* x, const window_geometry& g, float* col) override {
-    NERVE_LAUNCH(im2col(native(s), x, g, col));
-  }
-  void col2im(stream_impl& s, const float* col, const window_geometry& g, float* dx) override {
-    NERVE_LAUNCH(col2im(native(s), col, g, dx));
-  }
-  void max_pool_forward(stream_impl& s, const float* x, const window_geometry& g, float* y,
-                        std::int32_t* argmax) override {
-    NERVE_LAUNCH(max_pool_forward(native(s), x, g, y, argmax));
-  }
-  void max_pool_backward(stream_impl& s, const float* dy, const std::int32_t* argmax, const window_geometry& g,
-                         float* dx) override {
-    NERVE_LAUNCH(max_pool_backward(native(s), dy, argmax, g, dx));
-  }
-  void avg_pool_forward(stream_impl& s, const float* x, const window_geometry& g, float* y) override {
-    NERVE_LAUNCH(avg_pool_forward(native(s), x, g, y));
-  }
-  void avg_pool_backward(stream_impl& s, const float* dy, const window_geometry& g, float* dx) override {
-    NERVE_LAUNCH(avg_pool_backward(native(s), dy, g, dx));
   }
   void enqueue_fault(stream_impl& s, int kind) override { NERVE_LAUNCH(fault(native(s), kind)); }
   void enqueue_gate(stream_impl& s, volatile std::int32_t* flag) override {

@@ -22,10 +22,6 @@ int check(ncclResult_t r, const char* call, char* err, std::size_t errlen) {
 
 extern "C" {
 
-__attribute__((visibility("default"))) int nerve_nccl_version(int* version, char* err, std::size_t errlen) {
-  return check(ncclGetVersion(version), "ncclGetVersion", err, errlen);
-}
-
 __attribute__((visibility("default"))) int nerve_nccl_init_all(int n, const int* ordinals, void** comms, char* err,
                                                                std::size_t errlen) {
   std::vector<ncclComm_t> c(std::size_t(n), nullptr);

@@ -9,6 +9,7 @@
 #include "gpu/blas.hpp"
 #include "gpu/detail/unique_function.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/kernels/ops.hpp"
 
 #include <atomic>
 #include <cstddef>
@@ -100,34 +101,15 @@ class backend {
                                     std::int64_t stride_b, float beta, float* c, int ldc, std::int64_t stride_c,
                                     int batch) = 0;
 
-  virtual void activation_forward(stream_impl& s, activation f, const float* x, float* y, std::size_t n,
-                                  float alpha) = 0;
-  virtual void activation_backward(stream_impl& s, activation f, const float* x, const float* y, const float* dy,
-                                   float* dx, std::size_t n, float alpha) = 0;
-  virtual void bias_add(stream_impl& s, const float* x, const float* bias, float* y, std::size_t rows,
-                        std::size_t cols, bool relu) = 0;
+  /// Runs `op` (gpu/kernels/ops.hpp) over elements [0, n), or [0, op.size()) for a window
+  /// op; the launchers checked the arguments.
+  virtual void launch(stream_impl& s, std::size_t n, const ops::pointwise_op& op) = 0;
+  virtual void launch(stream_impl& s, const ops::window_op& op) = 0;
   virtual void column_sums(stream_impl& s, const float* x, std::size_t rows, std::size_t cols, float* out,
                            float beta) = 0;
   virtual void softmax_xent_forward(stream_impl& s, const float* logits, const std::int32_t* labels,
                                     std::size_t rows, std::size_t cols, float* probs, float* loss,
                                     std::int32_t* correct) = 0;
-  virtual void softmax_xent_backward(stream_impl& s, const float* probs, const std::int32_t* labels,
-                                     std::size_t rows, std::size_t cols, float scale, float* dlogits) = 0;
-  virtual void axpy(stream_impl& s, std::size_t n, float alpha, const float* x, float* y) = 0;
-  virtual void scale(stream_impl& s, std::size_t n, float alpha, float* x) = 0;
-  virtual void fill(stream_impl& s, std::size_t n, float value, float* x) = 0;
-  virtual void sgd_update(stream_impl& s, float* w, const float* g, float* velocity, std::size_t n,
-                          const sgd_params& p) = 0;
-  virtual void adam_update(stream_impl& s, float* w, const float* g, float* m, float* v, std::size_t n,
-                           const adam_params& p) = 0;
-  virtual void im2col(stream_impl& s, const float* x, const window_geometry& g, float* col) = 0;
-  virtual void col2im(stream_impl& s, const float* col, const window_geometry& g, float* dx) = 0;
-  virtual void max_pool_forward(stream_impl& s, const float* x, const window_geometry& g, float* y,
-                                std::int32_t* argmax) = 0;
-  virtual void max_pool_backward(stream_impl& s, const float* dy, const std::int32_t* argmax,
-                                 const window_geometry& g, float* dx) = 0;
-  virtual void avg_pool_forward(stream_impl& s, const float* x, const window_geometry& g, float* y) = 0;
-  virtual void avg_pool_backward(stream_impl& s, const float* dy, const window_geometry& g, float* dx) = 0;
 
   /// Test-only: makes the work on `s` fail from here on (a faulting kernel of
   /// `testing::fault_kind` `kind` on a GPU; a throwing host function on the stand-in).

@@ -18,27 +18,12 @@ class recorder;
 
 namespace nerve::gpu::detail {
 
-/// Calls `work_counter::end` once when destroyed, unless empty. Move-only.
-class work_token {
- public:
-  work_token() = default;
-  explicit work_token(const work_counter* c) : counter_(c && c->end ? c : nullptr) {}
-  work_token(work_token&& o) noexcept : counter_(std::exchange(o.counter_, nullptr)) {}
-  work_token& operator=(work_token&& o) noexcept {
-    if (this != &o) {
-      release();
-      counter_ = std::exchange(o.counter_, nullptr);
-    }
-    return *this;
-  }
-  ~work_token() { release(); }
-  void release() noexcept {
-    if (auto* c = std::exchange(counter_, nullptr)) c->end();
-  }
-
- private:
-  const work_counter* counter_ = nullptr;  // owned by the device_core, which outlives every waiter
+/// Calls `work_counter::end` once, when reset or destroyed, unless empty. The counter is
+/// the device_core's, which outlives every waiter.
+struct end_work {
+  void operator()(const work_counter* c) const noexcept { c->end(); }
 };
+using work_token = std::unique_ptr<const work_counter, end_work>;
 
 /// What the recorder needs of a traced wait (`rec` null: not traced).
 struct wait_trace {

@@ -28,7 +28,6 @@ class device_core : public std::enable_shared_from_this<device_core> {
   std::unique_ptr<backend> impl;
   std::unique_ptr<completion_queue> completions;
   std::atomic<std::uint64_t> next_stream_id{1};
-  std::atomic<bool> shut_down{false};
 
  private:
   mutable std::mutex pool_mutex_;

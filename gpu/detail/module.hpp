@@ -5,7 +5,6 @@
 /// cuDNN side. Internal to nerve::gpu and its apps. Thread-safe.
 
 #include <string>
-#include <vector>
 
 namespace nerve::gpu::detail {
 
@@ -16,15 +15,12 @@ struct opened_module {
   std::string error;       ///< why it could not be opened: the paths tried and dlerror()
 };
 
-/// Where `file` is looked for, in order: `$env_var` when set (that path only);
-/// else the folder of the binary holding nerve::gpu (the executable, via
-/// /proc/self/exe, or libnerve_gpu if shared), then `../lib/` from there (build/bin
-/// -> build/lib), then the loader's search path (LD_LIBRARY_PATH, ld.so.cache).
-std::vector<std::string> module_candidates(const std::string& file, const char* env_var);
-
-/// Opens `file` with RTLD_NOW | RTLD_LOCAL from the first candidate that exists.
-/// A module that exists but fails to load (a missing libcublas) is an error, not a
-/// reason to look further.
+/// Opens `file` with RTLD_NOW | RTLD_LOCAL from the first place it exists, in order:
+/// `$env_var` when set (that path only); else the folder of the binary holding
+/// nerve::gpu (the executable, via /proc/self/exe, or libnerve_gpu if shared), then
+/// `../lib/` from there (build/bin -> build/lib), then the loader's search path
+/// (LD_LIBRARY_PATH, ld.so.cache). A module that exists but fails to load (a missing
+/// libcublas) is an error, not a reason to look further.
 opened_module open_module(const std::string& file, const char* env_var);
 
 }  // namespace nerve::gpu::detail

@@ -9,8 +9,6 @@
 
 extern "C" {
 
-/// ncclGetVersion.
-int nerve_nccl_version(int* version, char* err, std::size_t errlen);
 /// ncclCommInitAll over `n` CUDA device ordinals: one communicator per device in `comms`.
 int nerve_nccl_init_all(int n, const int* ordinals, void** comms, char* err, std::size_t errlen);
 /// ncclGetUniqueId into `id` (128 bytes, NCCL_UNIQUE_ID_BYTES).

@@ -1,8 +1,7 @@
 #pragma once
 // Launchers of the CUDA kernels (C++17: included by the .cu files and by the
 // CUDA backend). Each only enqueues on `stream`; the backend checks the launch.
-#include "gpu/blas.hpp"
-#include "gpu/kernels.hpp"
+#include "gpu/kernels/ops.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -11,46 +10,24 @@
 
 namespace nerve::gpu::cuda_kernels {
 
-void activation_forward(cudaStream_t st, activation f, const float* x, float* y, std::size_t n, float alpha);
-void activation_backward(cudaStream_t st, activation f, const float* x, const float* y, const float* dy, float* dx,
-                         std::size_t n, float alpha);
-void bias_add(cudaStream_t st, const float* x, const float* bias, float* y, std::size_t rows, std::size_t cols,
-              bool relu);
-void column_sums(cudaStream_t st, const float* x, std::size_t rows, std::size_t cols, float* out, float beta);
-void axpy(cudaStream_t st, std::size_t n, float alpha, const float* x, float* y);
-void scale(cudaStream_t st, std::size_t n, float alpha, float* x);
-void fill(cudaStream_t st, std::size_t n, float value, float* x);
+/// `op` over elements [0, n) (gpu/kernels/ops.hpp), one thread per element.
+void each(cudaStream_t st, std::size_t n, const ops::pointwise_op& op);
+/// A window op over its `size()` elements, on 32-bit indices where every index fits.
+void each(cudaStream_t st, const ops::window_op& op);
 
+void column_sums(cudaStream_t st, const float* x, std::size_t rows, std::size_t cols, float* out, float beta);
 /// `correct` is zeroed (cudaMemsetAsync) and counted with atomics.
 void softmax_xent_forward(cudaStream_t st, const float* logits, const std::int32_t* labels, std::size_t rows,
                           std::size_t cols, float* probs, float* loss, std::int32_t* correct);
-void softmax_xent_backward(cudaStream_t st, const float* probs, const std::int32_t* labels, std::size_t rows,
-                           std::size_t cols, float scale, float* dlogits);
-
-void sgd_update(cudaStream_t st, float* w, const float* g, float* velocity, std::size_t n, const sgd_params& p);
-/// c1 = 1 − beta1^step, c2 = 1 − beta2^step, computed on the host as the CPU twin does.
-void adam_update(cudaStream_t st, float* w, const float* g, float* m, float* v, std::size_t n, const adam_params& p,
-                 float c1, float c2);
-
-void im2col(cudaStream_t st, const float* x, const window_geometry& g, float* col);
-void col2im(cudaStream_t st, const float* col, const window_geometry& g, float* dx);
-void max_pool_forward(cudaStream_t st, const float* x, const window_geometry& g, float* y, std::int32_t* argmax);
-void max_pool_backward(cudaStream_t st, const float* dy, const std::int32_t* argmax, const window_geometry& g,
-                       float* dx);
-void avg_pool_forward(cudaStream_t st, const float* x, const window_geometry& g, float* y);
-void avg_pool_backward(cudaStream_t st, const float* dy, const window_geometry& g, float* dx);
 
 /// Load every kernel of their file now; the CUDA backend calls them all when a device
 /// opens. CUDA (12.2 on) loads a kernel lazily, at its first launch, and loading may
 /// wait for the whole context to go idle: a kernel launched for the first time behind
-/// one that spins until the host lets it go (the test gate) deadlocks. The fault test
-/// hung so on an H200; with the kernels preloaded (or CUDA_MODULE_LOADING=EAGER) it
-/// passes. The first step of a run is not slowed by loading either. cuBLAS's kernels
-/// stay lazy: work behind a gate runs each product once before (a warm-up), or the
-/// process sets CUDA_MODULE_LOADING=EAGER. Each returns the first error.
+/// one that spins until the host lets it go (the test gate) deadlocks (docs/gpu.md).
+/// cuBLAS's kernels stay lazy: work behind a gate runs each product once before (a
+/// warm-up), or the process sets CUDA_MODULE_LOADING=EAGER. Each returns the first error.
 cudaError_t preload_elementwise();
 cudaError_t preload_loss();
-cudaError_t preload_optimizer();
 cudaError_t preload_window();
 cudaError_t preload_testing();
 

@@ -1,7 +1,6 @@
-// Softmax cross-entropy, one warp per row.
+// Softmax cross-entropy forward, one warp per row (backward is a pointwise op).
 #include "gpu/kernels/grid.cuh"
 #include "gpu/kernels/launch.hpp"
-#include "gpu/kernels/preload.cuh"
 
 #include <cfloat>
 
@@ -46,15 +45,6 @@ __global__ void xent_fwd(const float* __restrict__ logits, const std::int32_t* _
   }
 }
 
-__global__ void xent_bwd(const float* __restrict__ probs, const std::int32_t* __restrict__ labels, std::size_t rows,
-                         std::size_t cols, float scale, float* dlogits) {
-  NERVE_GRID_STRIDE(i, rows * cols) {
-    const std::size_t r = std::size_t(i) / cols, c = std::size_t(i) % cols;
-    const float onehot = std::size_t(labels[r]) == c ? 1.0f : 0.0f;
-    dlogits[i] = scale * (probs[i] - onehot);
-  }
-}
-
 }  // namespace
 
 void softmax_xent_forward(cudaStream_t st, const float* logits, const std::int32_t* labels, std::size_t rows,
@@ -65,14 +55,6 @@ void softmax_xent_forward(cudaStream_t st, const float* logits, const std::int32
   xent_fwd<<<blocks, warps_per_block * 32, 0, st>>>(logits, labels, rows, cols, probs, loss, correct);
 }
 
-void softmax_xent_backward(cudaStream_t st, const float* probs, const std::int32_t* labels, std::size_t rows,
-                           std::size_t cols, float scale, float* dlogits) {
-  xent_bwd<<<grid_for(rows * cols), block_size, 0, st>>>(probs, labels, rows, cols, scale, dlogits);
-}
-
-cudaError_t preload_loss() {
-  return load_now({
-      reinterpret_cast<const void*>(&xent_fwd), reinterpret_cast<const void*>(&xent_bwd)});
-}
+cudaError_t preload_loss() { return load_now({reinterpret_cast<const void*>(&xent_fwd)}); }
 
 }  // namespace nerve::gpu::cuda_kernels

@@ -1,6 +1,6 @@
 // Test-only kernels: planted faults and a host-opened gate.
+#include "gpu/kernels/grid.cuh"
 #include "gpu/kernels/launch.hpp"
-#include "gpu/kernels/preload.cuh"
 
 namespace nerve::gpu::cuda_kernels {
 namespace {

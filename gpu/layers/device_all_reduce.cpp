@@ -29,33 +29,40 @@ device_all_reduce::device_all_reduce(std::string name, bus::group members, strea
   on<layers::backend_done>([](layers::backend_done& d) { layers::handle_backend_done(d); });
 }
 
-void device_all_reduce::on_contribution(layers::device_contribution& c) {
-  const auto n = members_.size();
+std::vector<std::shared_ptr<layers::backend_data>> replica_rounds::add(const char* kind, const std::string& name,
+                                                                       std::size_t n, layers::device_contribution& c,
+                                                                       bool one_device) {
+  auto who = [&] { return std::string(kind) + " '" + name + "'"; };
   if (c.rank >= n)
-    throw std::invalid_argument("device_all_reduce '" + name() + "': rank " + std::to_string(c.rank) + " in a group of " +
-                                std::to_string(n));
+    throw std::invalid_argument(who() + ": rank " + std::to_string(c.rank) + " in a group of " + std::to_string(n));
   auto* g = dynamic_cast<device_gradients*>(c.grads.get());
-  if (!g) throw std::logic_error("device_all_reduce '" + name() + "': a contribution that is not on a device");
+  if (!g) throw std::logic_error(who() + ": a contribution that is not on a device");
   auto& r = open_[c.key];
-  if (r.parts.empty()) r.parts.resize(n);
-  if (r.parts[c.rank])
-    throw std::invalid_argument("device_all_reduce '" + name() + "': rank " + std::to_string(c.rank) +
-                                " contributed twice to round " + std::to_string(c.key));
-  for (auto& p : r.parts) {
+  if (r.empty()) r.resize(n);
+  if (r[c.rank])
+    throw std::invalid_argument(who() + ": rank " + std::to_string(c.rank) + " contributed twice to round " +
+                                std::to_string(c.key));
+  for (auto& p : r) {
     if (!p) continue;
     auto& q = static_cast<device_gradients&>(*p);
-    if (q.parts.size() != g->parts.size() || q.floats() != g->floats() || q.domain != g->domain)
-      throw std::invalid_argument("device_all_reduce '" + name() + "': round " + std::to_string(c.key) +
-                                  " got gradients of another shape or device (" + std::to_string(q.floats()) + " and " +
-                                  std::to_string(g->floats()) + " floats)");
+    if (q.parts.size() != g->parts.size() || q.floats() != g->floats() || (one_device && q.domain != g->domain))
+      throw std::invalid_argument(who() + ": round " + std::to_string(c.key) + " got gradients of another shape or " +
+                                  "device (" + std::to_string(q.floats()) + " and " + std::to_string(g->floats()) +
+                                  " floats)");
   }
-  r.parts[c.rank] = std::move(c.grads);
-  if (++r.got < n) return;
+  r[c.rank] = std::move(c.grads);
+  if (std::find(r.begin(), r.end(), nullptr) != r.end()) return {};
+  auto parts = std::move(r);
+  open_.erase(c.key);
+  return parts;
+}
 
+void device_all_reduce::on_contribution(layers::device_contribution& c) {
+  const auto parts = open_.add("device_all_reduce", name(), members_.size(), c, true);
+  if (parts.empty()) return;
   // Every member's gradients are complete on the device once its event is: wait for all,
   // then sum in member order from member 0's (bus::all_reduce's association).
-  auto parts = std::move(r.parts);
-  open_.erase(c.key);
+  const auto n = parts.size();
   std::vector<event> waited;
   for (auto& p : parts) {
     auto& q = static_cast<device_gradients&>(*p);
@@ -87,14 +94,16 @@ void device_all_reduce::on_contribution(layers::device_contribution& c) {
   for (auto& m : members_.members()) send(m, layers::device_reduced{key, out});
 }
 
-void after_stream(actors::actor& a, stream& s, const char* what, std::function<void()> then, std::vector<event> keep) {
-  s.async_wait(a.executor(), [to = a.self(), what, then = std::move(then), keep = std::move(keep)](std::error_code ec) mutable {
+void after_stream(actors::actor& a, stream& s, const char* what, std::function<void()> then, std::vector<event> keep,
+                  const span_label& span) {
+  auto done = [to = a.self(), what, then = std::move(then), keep = std::move(keep)](std::error_code ec) mutable {
     auto* actor = to.get();
     if (!actor || (!ec && !then)) return;  // the pipeline is gone, or nothing to run
     std::exception_ptr err;
     if (ec) err = std::make_exception_ptr(error(ec, std::string(what) + ": '" + actor->name() + "'"));
     (void)actor->try_tell(layers::backend_done{std::move(err), then ? std::move(then) : [] {}}, actors::lane::urgent);
-  });
+  };
+  s.async_wait(a.executor(), std::move(done), span);
 }
 
 }  // namespace nerve::gpu

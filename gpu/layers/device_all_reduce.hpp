@@ -56,9 +56,10 @@ struct device_gradients final : layers::backend_data {
 /// Once `s` has passed the work enqueued on it so far: `then` (if any) runs on `a`, through
 /// its mailbox as a `backend_done`; if the stream failed, `a` fails instead, the error named
 /// `what` and `a`'s name. `keep` (events the work waited for) lives until then, so a pooled
-/// event is not recorded again first. The reducers' one way back from their streams.
+/// event is not recorded again first; `span` labels the wait in the trace. The one way back
+/// from a stream to the reducers and the device backend's layer actors.
 void after_stream(actors::actor& a, stream& s, const char* what, std::function<void()> then = {},
-                  std::vector<event> keep = {});
+                  std::vector<event> keep = {}, const span_label& span = {});
 
 /// A round's sum on the device: the parts laid end to end, complete once `ready` is.
 /// `in_place`: the members' own buffers already hold it (NCCL); only the wait remains.
@@ -68,6 +69,21 @@ struct device_sum final : layers::backend_data {
   bool in_place = false;
   std::unique_ptr<layers::backend_data> clone() const override;
   std::size_t payload_bytes() const noexcept override { return sum ? sum->bytes() : 0; }
+};
+
+/// A reducer's open rounds: the members' gradients by round (the key), checked as they
+/// come in: a member of the group, on a device, once a round, of the shape (and, with
+/// `one_device`, on the device) of the others.
+class replica_rounds {
+ public:
+  /// Keeps `c`'s gradients; once all `members` are in, returns them in member order (else
+  /// nothing). Errors name the reducer: its `kind` and `name`.
+  std::vector<std::shared_ptr<layers::backend_data>> add(const char* kind, const std::string& name,
+                                                          std::size_t members, layers::device_contribution& c,
+                                                          bool one_device);
+
+ private:
+  std::map<std::uint64_t, std::vector<std::shared_ptr<layers::backend_data>>> open_;
 };
 
 class device_all_reduce : public actors::actor {
@@ -84,11 +100,7 @@ class device_all_reduce : public actors::actor {
 
   bus::group members_;
   stream s_;
-  struct round {
-    std::vector<std::shared_ptr<layers::backend_data>> parts;
-    std::size_t got = 0;
-  };
-  std::map<std::uint64_t, round> open_;
+  replica_rounds open_;
   std::uint64_t rounds_ = 0;
 };
 

@@ -152,14 +152,8 @@ struct device_backend::impl {
   /// `then` as a `backend_done` in `owner`'s mailbox once the work enqueued so far is done;
   /// `what` names the wait's span in the trace.
   void when_done(actors::actor& owner, std::function<void()> then, const char* what) {
-    s.async_wait(owner.executor(), [to = owner.self(), then = std::move(then), keep = std::exchange(waited, {}),
-                                    sums = std::exchange(sums, {})](std::error_code ec) mutable {
-      auto* a = to.get();
-      if (!a) return;  // the network is gone
-      std::exception_ptr err;
-      if (ec) err = std::make_exception_ptr(error(ec, "device backend: '" + a->name() + "'"));
-      (void)a->try_tell(layers::backend_done{std::move(err), std::move(then)}, actors::lane::urgent);
-    }, span_label{what});
+    after_stream(owner, s, "device backend", [then = std::move(then), sums = std::exchange(sums, {})] { then(); },
+                 std::exchange(waited, {}), span_label{what});
   }
 };
 
@@ -239,7 +233,12 @@ class device_kernels final : public layers::layer_kernels {
   }
   void with_host(actors::actor& owner, std::vector<layers::value*> vs,
                  std::function<void(std::vector<layers::tensor>&)> fn) override {
-    // Downloads only for hooks: the host tensors live in the completion until it runs.
+    download(owner, std::move(vs), "hooks", std::move(fn));
+  }
+  /// Downloads `vs` (through staging), then `fn` on their host copies in a completion on
+  /// `owner` (`what` labels the wait); the host tensors live in the completion until it runs.
+  void download(actors::actor& owner, std::vector<layers::value*> vs, const char* what,
+                std::function<void(std::vector<layers::tensor>&)> fn) {
     auto host = std::make_shared<std::vector<layers::tensor>>(vs.size());
     auto copies = std::make_shared<std::vector<staged_copy>>();
     for (std::size_t i = 0; i < vs.size(); ++i) {
@@ -251,7 +250,7 @@ class device_kernels final : public layers::layer_kernels {
     b_.when_done(owner, [host, copies, pool = b_.pool, fn = std::move(fn)] {
       for (auto& d : *copies) d.finish(*pool);
       fn(*host);
-    }, "hooks");
+    }, what);
   }
   void adopt(actors::actor& owner, layers::value& v) override {
     if (!v.device) {  // from the host: through a pinned buffer, given back once copied
@@ -282,13 +281,9 @@ class device_kernels final : public layers::layer_kernels {
       copy_async(b_.s, c->data(), t.data(), t.bytes());
       return then(layers::value(std::make_unique<device_value>(std::move(c), b_.s.record())));
     }
-    auto host = std::make_shared<layers::tensor>(host_like(t));
-    auto copy = std::make_shared<staged_copy>(start_download(b_.s, *b_.pool, t, *host));
     ++b_.host_transfers;
-    b_.when_done(owner, [host, copy, pool = b_.pool, then = std::move(then)] {
-      copy->finish(*pool);
-      then(layers::value(std::move(*host)));
-    }, "to host");
+    download(owner, {&v}, "to host",
+             [then = std::move(then)](auto& host) { then(layers::value(std::move(host[0]))); });
   }
 
  private:

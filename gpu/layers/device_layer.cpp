@@ -41,75 +41,93 @@ struct parameter_pair {
   }
 };
 
-// ---- Linear: y = x·Wᵀ + b; dx = dy·W; dW += dyᵀ·x; db += Σ dy ----------------
-class linear_layer final : public device_layer {
- public:
-  linear_layer(stream& s, std::size_t in, std::size_t out, bool bias) : in_(in), out_(out), w_(s, {out, in}) {
-    if (bias) b_.emplace_back(s, shape_t{out});
+/// A weight and an optional bias (`bias` elements; 0: none), as the CPU layer lists them.
+struct weight_and_bias {
+  parameter_pair w;
+  std::vector<parameter_pair> b;  // empty without a bias
+  weight_and_bias(stream& s, shape_t weight, std::size_t bias) : w(s, std::move(weight)) {
+    if (bias) b.emplace_back(s, shape_t{bias});
   }
+  std::vector<device_parameter> parameters() {
+    std::vector<device_parameter> p{{"weight", &w.value, &w.grad}};
+    if (!b.empty()) p.push_back({"bias", &b[0].value, &b[0].grad});
+    return p;
+  }
+};
+
+/// The window of an NCHW input `x`.
+window_geometry window_of(const shape_t& x, int kh, int kw, int ph, int pw, int sh, int sw) {
+  return {int(x[0]), int(x[1]), int(x[2]), int(x[3]), kh, kw, ph, pw, sh, sw};
+}
+
+/// A layer of one input: the output (of `output_shape`) and the input's gradient are
+/// allocated here; `compute` and `input_gradient` fill them.
+class unary_layer : public device_layer {
+ public:
+  void forward(stream& s, std::span<const device_tensor* const> in, device_tensor& y, device_stash& st) final {
+    const auto& x = *in[0];
+    y = device_tensor(s, output_shape(std::span<const shape_t>(&x.shape(), 1)));
+    compute(s, x, y, st);
+    st.inputs.assign(in.begin(), in.end());
+    st.output = &y;
+  }
+  std::vector<device_tensor> backward_input(stream& s, const device_stash& st, const device_tensor& dy,
+                                            std::uint64_t wanted) final {
+    std::vector<device_tensor> g(1);
+    if (!(wanted & 1)) return g;
+    g[0] = device_tensor(s, st.inputs[0]->shape());
+    input_gradient(s, st, dy, g[0]);
+    return g;
+  }
+
+ protected:
+  virtual void compute(stream& s, const device_tensor& x, device_tensor& y, device_stash& st) = 0;
+  virtual void input_gradient(stream& s, const device_stash& st, const device_tensor& dy, device_tensor& dx) = 0;
+};
+
+// ---- Linear: y = x·Wᵀ + b; dx = dy·W; dW += dyᵀ·x; db += Σ dy ----------------
+class linear_layer final : public unary_layer {
+ public:
+  linear_layer(stream& s, std::size_t in, std::size_t out, bool bias)
+      : in_(in), out_(out), p_(s, {out, in}, bias ? out : 0) {}
   std::string_view kind() const noexcept override { return "Linear"; }
   shape_t output_shape(std::span<const shape_t> in) const override {
     if (in[0].size() != 2 || in[0][1] != in_) bad_shape(kind(), in[0], "[N, " + std::to_string(in_) + "]");
     return {in[0][0], out_};
   }
-  void forward(stream& s, std::span<const device_tensor* const> in, device_tensor& y, device_stash& st) override {
-    const auto& x = *in[0];
-    const int n = int(x.rows());
-    y = device_tensor(s, output_shape(std::span<const shape_t>(&x.shape(), 1)));
-    gemm(s, transpose::no, transpose::yes, n, int(out_), int(in_), 1.0f, x.data(), w_.value.data(), 0.0f, y.data());
-    if (!b_.empty()) bias_add(s, y.data(), b_[0].value.data(), y.data(), x.rows(), out_);
-    st.inputs.assign(in.begin(), in.end());
-    st.output = &y;
+  void compute(stream& s, const device_tensor& x, device_tensor& y, device_stash&) override {
+    gemm(s, transpose::no, transpose::yes, int(x.rows()), int(out_), int(in_), 1.0f, x.data(), p_.w.value.data(), 0.0f,
+         y.data());
+    if (!p_.b.empty()) bias_add(s, y.data(), p_.b[0].value.data(), y.data(), x.rows(), out_);
   }
-  std::vector<device_tensor> backward_input(stream& s, const device_stash& st, const device_tensor& dy,
-                                            std::uint64_t wanted) override {
-    std::vector<device_tensor> g(1);
-    if (!(wanted & 1)) return g;
-    const auto& x = *st.inputs[0];
-    g[0] = device_tensor(s, x.shape());
-    gemm(s, transpose::no, transpose::no, int(x.rows()), int(in_), int(out_), 1.0f, dy.data(), w_.value.data(), 0.0f,
-         g[0].data());
-    return g;
+  void input_gradient(stream& s, const device_stash&, const device_tensor& dy, device_tensor& dx) override {
+    gemm(s, transpose::no, transpose::no, int(dx.rows()), int(in_), int(out_), 1.0f, dy.data(), p_.w.value.data(), 0.0f,
+         dx.data());
   }
   void backward_weight(stream& s, const device_stash& st, const device_tensor& dy) override {
     const auto& x = *st.inputs[0];
     gemm(s, transpose::yes, transpose::no, int(out_), int(in_), int(x.rows()), 1.0f, dy.data(), x.data(), 1.0f,
-         w_.grad.data());
-    if (!b_.empty()) column_sums(s, dy.data(), dy.rows(), out_, b_[0].grad.data(), 1.0f);
+         p_.w.grad.data());
+    if (!p_.b.empty()) column_sums(s, dy.data(), dy.rows(), out_, p_.b[0].grad.data(), 1.0f);
   }
-  std::vector<device_parameter> parameters() override {
-    std::vector<device_parameter> p{{"weight", &w_.value, &w_.grad}};
-    if (!b_.empty()) p.push_back({"bias", &b_[0].value, &b_[0].grad});
-    return p;
-  }
+  std::vector<device_parameter> parameters() override { return p_.parameters(); }
 
  private:
   std::size_t in_, out_;
-  parameter_pair w_;
-  std::vector<parameter_pair> b_;  // empty without a bias
+  weight_and_bias p_;
 };
 
 // ---- pointwise activations ----------------------------------------------------
-class activation_layer final : public device_layer {
+class activation_layer final : public unary_layer {
  public:
   activation_layer(std::string_view kind, activation f, float alpha) : kind_(kind), f_(f), alpha_(alpha) {}
   std::string_view kind() const noexcept override { return kind_; }
   shape_t output_shape(std::span<const shape_t> in) const override { return in[0]; }
-  void forward(stream& s, std::span<const device_tensor* const> in, device_tensor& y, device_stash& st) override {
-    const auto& x = *in[0];
-    y = device_tensor(s, x.shape());
+  void compute(stream& s, const device_tensor& x, device_tensor& y, device_stash&) override {
     activation_forward(s, f_, x.data(), y.data(), x.size(), alpha_);
-    st.inputs.assign(in.begin(), in.end());
-    st.output = &y;
   }
-  std::vector<device_tensor> backward_input(stream& s, const device_stash& st, const device_tensor& dy,
-                                            std::uint64_t wanted) override {
-    std::vector<device_tensor> g(1);
-    if (!(wanted & 1)) return g;
-    const auto& x = *st.inputs[0];
-    g[0] = device_tensor(s, x.shape());
-    activation_backward(s, f_, x.data(), st.output->data(), dy.data(), g[0].data(), x.size(), alpha_);
-    return g;
+  void input_gradient(stream& s, const device_stash& st, const device_tensor& dy, device_tensor& dx) override {
+    activation_backward(s, f_, st.inputs[0]->data(), st.output->data(), dy.data(), dx.data(), dx.size(), alpha_);
   }
 
  private:
@@ -119,53 +137,43 @@ class activation_layer final : public device_layer {
 };
 
 // ---- Conv2d: im2col, then Y_n = W·col_n for every image (one strided-batched call) ----
-class conv2d_layer final : public device_layer {
+class conv2d_layer final : public unary_layer {
  public:
   conv2d_layer(stream& s, const layers::conv2d_options& o)
       : o_(o),
-        w_(s, {std::size_t(o.out_channels), std::size_t(o.in_channels * o.kernel[0] * o.kernel[1])}) {
-    if (o.bias) b_.emplace_back(s, shape_t{std::size_t(o.out_channels)});
-  }
+        p_(s, {std::size_t(o.out_channels), std::size_t(o.in_channels * o.kernel[0] * o.kernel[1])},
+           o.bias ? std::size_t(o.out_channels) : 0) {}
   std::string_view kind() const noexcept override { return "Conv2d"; }
   shape_t output_shape(std::span<const shape_t> in) const override {
     const auto& x = in[0];
-    if (x.size() != 4 || x[1] != std::size_t(o_.in_channels)) bad_shape(kind(), x, "[N, " + std::to_string(o_.in_channels) + ", H, W]");
+    if (x.size() != 4 || x[1] != std::size_t(o_.in_channels))
+      bad_shape(kind(), x, "[N, " + std::to_string(o_.in_channels) + ", H, W]");
     const auto g = geometry(x);
     if (g.out_h() < 1 || g.out_w() < 1) bad_shape(kind(), x, "an image no smaller than the kernel");
     return {x[0], std::size_t(o_.out_channels), std::size_t(g.out_h()), std::size_t(g.out_w())};
   }
-  void forward(stream& s, std::span<const device_tensor* const> in, device_tensor& y, device_stash& st) override {
-    const auto& x = *in[0];
-    y = device_tensor(s, output_shape(std::span<const shape_t>(&x.shape(), 1)));
+  void compute(stream& s, const device_tensor& x, device_tensor& y, device_stash&) override {
     const auto g = geometry(x.shape());
     const std::int64_t pr = std::int64_t(g.patch_rows()), pc = std::int64_t(g.patch_cols()), k = o_.out_channels;
     device_tensor col(s, {std::size_t(g.batch), std::size_t(pr), std::size_t(pc)});
     im2col(s, x.data(), g, col.data());
-    gemm_strided_batched(s, transpose::no, transpose::no, int(k), int(pc), int(pr), 1.0f, w_.value.data(), int(pr), 0,
+    gemm_strided_batched(s, transpose::no, transpose::no, int(k), int(pc), int(pr), 1.0f, p_.w.value.data(), int(pr), 0,
                          col.data(), int(pc), pr * pc, 0.0f, y.data(), int(pc), k * pc, g.batch);
-    if (!b_.empty()) {
+    if (!p_.b.empty()) {
       // Y_n += b·1ᵀ: the bias broadcast over the pixels as a rank-1 product.
       ensure_ones(s, std::size_t(pc));
-      gemm_strided_batched(s, transpose::no, transpose::no, int(k), int(pc), 1, 1.0f, b_[0].value.data(), 1, 0,
+      gemm_strided_batched(s, transpose::no, transpose::no, int(k), int(pc), 1, 1.0f, p_.b[0].value.data(), 1, 0,
                            ones_.data(), int(pc), 0, 1.0f, y.data(), int(pc), k * pc, g.batch);
     }
-    st.inputs.assign(in.begin(), in.end());
-    st.output = &y;
   }
-  std::vector<device_tensor> backward_input(stream& s, const device_stash& st, const device_tensor& dy,
-                                            std::uint64_t wanted) override {
-    std::vector<device_tensor> out(1);
-    if (!(wanted & 1)) return out;
-    const auto& x = *st.inputs[0];
-    const auto g = geometry(x.shape());
+  void input_gradient(stream& s, const device_stash&, const device_tensor& dy, device_tensor& dx) override {
+    const auto g = geometry(dx.shape());
     const std::int64_t pr = std::int64_t(g.patch_rows()), pc = std::int64_t(g.patch_cols()), k = o_.out_channels;
     device_tensor dcol(s, {std::size_t(g.batch), std::size_t(pr), std::size_t(pc)});
     // dcol_n = Wᵀ·dY_n, then col2im gathers every patch entry back onto its pixel.
-    gemm_strided_batched(s, transpose::yes, transpose::no, int(pr), int(pc), int(k), 1.0f, w_.value.data(), int(pr), 0,
-                         dy.data(), int(pc), k * pc, 0.0f, dcol.data(), int(pc), pr * pc, g.batch);
-    out[0] = device_tensor(s, x.shape());
-    col2im(s, dcol.data(), g, out[0].data());
-    return out;
+    gemm_strided_batched(s, transpose::yes, transpose::no, int(pr), int(pc), int(k), 1.0f, p_.w.value.data(), int(pr),
+                         0, dy.data(), int(pc), k * pc, 0.0f, dcol.data(), int(pc), pr * pc, g.batch);
+    col2im(s, dcol.data(), g, dx.data());
   }
   void backward_weight(stream& s, const device_stash& st, const device_tensor& dy) override {
     const auto& x = *st.inputs[0];
@@ -178,29 +186,21 @@ class conv2d_layer final : public device_layer {
     device_tensor per_image(s, {std::size_t(g.batch), std::size_t(k * pr)});
     gemm_strided_batched(s, transpose::no, transpose::yes, int(k), int(pr), int(pc), 1.0f, dy.data(), int(pc), k * pc,
                          col.data(), int(pc), pr * pc, 0.0f, per_image.data(), int(pr), k * pr, g.batch);
-    column_sums(s, per_image.data(), std::size_t(g.batch), std::size_t(k * pr), w_.grad.data(), 1.0f);
-    if (!b_.empty()) {
+    column_sums(s, per_image.data(), std::size_t(g.batch), std::size_t(k * pr), p_.w.grad.data(), 1.0f);
+    if (!p_.b.empty()) {
       device_tensor pixel_sums(s, {std::size_t(k * pc)});
       column_sums(s, dy.data(), std::size_t(g.batch), std::size_t(k * pc), pixel_sums.data(), 0.0f);
       ensure_ones(s, std::size_t(pc));
-      gemm(s, transpose::no, transpose::no, int(k), 1, int(pc), 1.0f, pixel_sums.data(), int(pc), ones_.data(), 1,
-           1.0f, b_[0].grad.data(), 1);
+      gemm(s, transpose::no, transpose::no, int(k), 1, int(pc), 1.0f, pixel_sums.data(), int(pc), ones_.data(), 1, 1.0f,
+           p_.b[0].grad.data(), 1);
     }
   }
-  std::vector<device_parameter> parameters() override {
-    std::vector<device_parameter> p{{"weight", &w_.value, &w_.grad}};
-    if (!b_.empty()) p.push_back({"bias", &b_[0].value, &b_[0].grad});
-    return p;
-  }
+  std::vector<device_parameter> parameters() override { return p_.parameters(); }
 
  private:
   window_geometry geometry(const shape_t& x) const {
-    window_geometry g;
-    g.batch = int(x[0]), g.channels = int(x[1]), g.height = int(x[2]), g.width = int(x[3]);
-    g.kernel_h = int(o_.kernel[0]), g.kernel_w = int(o_.kernel[1]);
-    g.pad_h = int(o_.padding[0]), g.pad_w = int(o_.padding[1]);
-    g.stride_h = int(o_.stride[0]), g.stride_w = int(o_.stride[1]);
-    return g;
+    return window_of(x, int(o_.kernel[0]), int(o_.kernel[1]), int(o_.padding[0]), int(o_.padding[1]), int(o_.stride[0]),
+                     int(o_.stride[1]));
   }
   void ensure_ones(stream& s, std::size_t n) {
     if (ones_.size() >= n) return;
@@ -209,13 +209,12 @@ class conv2d_layer final : public device_layer {
   }
 
   layers::conv2d_options o_;
-  parameter_pair w_;
-  std::vector<parameter_pair> b_;
+  weight_and_bias p_;
   device_tensor ones_;
 };
 
 // ---- pooling ------------------------------------------------------------------
-class pool_layer final : public device_layer {
+class pool_layer final : public unary_layer {
  public:
   pool_layer(bool max, const layers::pool2d_options& o) : max_(max), o_(o) {}
   std::string_view kind() const noexcept override { return max_ ? "MaxPool2d" : "AvgPool2d"; }
@@ -226,9 +225,7 @@ class pool_layer final : public device_layer {
     if (g.out_h() < 1 || g.out_w() < 1) bad_shape(kind(), x, "an image no smaller than the window");
     return {x[0], x[1], std::size_t(g.out_h()), std::size_t(g.out_w())};
   }
-  void forward(stream& s, std::span<const device_tensor* const> in, device_tensor& y, device_stash& st) override {
-    const auto& x = *in[0];
-    y = device_tensor(s, output_shape(std::span<const shape_t>(&x.shape(), 1)));
+  void compute(stream& s, const device_tensor& x, device_tensor& y, device_stash& st) override {
     const auto g = geometry(x.shape());
     if (max_) {
       st.indices = device_buffer(s, std::max<std::size_t>(1, y.size()) * sizeof(std::int32_t));
@@ -236,55 +233,36 @@ class pool_layer final : public device_layer {
     } else {
       avg_pool_forward(s, x.data(), g, y.data());
     }
-    st.inputs.assign(in.begin(), in.end());
-    st.output = &y;
   }
-  std::vector<device_tensor> backward_input(stream& s, const device_stash& st, const device_tensor& dy,
-                                            std::uint64_t wanted) override {
-    std::vector<device_tensor> out(1);
-    if (!(wanted & 1)) return out;
-    const auto& x = *st.inputs[0];
-    const auto g = geometry(x.shape());
-    out[0] = device_tensor(s, x.shape());
+  void input_gradient(stream& s, const device_stash& st, const device_tensor& dy, device_tensor& dx) override {
+    const auto g = geometry(dx.shape());
     if (max_)
-      max_pool_backward(s, dy.data(), static_cast<const std::int32_t*>(st.indices.data()), g, out[0].data());
+      max_pool_backward(s, dy.data(), static_cast<const std::int32_t*>(st.indices.data()), g, dx.data());
     else
-      avg_pool_backward(s, dy.data(), g, out[0].data());
-    return out;
+      avg_pool_backward(s, dy.data(), g, dx.data());
   }
 
  private:
   window_geometry geometry(const shape_t& x) const {
-    window_geometry g;
-    g.batch = int(x[0]), g.channels = int(x[1]), g.height = int(x[2]), g.width = int(x[3]);
-    g.kernel_h = g.kernel_w = int(o_.kernel);
-    g.stride_h = g.stride_w = int(o_.stride ? o_.stride : o_.kernel);
-    g.pad_h = g.pad_w = int(o_.padding);
-    return g;
+    const int k = int(o_.kernel), stride = int(o_.stride ? o_.stride : o_.kernel), pad = int(o_.padding);
+    return window_of(x, k, k, pad, pad, stride, stride);
   }
   bool max_;
   layers::pool2d_options o_;
 };
 
 // ---- Flatten: the same bytes under a 2-D shape ---------------------------------
-class flatten_layer final : public device_layer {
+class flatten_layer final : public unary_layer {
  public:
   std::string_view kind() const noexcept override { return "Flatten"; }
-  shape_t output_shape(std::span<const shape_t> in) const override { return {in[0].empty() ? 1 : in[0][0], numel(in[0]) / std::max<std::size_t>(1, in[0].empty() ? 1 : in[0][0])}; }
-  void forward(stream& s, std::span<const device_tensor* const> in, device_tensor& y, device_stash& st) override {
-    const auto& x = *in[0];
-    y = device_tensor(s, output_shape(std::span<const shape_t>(&x.shape(), 1)));
-    copy_async(s, y.data(), x.data(), x.bytes());
-    st.inputs.assign(in.begin(), in.end());
-    st.output = &y;
+  shape_t output_shape(std::span<const shape_t> in) const override {
+    return {in[0].empty() ? 1 : in[0][0], numel(in[0]) / std::max<std::size_t>(1, in[0].empty() ? 1 : in[0][0])};
   }
-  std::vector<device_tensor> backward_input(stream& s, const device_stash& st, const device_tensor& dy,
-                                            std::uint64_t wanted) override {
-    std::vector<device_tensor> out(1);
-    if (!(wanted & 1)) return out;
-    out[0] = device_tensor(s, st.inputs[0]->shape());
-    copy_async(s, out[0].data(), dy.data(), dy.bytes());
-    return out;
+  void compute(stream& s, const device_tensor& x, device_tensor& y, device_stash&) override {
+    copy_async(s, y.data(), x.data(), x.bytes());
+  }
+  void input_gradient(stream& s, const device_stash&, const device_tensor& dy, device_tensor& dx) override {
+    copy_async(s, dx.data(), dy.data(), dy.bytes());
   }
 };
 

@@ -41,14 +41,8 @@ void device_parameters::step(stream& s, double lr) {
       sgd_update(s, e.p.value->data(), e.p.grad->data(), e.velocity.empty() ? nullptr : e.velocity.data(), count,
                  sgd_params{rate, float(opt_.momentum), float(opt_.weight_decay), opt_.nesterov});
     } else {
-      adam_params a;
-      a.lr = rate;
-      a.beta1 = float(opt_.beta1);
-      a.beta2 = float(opt_.beta2);
-      a.eps = float(opt_.eps);
-      a.weight_decay = float(opt_.kind == "adamw" && opt_.weight_decay == 0 ? 0.01 : opt_.weight_decay);
-      a.decoupled = opt_.kind == "adamw";
-      a.step = ++e.t;
+      const float wd = float(opt_.kind == "adamw" && opt_.weight_decay == 0 ? 0.01 : opt_.weight_decay);
+      const adam_params a{rate, float(opt_.beta1), float(opt_.beta2), float(opt_.eps), wd, opt_.kind == "adamw", ++e.t};
       adam_update(s, e.p.value->data(), e.p.grad->data(), e.m.data(), e.v.data(), count, a);
     }
   }

@@ -54,8 +54,6 @@ class device_parameters {
   /// `std::invalid_argument` naming a buffer this optimizer does not keep.
   void load(stream& s, const layers::basic_optimizer_state<float>& st);
 
-  const device_optimizer& optimizer() const noexcept { return opt_; }
-
  private:
   struct entry {
     std::string name;

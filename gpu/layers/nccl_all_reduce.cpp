@@ -91,22 +91,9 @@ void nccl_all_reduce::on_rank_contribution(layers::device_contribution& c) {
 }
 
 void nccl_all_reduce::on_contribution(layers::device_contribution& c) {
-  const auto n = members_.size();
-  if (c.rank >= n)
-    throw std::invalid_argument("nccl_all_reduce '" + name() + "': rank " + std::to_string(c.rank) + " in a group of " +
-                                std::to_string(n));
-  if (!dynamic_cast<device_gradients*>(c.grads.get()))
-    throw std::logic_error("nccl_all_reduce '" + name() + "': a contribution that is not on a device");
-  auto& r = open_[c.key];
-  if (r.parts.empty()) r.parts.resize(n);
-  if (r.parts[c.rank])
-    throw std::invalid_argument("nccl_all_reduce '" + name() + "': rank " + std::to_string(c.rank) +
-                                " contributed twice to round " + std::to_string(c.key));
-  r.parts[c.rank] = std::move(c.grads);
-  if (++r.got < n) return;
-
-  auto parts = std::move(r.parts);
-  open_.erase(c.key);
+  const auto parts = open_.add("nccl_all_reduce", name(), members_.size(), c, false);
+  if (parts.empty()) return;
+  const auto n = parts.size();
   std::vector<std::vector<std::pair<float*, std::size_t>>> buffers;
   std::vector<event> waited;
   for (std::size_t k = 0; k < n; ++k) {

@@ -26,6 +26,7 @@
 #include "actors/actor.hpp"
 #include "bus/group.hpp"
 #include "gpu/device.hpp"
+#include "gpu/layers/device_all_reduce.hpp"
 #include "gpu/nccl.hpp"
 #include "gpu/stream.hpp"
 #include "layers/backend.hpp"
@@ -93,11 +94,7 @@ class nccl_all_reduce : public actors::actor {
   std::unique_ptr<nccl_comms> comms_;
   std::shared_ptr<nccl_rank_group> group_;  // across ranks
   std::size_t layer_ = 0;                   // its place in the group's order
-  struct round {
-    std::vector<std::shared_ptr<layers::backend_data>> parts;
-    std::size_t got = 0;
-  };
-  std::map<std::uint64_t, round> open_;
+  replica_rounds open_;
   std::uint64_t rounds_ = 0;
 };
 

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <variant>
 #include <vector>
 
 namespace nerve::gpu::detail {
@@ -30,15 +31,15 @@ struct fake_record {
   std::error_code error;   // guarded by the event's m
 };
 
-/// A fake event: completes when its stream's worker reaches the marker.
+/// A fake event: its state is its latest record's, complete when its stream's worker
+/// reaches the marker.
 class fake_event final : public event_impl {
  public:
   std::mutex m;
   std::condition_variable cv;
-  std::uint64_t seq = 0;   // guarded by m: which record is current
-  bool done = true;        // guarded by m: a never-recorded event is complete, as in CUDA
-  std::error_code error;   // guarded by m
   std::shared_ptr<fake_record> current;  // guarded by m: the latest record (null: never recorded)
+  /// Under m. A never-recorded event is complete, as in CUDA.
+  bool done() const { return !current || current->done; }
 };
 
 /// A fake stream: one worker thread runs the tasks in order. After a task
@@ -48,8 +49,7 @@ class fake_stream final : public stream_impl {
  public:
   struct task {
     unique_function<void()> fn;
-    fake_event* marker = nullptr;  // set: complete this event (seq) instead of running fn
-    std::uint64_t seq = 0;
+    fake_event* marker = nullptr;  // set: complete `rec` of this event instead of running fn
     bool always = false;           // runs even after a failure (frees)
     std::shared_ptr<fake_record> rec = nullptr;  // with marker: the record it completes
   };
@@ -100,9 +100,12 @@ class standin final : public backend {
 
   // Device and pinned allocations, by start: a copy's destination outside all of them is
   // pageable host memory.
-  void remember(void* p, std::size_t bytes) {
+  void* host_block(std::size_t bytes, const char* what) {
+    void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+    if (!p) throw error(std::make_error_code(std::errc::not_enough_memory), what);
     std::lock_guard lk(mem_m_);
     blocks_[reinterpret_cast<std::uintptr_t>(p)] = bytes;
+    return p;
   }
   void forget(void* p) noexcept {
     std::lock_guard lk(mem_m_);
@@ -141,7 +144,7 @@ class standin final : public backend {
   }
 
   void enqueue_host(stream_impl& s, unique_function<void()> fn) override {
-    as_fake(s).push({std::move(fn), nullptr, 0, false});
+    as_fake(s).push({std::move(fn), nullptr, false});
   }
 
   event_impl* create_event() override {
@@ -161,22 +164,18 @@ class standin final : public backend {
 
   void record(event_impl& ei, stream_impl& s) override {
     auto& e = static_cast<fake_event&>(ei);
-    std::uint64_t seq;
     auto rec = std::make_shared<fake_record>();
     {
       std::lock_guard lk(e.m);
-      seq = ++e.seq;
-      e.done = false;
-      e.error = {};
       e.current = rec;
     }
-    as_fake(s).push({nullptr, &e, seq, true, std::move(rec)});
+    as_fake(s).push({nullptr, &e, true, std::move(rec)});
   }
 
   event_state query(event_impl& ei) noexcept override {
     auto& e = static_cast<fake_event&>(ei);
     std::lock_guard lk(e.m);
-    return {e.done, e.error};
+    return {e.done(), e.current ? e.current->error : std::error_code()};
   }
 
   std::error_code wait(event_impl& ei) noexcept override { return wait_for(static_cast<fake_event&>(ei), true); }
@@ -185,8 +184,9 @@ class standin final : public backend {
   /// work (and synchronize) runs to its end, as on a GPU.
   std::error_code wait_for(fake_event& e, bool interruptible) noexcept {
     std::unique_lock lk(e.m);
-    e.cv.wait(lk, [&] { return e.done || (interruptible && interrupted_.load(std::memory_order_acquire)); });
-    return e.done ? e.error : std::error_code(errc::cancelled);
+    e.cv.wait(lk, [&] { return e.done() || (interruptible && interrupted_.load(std::memory_order_acquire)); });
+    if (!e.done()) return errc::cancelled;
+    return e.current ? e.current->error : std::error_code();
   }
 
   void stream_wait(stream_impl& s, event_impl& ei) override {
@@ -206,29 +206,19 @@ class standin final : public backend {
                 e->cv.wait(lk, [&] { return rec->done; });
                 if (rec->error) fs->fail(rec->error);
               },
-              nullptr, 0, false});
+              nullptr, false});
   }
 
-  void* allocate(std::size_t bytes, stream_impl&) override {
-    void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
-    if (!p) throw error(std::make_error_code(std::errc::not_enough_memory), "stand-in allocate");
-    remember(p, bytes);
-    return p;
-  }
+  void* allocate(std::size_t bytes, stream_impl&) override { return host_block(bytes, "stand-in allocate"); }
   void deallocate(void* p, stream_impl& s) noexcept override {
     forget(p);
     try {
-      as_fake(s).push({[p] { std::free(p); }, nullptr, 0, true});
+      as_fake(s).push({[p] { std::free(p); }, nullptr, true});
     } catch (...) {
       // Out of memory while queueing the free: leaking is the safe answer.
     }
   }
-  void* allocate_pinned(std::size_t bytes) override {
-    void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
-    if (!p) throw error(std::make_error_code(std::errc::not_enough_memory), "stand-in allocate_pinned");
-    remember(p, bytes);
-    return p;
-  }
+  void* allocate_pinned(std::size_t bytes) override { return host_block(bytes, "stand-in allocate_pinned"); }
   void deallocate_pinned(void* p) noexcept override {
     forget(p);
     std::free(p);
@@ -251,17 +241,11 @@ class standin final : public backend {
       for (int i = 0; i < batch; ++i) cpu::gemm(ta, tb, m, n, k, alpha, a + i * sa, lda, b + i * sb, ldb, beta, c + i * sc, ldc);
     });
   }
-  void activation_forward(stream_impl& s, activation f, const float* x, float* y, std::size_t n,
-                          float alpha) override {
-    run_on(s, [=] { cpu::activation_forward(f, x, y, n, alpha); });
+  void launch(stream_impl& s, std::size_t n, const ops::pointwise_op& op) override {
+    run_on(s, [n, op] { std::visit([n](const auto& o) { cpu::each(n, o); }, op); });
   }
-  void activation_backward(stream_impl& s, activation f, const float* x, const float* y, const float* dy, float* dx,
-                           std::size_t n, float alpha) override {
-    run_on(s, [=] { cpu::activation_backward(f, x, y, dy, dx, n, alpha); });
-  }
-  void bias_add(stream_impl& s, const float* x, const float* bias, float* y, std::size_t rows, std::size_t cols,
-                bool relu) override {
-    run_on(s, [=] { cpu::bias_add(x, bias, y, rows, cols, relu); });
+  void launch(stream_impl& s, const ops::window_op& op) override {
+    run_on(s, [op] { std::visit([](const auto& o) { cpu::each(o.size(), o); }, op); });
   }
   void column_sums(stream_impl& s, const float* x, std::size_t rows, std::size_t cols, float* out,
                    float beta) override {
@@ -270,47 +254,6 @@ class standin final : public backend {
   void softmax_xent_forward(stream_impl& s, const float* logits, const std::int32_t* labels, std::size_t rows,
                             std::size_t cols, float* probs, float* loss, std::int32_t* correct) override {
     run_on(s, [=] { cpu::softmax_xent_forward(logits, labels, rows, cols, probs, loss, correct); });
-  }
-  void softmax_xent_backward(stream_impl& s, const float* probs, const std::int32_t* labels, std::size_t rows,
-                             std::size_t cols, float scale, float* dlogits) override {
-    run_on(s, [=] { cpu::softmax_xent_backward(probs, labels, rows, cols, scale, dlogits); });
-  }
-  void axpy(stream_impl& s, std::size_t n, float alpha, const float* x, float* y) override {
-    run_on(s, [=] { cpu::axpy(n, alpha, x, y); });
-  }
-  void scale(stream_impl& s, std::size_t n, float alpha, float* x) override {
-    run_on(s, [=] { cpu::scale(n, alpha, x); });
-  }
-  void fill(stream_impl& s, std::size_t n, float value, float* x) override {
-    run_on(s, [=] { cpu::fill(n, value, x); });
-  }
-  void sgd_update(stream_impl& s, float* w, const float* g, float* velocity, std::size_t n,
-                  const sgd_params& p) override {
-    run_on(s, [=] { cpu::sgd_update(w, g, velocity, n, p); });
-  }
-  void adam_update(stream_impl& s, float* w, const float* g, float* m, float* v, std::size_t n,
-                   const adam_params& p) override {
-    run_on(s, [=] { cpu::adam_update(w, g, m, v, n, p); });
-  }
-  void im2col(stream_impl& s, const float* x, const window_geometry& g, float* col) override {
-    run_on(s, [=] { cpu::im2col(x, g, col); });
-  }
-  void col2im(stream_impl& s, const float* col, const window_geometry& g, float* dx) override {
-    run_on(s, [=] { cpu::col2im(col, g, dx); });
-  }
-  void max_pool_forward(stream_impl& s, const float* x, const window_geometry& g, float* y,
-                        std::int32_t* argmax) override {
-    run_on(s, [=] { cpu::max_pool_forward(x, g, y, argmax); });
-  }
-  void max_pool_backward(stream_impl& s, const float* dy, const std::int32_t* argmax, const window_geometry& g,
-                         float* dx) override {
-    run_on(s, [=] { cpu::max_pool_backward(dy, argmax, g, dx); });
-  }
-  void avg_pool_forward(stream_impl& s, const float* x, const window_geometry& g, float* y) override {
-    run_on(s, [=] { cpu::avg_pool_forward(x, g, y); });
-  }
-  void avg_pool_backward(stream_impl& s, const float* dy, const window_geometry& g, float* dx) override {
-    run_on(s, [=] { cpu::avg_pool_backward(dy, g, dx); });
   }
 
   void enqueue_fault(stream_impl& s, int) override {
@@ -346,7 +289,7 @@ class standin final : public backend {
   static fake_stream& as_fake(stream_impl& s) { return static_cast<fake_stream&>(s); }
   template <class F>
   void run_on(stream_impl& s, F&& f) {
-    as_fake(s).push({unique_function<void()>(std::forward<F>(f)), nullptr, 0, false});
+    as_fake(s).push({unique_function<void()>(std::forward<F>(f)), nullptr, false});
   }
 
   std::function<void()> hook_;  // set before any stream exists
@@ -369,14 +312,8 @@ void fake_stream::run() {
       {
         // Notify under the lock: a waiter may destroy the event as soon as it sees it done.
         std::lock_guard el(t.marker->m);
-        if (t.rec) {
-          t.rec->done = true;
-          t.rec->error = failed_;
-        }
-        if (t.marker->seq == t.seq) {
-          t.marker->done = true;
-          t.marker->error = failed_;
-        }
+        t.rec->done = true;
+        t.rec->error = failed_;
         t.marker->cv.notify_all();
       }
       backend_.completed();

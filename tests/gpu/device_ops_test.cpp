@@ -13,6 +13,7 @@
 //   operations in the same order on both sides.
 #include "gpu/blas.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/kernels/ops.hpp"
 #include "gpu/standin/cpu_kernels.hpp"
 #include "gpu/status.hpp"
 #include "tests/gpu/gpu_fixture.hpp"
@@ -141,9 +142,11 @@ TEST_SUITE("gpu.device.ops") {
       gpu::activation_backward(fx.s, act, f(dx_), f(y), f(ddy), f(dx), n, 0.1f);
       auto gy = fx.down<float>(y.data(), n), gdx = fx.down<float>(dx.data(), n);
       std::vector<float> ry(n), rdx(n);
-      gpu::cpu::activation_forward(act, x.data(), ry.data(), n, 0.1f);
       // Backward from the GPU's own forward output, so only the backward formula is compared.
-      gpu::cpu::activation_backward(act, x.data(), gy.data(), dy.data(), rdx.data(), n, 0.1f);
+      gpu::ops::with_activation(act, [&](auto k) {
+        gpu::cpu::each(n, gpu::ops::activation_forward<k>{x.data(), ry.data(), 0.1f});
+        gpu::cpu::each(n, gpu::ops::activation_backward<k>{x.data(), gy.data(), dy.data(), rdx.data(), 0.1f});
+      });
       const bool exact = act == gpu::activation::relu || act == gpu::activation::leaky_relu;
       if (exact) {
         check_equal("forward", gy, ry);
@@ -169,7 +172,7 @@ TEST_SUITE("gpu.device.ops") {
     for (bool relu : {false, true}) {
       gpu::bias_add(fx.s, f(dx), f(db), f(y), rows, cols, relu);
       std::vector<float> want(rows * cols);
-      gpu::cpu::bias_add(x.data(), bias.data(), want.data(), rows, cols, relu);
+      gpu::cpu::each(rows * cols, gpu::ops::bias_add{x.data(), bias.data(), want.data(), cols, relu});
       check_equal(relu ? "bias add relu" : "bias add", fx.down<float>(y.data(), rows * cols), want);
     }
     // Column sums: the loss's one column, a partial tile, rows not a multiple of 32.
@@ -220,7 +223,8 @@ TEST_SUITE("gpu.device.ops") {
       check_within("probs", gp, rp, tp);
       check_within("loss", fx.down<float>(loss.data(), rows), rl, tl);
       CHECK(fx.down<std::int32_t>(correct.data(), 1)[0] == rc);
-      gpu::cpu::softmax_xent_backward(gp.data(), labels.data(), rows, cols, 1.0f / rows, rg.data());
+      gpu::cpu::each(rows * cols,
+                     gpu::ops::softmax_xent_backward{gp.data(), labels.data(), cols, 1.0f / rows, rg.data()});
       check_equal("gradient", fx.down<float>(grad.data(), rows * cols), rg);
     }
   }
@@ -232,12 +236,12 @@ TEST_SUITE("gpu.device.ops") {
     auto dx = fx.up(x), dy = fx.up(y);
     gpu::axpy(fx.s, n, -0.7f, f(dx), f(dy));
     auto want = y;
-    gpu::cpu::axpy(n, -0.7f, x.data(), want.data());
+    gpu::cpu::each(n, gpu::ops::axpy{-0.7f, x.data(), want.data()});
     std::vector<double> tol(n);
     for (std::size_t i = 0; i < n; ++i) tol[i] = 2 * unit_roundoff * (std::abs(y[i]) + std::abs(0.7 * x[i])) + 1e-30;
     check_within("axpy", fx.down<float>(dy.data(), n), want, tol);
     gpu::scale(fx.s, n, 3.0f, f(dx));
-    gpu::cpu::scale(n, 3.0f, x.data());
+    gpu::cpu::each(n, gpu::ops::scale{3.0f, x.data()});
     check_equal("scale", fx.down<float>(dx.data(), n), x);
     gpu::fill(fx.s, n, 0.25f, f(dx));
     check_equal("fill", fx.down<float>(dx.data(), n), std::vector<float>(n, 0.25f));
@@ -256,7 +260,7 @@ TEST_SUITE("gpu.device.ops") {
         if (variant < 3) {
           gpu::sgd_params p{0.05f, variant == 0 ? 0.0f : 0.9f, 1e-2f, variant == 2};
           gpu::sgd_update(fx.s, f(dw), f(dg), f(d1), n, p);
-          gpu::cpu::sgd_update(rw.data(), g.data(), s1.data(), n, p);
+          gpu::cpu::each(n, gpu::ops::sgd_update{rw.data(), g.data(), s1.data(), p});
         } else {
           gpu::adam_params p;
           p.lr = 1e-2f;
@@ -264,7 +268,9 @@ TEST_SUITE("gpu.device.ops") {
           p.decoupled = variant == 4;
           p.step = step;
           gpu::adam_update(fx.s, f(dw), f(dg), f(d1), f(d2), n, p);
-          gpu::cpu::adam_update(rw.data(), g.data(), s1.data(), s2.data(), n, p);
+          const float c1 = gpu::ops::bias_correction(p.beta1, p.step);
+          const float c2 = gpu::ops::bias_correction(p.beta2, p.step);
+          gpu::cpu::each(n, gpu::ops::adam_update{rw.data(), g.data(), s1.data(), s2.data(), p, c1, c2});
         }
       }
       // Each step: a handful of roundings of the update's terms (the GPU fuses
@@ -299,26 +305,26 @@ TEST_SUITE("gpu.device.ops") {
       std::vector<std::int32_t> rarg(out);
 
       gpu::im2col(fx.s, f(dx), g, f(col));
-      gpu::cpu::im2col(x.data(), g, rcol.data());
+      gpu::cpu::each(cols, gpu::ops::im2col{x.data(), g, rcol.data()});
       check_equal("im2col", fx.down<float>(col.data(), cols), rcol);
       gpu::col2im(fx.s, f(dc), g, f(img));
-      gpu::cpu::col2im(c.data(), g, rimg.data());
+      gpu::cpu::each(in, gpu::ops::col2im{c.data(), g, rimg.data()});
       check_equal("col2im", fx.down<float>(img.data(), in), rimg);
 
       if (g.pad_h < g.kernel_h && g.pad_w < g.kernel_w) {
         gpu::max_pool_forward(fx.s, f(dx), g, f(y), i32(arg));
-        gpu::cpu::max_pool_forward(x.data(), g, ry.data(), rarg.data());
+        gpu::cpu::each(out, gpu::ops::pool_forward<true>{x.data(), g, ry.data(), rarg.data()});
         check_equal("max pool", fx.down<float>(y.data(), out), ry);
         check_equal("max pool argmax", fx.down<std::int32_t>(arg.data(), out), rarg);
         gpu::max_pool_backward(fx.s, f(ddy), i32(arg), g, f(back));
-        gpu::cpu::max_pool_backward(dyv.data(), rarg.data(), g, rback.data());
+        gpu::cpu::each(in, gpu::ops::pool_backward<true>{dyv.data(), rarg.data(), g, rback.data()});
         check_equal("max pool backward", fx.down<float>(back.data(), in), rback);
       }
       gpu::avg_pool_forward(fx.s, f(dx), g, f(y));
-      gpu::cpu::avg_pool_forward(x.data(), g, ry.data());
+      gpu::cpu::each(out, gpu::ops::pool_forward<false>{x.data(), g, ry.data(), nullptr});
       check_equal("avg pool", fx.down<float>(y.data(), out), ry);
       gpu::avg_pool_backward(fx.s, f(ddy), g, f(back));
-      gpu::cpu::avg_pool_backward(dyv.data(), g, rback.data());
+      gpu::cpu::each(in, gpu::ops::pool_backward<false>{dyv.data(), nullptr, g, rback.data()});
       check_equal("avg pool backward", fx.down<float>(back.data(), in), rback);
     }
   }

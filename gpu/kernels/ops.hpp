@@ -1,0 +1,319 @@
+#pragma once
+/// \file
+/// The kernels that compute each output element on its own, as one function object
+/// per kernel: `op(i)` computes element `i`. They are compiled twice, by nvcc into the
+/// CUDA kernels (gpu/kernels/*.cu: one thread per element, grid-stride) and by the C++
+/// compiler into the stand-in's loops (gpu/standin/cpu_kernels.cpp), so the GPU and
+/// its CPU twin share every formula and every order of summation. C++17, no CUDA
+/// headers. The window ops take any unsigned index type (kernels/window.cu says why).
+///
+/// The backward of pooling and col2im gathers per input pixel, in the same (i, j)
+/// order everywhere: deterministic, no atomics.
+
+#include "gpu/kernels.hpp"
+
+#include <cfloat>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <variant>
+
+#ifdef __CUDACC__
+#define NERVE_HOST_DEVICE __host__ __device__
+#else
+#define NERVE_HOST_DEVICE
+#endif
+
+namespace nerve::gpu::ops {
+
+/// Reads memory that no thread of the launch writes: on a GPU through the read-only data
+/// cache (`__ldg`, what a `const __restrict__` kernel parameter gives), on the host plainly.
+template <class T>
+NERVE_HOST_DEVICE T read_only(const T& v) {
+#ifdef __CUDA_ARCH__
+  return __ldg(&v);
+#else
+  return v;
+#endif
+}
+
+inline constexpr float inv_sqrt2 = 0.70710678118654752440f;
+inline constexpr float inv_sqrt2pi = 0.39894228040143267794f;
+
+/// Calls `fn(std::integral_constant<activation, f>{})`: one compiled kernel per activation.
+template <class Fn>
+void with_activation(activation f, Fn&& fn) {
+  switch (f) {
+    case activation::relu: return fn(std::integral_constant<activation, activation::relu>{});
+    case activation::leaky_relu: return fn(std::integral_constant<activation, activation::leaky_relu>{});
+    case activation::sigmoid: return fn(std::integral_constant<activation, activation::sigmoid>{});
+    case activation::tanh: return fn(std::integral_constant<activation, activation::tanh>{});
+    case activation::gelu: return fn(std::integral_constant<activation, activation::gelu>{});
+  }
+}
+
+template <activation F>
+struct activation_forward {
+  const float* x;
+  float* y;
+  float alpha;
+  NERVE_HOST_DEVICE void operator()(std::size_t i) const {
+    const float v = read_only(x[i]);
+    if constexpr (F == activation::relu) y[i] = v > 0.0f ? v : 0.0f;
+    if constexpr (F == activation::leaky_relu) y[i] = v > 0.0f ? v : alpha * v;
+    if constexpr (F == activation::sigmoid) y[i] = 1.0f / (1.0f + expf(-v));
+    if constexpr (F == activation::tanh) y[i] = tanhf(v);
+    if constexpr (F == activation::gelu) y[i] = 0.5f * v * erfcf(-v * inv_sqrt2);
+  }
+};
+
+template <activation F>
+struct activation_backward {
+  const float *x, *y, *dy;
+  float* dx;
+  float alpha;
+  NERVE_HOST_DEVICE void operator()(std::size_t i) const {
+    const float g = dy[i];
+    if constexpr (F == activation::relu) dx[i] = read_only(x[i]) > 0.0f ? g : 0.0f;
+    if constexpr (F == activation::leaky_relu) dx[i] = read_only(x[i]) > 0.0f ? g : alpha * g;
+    if constexpr (F == activation::sigmoid || F == activation::tanh) {
+      const float v = read_only(y[i]);
+      dx[i] = F == activation::sigmoid ? g * v * (1.0f - v) : g * (1.0f - v * v);
+    }
+    if constexpr (F == activation::gelu) {
+      const float v = read_only(x[i]);
+      const float cdf = 0.5f * erfcf(-v * inv_sqrt2);
+      const float pdf = inv_sqrt2pi * expf(-0.5f * v * v);
+      dx[i] = g * (cdf + v * pdf);
+    }
+  }
+};
+
+struct bias_add {
+  const float *x, *bias;
+  float* y;
+  std::size_t cols;
+  bool relu;
+  NERVE_HOST_DEVICE void operator()(std::size_t i) const {
+    const float v = x[i] + read_only(bias[i % cols]);
+    y[i] = relu && !(v > 0.0f) ? 0.0f : v;
+  }
+};
+
+struct softmax_xent_backward {
+  const float* probs;
+  const std::int32_t* labels;
+  std::size_t cols;
+  float scale;
+  float* dlogits;
+  NERVE_HOST_DEVICE void operator()(std::size_t i) const {
+    const float onehot = std::size_t(read_only(labels[i / cols])) == i % cols ? 1.0f : 0.0f;
+    dlogits[i] = scale * (read_only(probs[i]) - onehot);
+  }
+};
+
+struct axpy {
+  float alpha;
+  const float* x;
+  float* y;
+  NERVE_HOST_DEVICE void operator()(std::size_t i) const { y[i] += alpha * read_only(x[i]); }
+};
+struct scale {
+  float alpha;
+  float* x;
+  NERVE_HOST_DEVICE void operator()(std::size_t i) const { x[i] *= alpha; }
+};
+struct fill {
+  float value;
+  float* x;
+  NERVE_HOST_DEVICE void operator()(std::size_t i) const { x[i] = value; }
+};
+
+struct sgd_update {
+  float* w;
+  const float* g;
+  float* velocity;
+  sgd_params p;
+  NERVE_HOST_DEVICE void operator()(std::size_t i) const {
+    float d = read_only(g[i]) + p.weight_decay * w[i];
+    if (p.momentum != 0.0f) {
+      const float v = p.momentum * velocity[i] + d;
+      velocity[i] = v;
+      d = p.nesterov ? d + p.momentum * v : v;
+    }
+    w[i] -= p.lr * d;
+  }
+};
+
+/// Adam's bias correction 1 − beta^step, computed on the host (in double) for both backends.
+inline float bias_correction(float beta, std::int64_t step) {
+  return 1.0f - float(std::pow(double(beta), double(step)));
+}
+
+struct adam_update {
+  float* w;
+  const float* g;
+  float *m, *v;
+  adam_params p;
+  float c1, c2;  ///< bias_correction(beta1 and beta2, p.step)
+  NERVE_HOST_DEVICE void operator()(std::size_t i) const {
+    float wi = w[i];
+    float gi = read_only(g[i]);
+    if (p.decoupled)
+      wi *= 1.0f - p.lr * p.weight_decay;
+    else
+      gi += p.weight_decay * wi;
+    const float mi = p.beta1 * m[i] + (1.0f - p.beta1) * gi;
+    const float vi = p.beta2 * v[i] + (1.0f - p.beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    w[i] = wi - p.lr * (mi / c1) / (sqrtf(vi / c2) + p.eps);
+  }
+};
+
+// ---- sliding windows over NCHW images (window_geometry) ----------------------------
+
+/// Elements of the patch matrices, of the inputs and of the outputs.
+inline std::size_t patch_elements(const window_geometry& g) {
+  return std::size_t(g.batch) * g.patch_rows() * g.patch_cols();
+}
+inline std::size_t inputs(const window_geometry& g) { return std::size_t(g.batch) * g.channels * g.height * g.width; }
+inline std::size_t outputs(const window_geometry& g) {
+  return std::size_t(g.batch) * g.channels * g.out_h() * g.out_w();
+}
+
+/// Calls `f(i, j, y, x)`, in (i, j) order, for every window (output y, x) that reads input
+/// pixel (h, w) at kernel offset (i, j): the gather of col2im and of pooling's backward.
+template <class F>
+NERVE_HOST_DEVICE void windows_reading(const window_geometry& g, int h, int w, F&& f) {
+  const int oh = g.out_h(), ow = g.out_w();
+  for (int i = 0; i < g.kernel_h; ++i) {
+    const int ys = h + g.pad_h - i;
+    if (ys < 0 || ys % g.stride_h || ys / g.stride_h >= oh) continue;
+    for (int j = 0; j < g.kernel_w; ++j) {
+      const int xs = w + g.pad_w - j;
+      if (xs < 0 || xs % g.stride_w || xs / g.stride_w >= ow) continue;
+      f(i, j, ys / g.stride_h, xs / g.stride_w);
+    }
+  }
+}
+
+/// Element `idx` of the patch matrices (n, row (c, i, j), column (y, x)).
+struct im2col {
+  const float* x;
+  window_geometry g;
+  float* col;
+  std::size_t size() const { return patch_elements(g); }
+  template <class I>
+  NERVE_HOST_DEVICE void operator()(I idx) const {
+    const I oh = I(g.out_h()), ow = I(g.out_w()), kh = I(g.kernel_h), kw = I(g.kernel_w);
+    const I pc = oh * ow, pr = I(g.channels) * kh * kw;
+    const I n = idx / (pr * pc), rest = idx - n * (pr * pc);
+    const I row = rest / pc, pix = rest - row * pc;
+    const I c = row / (kh * kw), ij = row - c * (kh * kw);
+    const I i = ij / kw, j = ij - i * kw;
+    const I y = pix / ow, xo = pix - y * ow;
+    const int h = int(y) * g.stride_h - g.pad_h + int(i), w = int(xo) * g.stride_w - g.pad_w + int(j);
+    col[idx] = (h >= 0 && h < g.height && w >= 0 && w < g.width)
+                   ? read_only(x[((n * I(g.channels) + c) * I(g.height) + I(h)) * I(g.width) + I(w)])
+                   : 0.0f;
+  }
+};
+
+/// Input pixel `idx`: the sum of the patch entries that read it.
+struct col2im {
+  const float* col;
+  window_geometry g;
+  float* dx;
+  std::size_t size() const { return inputs(g); }
+  template <class I>
+  NERVE_HOST_DEVICE void operator()(I idx) const {
+    const int ow = g.out_w();
+    const I pc = I(g.out_h()) * I(ow), pr = I(g.channels) * I(g.kernel_h) * I(g.kernel_w);
+    const I plane = I(g.width) * I(g.height);
+    const I nc = idx / plane, hw = idx - nc * plane;
+    const I n = nc / I(g.channels), c = nc - n * I(g.channels);
+    const int h = int(hw / I(g.width)), w = int(hw - I(h) * I(g.width));
+    float acc = 0.0f;
+    windows_reading(g, h, w, [&](int i, int j, int y, int xo) {
+      const I row = (c * I(g.kernel_h) + I(i)) * I(g.kernel_w) + I(j);
+      acc += read_only(col[n * pr * pc + row * pc + I(y) * I(ow) + I(xo)]);
+    });
+    dx[idx] = acc;
+  }
+};
+
+/// Output `o` of max pooling (the first maximum and its index in the plane; padding
+/// never wins) or of average pooling (padding counted).
+template <bool Max>
+struct pool_forward {
+  const float* x;
+  window_geometry g;
+  float* y;
+  std::int32_t* argmax;  ///< max pooling only
+  std::size_t size() const { return outputs(g); }
+  template <class I>
+  NERVE_HOST_DEVICE void operator()(I o) const {
+    const int oh = g.out_h(), ow = g.out_w();
+    const I plane = I(oh) * I(ow);
+    const I p = o / plane, q = o - p * plane;
+    const int yo = int(q / I(ow)), xo = int(q - I(yo) * I(ow));
+    const float* img = x + p * I(g.height) * I(g.width);
+    float acc = Max ? -FLT_MAX : 0.0f;  // the maximum so far, or the sum
+    std::int32_t arg = -1;
+    for (int i = 0; i < g.kernel_h; ++i)
+      for (int j = 0; j < g.kernel_w; ++j) {
+        const int h = yo * g.stride_h - g.pad_h + i, w = xo * g.stride_w - g.pad_w + j;
+        if (h < 0 || h >= g.height || w < 0 || w >= g.width) continue;
+        const float v = read_only(img[h * g.width + w]);
+        if (!Max) {
+          acc += v;
+        } else if (arg < 0 || v > acc) {
+          acc = v;
+          arg = h * g.width + w;
+        }
+      }
+    if constexpr (Max) argmax[o] = arg;
+    y[o] = Max ? acc : acc * (1.0f / float(g.kernel_h * g.kernel_w));
+  }
+};
+
+/// Input pixel `idx` of pooling's backward: the sum of dy over the windows whose argmax it
+/// is (max), or over every window holding it divided by the window's size (average).
+template <bool Max>
+struct pool_backward {
+  const float* dy;
+  const std::int32_t* argmax;  ///< max pooling only
+  window_geometry g;
+  float* dx;
+  std::size_t size() const { return inputs(g); }
+  template <class I>
+  NERVE_HOST_DEVICE void operator()(I idx) const {
+    const int oh = g.out_h(), ow = g.out_w();
+    const I plane = I(g.width) * I(g.height);
+    const I p = idx / plane, hw = idx - p * plane;
+    const int h = int(hw / I(g.width)), w = int(hw - I(h) * I(g.width));
+    const std::int32_t me = h * g.width + w;
+    float acc = 0.0f;
+    windows_reading(g, h, w, [&](int, int, int y, int xo) {
+      const I o = (p * I(oh) + I(y)) * I(ow) + I(xo);
+      if (!Max || read_only(argmax[o]) == me) acc += read_only(dy[o]);
+    });
+    dx[idx] = Max ? acc : acc * (1.0f / float(g.kernel_h * g.kernel_w));
+  }
+};
+
+/// Every pointwise op: what a backend runs over elements [0, n) (`backend::launch`).
+using pointwise_op =
+    std::variant<activation_forward<activation::relu>, activation_forward<activation::leaky_relu>,
+                 activation_forward<activation::sigmoid>, activation_forward<activation::tanh>,
+                 activation_forward<activation::gelu>, activation_backward<activation::relu>,
+                 activation_backward<activation::leaky_relu>, activation_backward<activation::sigmoid>,
+                 activation_backward<activation::tanh>, activation_backward<activation::gelu>, bias_add,
+                 softmax_xent_backward, axpy, scale, fill, sgd_update, adam_update>;
+/// Every window op (`backend::launch`, over its `size()` elements).
+using window_op = std::variant<im2col, col2im, pool_forward<true>, pool_forward<false>, pool_backward<true>,
+                               pool_backward<false>>;
+
+}  // namespace nerve::gpu::ops
