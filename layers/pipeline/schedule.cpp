@@ -80,7 +80,11 @@ struct run_state {
 /// dependencies ended. `costs` has one entry per stage.
 run_state run(const schedule& s, const std::vector<action_costs>& costs) {
   run_state r{{}, std::vector<std::size_t>(s.stages, 0), {s.micro_batches, s.pieces()}};
-  auto& [out, next, done] = r;
+  // References, not a structured binding: lambdas below use them, and clang 14 (the
+  // fuzzers' compiler) cannot capture a binding.
+  auto &out = r.sim;
+  auto &next = r.next;
+  auto &done = r.done;
   for (const auto& l : s.actions) {
     out.start.emplace_back(l.size());
     out.end.emplace_back(l.size());
@@ -303,7 +307,9 @@ void validate(const schedule& s) {
         }
   }
   // Wait cycles: simulate, and explain where it stops.
-  auto [sim, next, done] = run(s, std::vector<action_costs>(s.stages));
+  run_state ran = run(s, std::vector<action_costs>(s.stages));
+  const auto& next = ran.next;
+  auto& done = ran.done;
   std::uint32_t first = 0;
   while (first < s.stages && next[first] == s.actions[first].size()) ++first;
   if (first == s.stages) return;
