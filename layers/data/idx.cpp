@@ -42,7 +42,12 @@ std::string hex_byte(std::uint8_t b) {
 // The bytes of the gzip members in `in`, decompressed (`cat a.gz b.gz` makes one stream,
 // as gzip reads it); errors give offsets in the compressed file. The IDX header's claims
 // are checked against what this returns, so a tiny file claiming 4 GiB allocates nothing.
-std::vector<std::byte> gunzip(std::span<const std::byte> in, const std::string& name) {
+// `enough(so_far)` says how many decompressed bytes can matter (the header's claim and one
+// more, once the header is in): decompression stops there and sets `stopped`, so a small
+// file that inflates far past its claim (a gzip bomb) costs no more memory than the claim.
+template <class Enough>
+std::vector<std::byte> gunzip(std::span<const std::byte> in, const std::string& name, const Enough& enough,
+                              bool& stopped) {
   z_stream zs{};
   if (inflateInit2(&zs, 15 + 16) != Z_OK) throw std::bad_alloc();  // gzip wrapper only
   struct inflate_end {
@@ -58,8 +63,13 @@ std::vector<std::byte> gunzip(std::span<const std::byte> in, const std::string& 
       zs.avail_in = static_cast<uInt>(k);
       in_pos += k;
     }
+    const std::uint64_t cap = enough(std::span<const std::byte>(out.data(), used));
+    if (used >= cap) {
+      stopped = true;
+      break;
+    }
     if (used == out.size()) out.resize(2 * out.size());
-    const std::size_t room = std::min<std::size_t>(out.size() - used, UINT_MAX);
+    const std::size_t room = std::min<std::uint64_t>({out.size() - used, UINT_MAX, cap - used});
     zs.next_out = reinterpret_cast<Bytef*>(out.data() + used);
     zs.avail_out = static_cast<uInt>(room);
     const int rc = inflate(&zs, Z_NO_FLUSH);
@@ -153,8 +163,25 @@ std::vector<float> idx_array::to_float() const {
 idx_array parse_idx(std::span<const std::byte> bytes, std::string_view name_view) {
   const std::string name(name_view);
   const bool gzip = bytes.size() >= 2 && bytes[0] == std::byte{0x1f} && bytes[1] == std::byte{0x8b};
+  // The bytes the header of `so_far` claims, and one more (a trailing byte is an error
+  // already); the header itself where it is wrong (its error needs no more).
+  const auto claim = [](std::span<const std::byte> so_far) -> std::uint64_t {
+    if (so_far.size() < 4) return UINT64_MAX;
+    const std::size_t header = 4 + 4 * std::size_t(so_far[3]);
+    const auto* t = find_type(std::uint8_t(so_far[2]));
+    if (so_far[0] != std::byte{0} || so_far[1] != std::byte{0} || !t || header == 4) return 4;
+    if (so_far.size() < header) return UINT64_MAX;
+    std::uint64_t count = 1;
+    for (std::size_t i = 4; i < header; i += 4) {
+      const std::uint32_t d = load_be32(so_far.data() + i);
+      if (d == 0 || count > max_idx_bytes / t->size / d) return header;
+      count *= d;
+    }
+    return header + count * t->size + 1;
+  };
   std::vector<std::byte> inflated;
-  if (gzip) inflated = gunzip(bytes, name);
+  bool stopped = false;
+  if (gzip) inflated = gunzip(bytes, name, claim, stopped);
   const std::span<const std::byte> in = gzip ? std::span<const std::byte>(inflated) : bytes;
   // The reader should know which stream the offsets of the messages count.
   auto fail = [&](std::uint64_t at, const std::string& problem) {
@@ -204,7 +231,8 @@ idx_array parse_idx(std::span<const std::byte> bytes, std::string_view name_view
   }
   // Anything after the last element is an error: the wrong dimensions, or two files glued.
   if (have > want) {
-    throw fail(header + want, std::to_string(have - want) + " trailing bytes after the last element of the " +
+    throw fail(header + want, (stopped ? "at least " : "") + std::to_string(have - want) +
+                                  " trailing bytes after the last element of the " +
                                   shape_string(shape) + " " + std::string(idx_type_name(type)) + " data");
   }
   const auto data = in.subspan(header);

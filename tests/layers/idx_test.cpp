@@ -227,6 +227,28 @@ TEST_SUITE("layers.idx") {
     CHECK(contains(parse_error(gzip_compress(bytes)).what(), "truncated"));
   }
 
+  TEST_CASE("a small gzip file that inflates far past its header's claim is not inflated whole") {
+    // 6 bytes of data claimed, then 16 MiB of zeros that compress to about 16 KiB
+    // (a gzip bomb): the reader stops once it holds more than the claim, at most its first
+    // output chunk (twice the compressed size) later, and says the count is a lower bound.
+    auto bytes = small_u8();
+    bytes.resize(bytes.size() + (std::size_t{16} << 20), std::byte{0});
+    const auto gz = gzip_compress(bytes);
+    CHECK(gz.size() < bytes.size() / 500);
+    auto e = parse_error(gz);
+    const std::string what = e.what();
+    const auto at = what.find("at least ");
+    REQUIRE(at != std::string::npos);
+    CHECK(contains(what, " trailing bytes"));
+    const auto inflated = std::stoull(what.substr(at + 9));
+    CHECK(inflated >= 1);
+    CHECK(inflated <= std::max<std::size_t>(2 * gz.size(), 4096));
+    CHECK(e.offset() == 18);
+    // Without gzip the whole file is read anyway: the exact count.
+    bytes.resize(small_u8().size() + 5);
+    CHECK(contains(parse_error(bytes).what(), " 5 trailing bytes"));
+  }
+
   TEST_CASE("files on disk: errors name the path, missing files are system errors") {
     temp_dir dir;
     auto ok = dir.write("ok.idx.gz", gzip_compress(small_u8()));
