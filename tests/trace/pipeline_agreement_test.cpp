@@ -48,8 +48,7 @@ TEST_CASE("the summary's stage bubbles agree with the pipeline's own measurement
   // preemption and sanitizers stretch): 5 points required, 8 in sanitized builds. A loop
   // thread preempted inside a handler but outside its action (one step in about twenty
   // on a loaded 2-core machine, up to 12 points) is busy to the viewer and idle to the
-  // pipeline. Under heavy load (three builds beside it on 2 cores) about half the steps
-  // were hit and 3 tries failed one run in six, so each schedule gets up to 8 recorded
+  // pipeline. Under heavy load that hits many steps, so each schedule gets up to 8 recorded
   // steps (a few ms each) and must agree on one of them; a viewer that measures wrongly
   // disagrees on all of them.
   //
