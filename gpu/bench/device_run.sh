@@ -3,7 +3,8 @@
 # Run from the repository root there, with the binaries in .carry/ and the
 # Fashion-MNIST files in .data/. Writes under ${OUT:-out}/: device.log (every
 # step's output, each under a "== name" line with its exit status), bench1.json and
-# bench2.json (nerve-bench gpu's object, two runs; old1/old2.json from .carry-old/ if carried) and trace.json (a short traced nerve-train run).
+# bench2.json (nerve-bench gpu's object, two runs; old1/old2.json from .carry-old/ if carried),
+# trace.json (a short traced nerve-train run) and trace_pipe.json (a traced 2-stage pipeline on one GPU).
 # The device tool brings back at most 8 files, so the steps share one log.
 #
 # Here, before carrying (no OpenBLAS: its 37 MB do not fit beside the data):
@@ -71,6 +72,8 @@ run conv 120 .carry/nerve-bench conv --json   # im2col + cuBLAS against cuDNN (n
 run train_mlp 90 .carry/nerve-train --model mlp --device cuda --epochs 10 --data .data --json --quiet
 run train_lenet 120 .carry/nerve-train --model lenet --device cuda --data .data --json --quiet
 run trace_mlp 60 .carry/nerve-train --model mlp --device cuda --steps 20 --no-eval --data .data --quiet --trace "$out/trace.json"
+run trace_pipe 60 .carry/nerve-pipeline --model mlp --stages 2 --devices cuda:0,cuda:0 --schedule 1f1b --steps 10 --data .data --quiet --trace "$out/trace_pipe.json"
 run pipe_mixed 90 .carry/nerve-pipeline --model mlp --stages 2 --devices cpu,cuda:0 --epochs 1 --data .data --json --quiet
+run pipe_replicas 90 .carry/nerve-pipeline --model mlp --stages 2 --replicas 2 --devices cuda:0,cuda:0 --epochs 1 --data .data --json --quiet
 run pipe_gpu4 90 .carry/nerve-pipeline --model deep-mlp --stages 4 --devices cuda:0,cuda:0,cuda:0,cuda:0 --schedule zb-h1 --steps 100 --data .data --json --quiet
 exit 0
