@@ -636,7 +636,7 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
   std::vector<bool> local(msgs.size());
   for (std::size_t i = 0; i < msgs.size(); ++i) {
     local[i] = here(std::uint32_t(i / S), std::uint32_t(i % S));
-    msgs[i] = {.step = step, .lr = lr, .stages = addrs, .replica = std::uint32_t(i / S), .replicas = R};
+    msgs[i] = {.step = step, .lr = lr, .stages = addrs, .replica = std::uint32_t(i / S)};
   }
   for (std::uint32_t r = 0; r < R; ++r) {
     const auto micro = layers::split_micro_batches(parts[r].count, M);

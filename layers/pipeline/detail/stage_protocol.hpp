@@ -26,7 +26,7 @@ struct step_msg {
   std::int64_t t0_ns = 0;  ///< the step's start on the recorder clock
   /// Every stage of every replica: replica r's stage s at r * S + s.
   std::shared_ptr<const std::vector<actors::address>> stages;
-  std::uint32_t replica = 0, replicas = 1;
+  std::uint32_t replica = 0;
   std::vector<layers::tensor> inputs;    ///< stage 0: one per micro-batch
   std::vector<layers::targets> targets;  ///< the last stage: one per micro-batch
   std::vector<double> shares;            ///< the last stage: nᵢ/N per micro-batch (N: all replicas' samples)
