@@ -1,5 +1,6 @@
 #include "layers/pipeline/mpi_ranks.hpp"
 
+#include <memory>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -15,6 +16,9 @@ namespace {
 class link : public rank_link {
  public:
   link(bus::mpi::transport& t, channel first) : t_(t), first_(first) {}
+  // A link that owns its transport, with the ranks' clock offsets measured when it was made.
+  link(actors::runtime& rt, unsigned loop)
+      : own_(std::make_unique<bus::mpi::transport>(rt, loop)), t_(*own_), first_(0), offsets_(t_.clock_offsets()) {}
 
   int rank() const noexcept override { return t_.rank(); }
   int size() const noexcept override { return t_.size(); }
@@ -35,21 +39,13 @@ class link : public rank_link {
   }
   std::vector<std::string> all_gather(const std::string& mine) override { return t_.all_gather(mine); }
 
+  friend void pipeline::write_merged_trace(rank_link&, actors::runtime&, const std::string&, const nlohmann::json&);
+
  private:
+  std::unique_ptr<bus::mpi::transport> own_;  // null: the transport is the caller's
   bus::mpi::transport& t_;
   channel first_;
-};
-
-struct transport_holder {
-  bus::mpi::transport t;
-  transport_holder(actors::runtime& rt, unsigned loop) : t(rt, loop) {}
-};
-
-// A link that owns its transport (a base before the link: made first, destroyed last), with
-// the ranks' clock offsets measured when it was made.
-struct owning_link final : transport_holder, link {
-  std::vector<bus::mpi::clock_offset> offsets;
-  owning_link(actors::runtime& rt, unsigned loop) : transport_holder(rt, loop), link(t, 0), offsets(t.clock_offsets()) {}
+  std::vector<bus::mpi::clock_offset> offsets_;
 };
 
 }  // namespace
@@ -58,16 +54,14 @@ std::shared_ptr<rank_link> mpi_ranks(bus::mpi::transport& t, bus::mpi::transport
   return std::make_shared<link>(t, first_channel);
 }
 
-std::shared_ptr<rank_link> mpi_ranks_on(actors::runtime& rt, unsigned loop) {
-  return std::make_shared<owning_link>(rt, loop);
-}
+std::shared_ptr<rank_link> mpi_ranks_on(actors::runtime& rt, unsigned loop) { return std::make_shared<link>(rt, loop); }
 
 void write_merged_trace(rank_link& l, actors::runtime& rt, const std::string& path, const nlohmann::json& extra) {
-  auto* mine = dynamic_cast<owning_link*>(&l);
-  if (!mine) throw std::invalid_argument("write_merged_trace: the link was not made by mpi_ranks_on");
+  auto* mine = dynamic_cast<link*>(&l);
+  if (!mine || !mine->own_) throw std::invalid_argument("write_merged_trace: the link was not made by mpi_ranks_on");
   rt.synchronize();
-  mine->t.flush();
-  bus::mpi::write_merged_trace(mine->t, rt, path, extra, mine->offsets);
+  mine->t_.flush();
+  bus::mpi::write_merged_trace(mine->t_, rt, path, extra, mine->offsets_);
 }
 
 }  // namespace nerve::pipeline

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -11,7 +12,6 @@
 #include <nlohmann/json.hpp>
 
 #include "bus/all_reduce.hpp"
-#include "layers/pipeline/detail/stage_protocol.hpp"
 #include "layers/pipeline/stage_gate.hpp"
 
 namespace nerve::pipeline {
@@ -236,9 +236,10 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
         continue;
       }
       const auto p = piece_of[i], s = p % S;
-      layers::layer_gating gate{stages_[r * S + s], p, 0, {}, plan_.split_backward, true};
-      gate.rank = r;
+      layers::layer_gating gate{
+          .gate = stages_[r * S + s], .piece = p, .defer_weight = plan_.split_backward, .defer_step = true, .rank = r};
       std::vector<std::int32_t> edge_ids;
+      std::set<std::uint32_t> to;  // the stages its output goes to
       for (std::uint32_t k = 0; k < np.edges.size(); ++k) {
         const auto& e = np.edges[k];
         connect(s, stage_of(e.consumer), [&]() -> auto& { return actor_at(i).output(); }, e.port, e.consumer,
@@ -247,17 +248,14 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
                 &rank_link::backward_to, &rank_link::receive_backward);
         edge_ids.push_back(next_edge++);
         gate.hold_backward.push_back(piece_of[e.consumer] != p);
+        to.insert(stage_of(e.consumer));
       }
       if (!here(r, s)) {  // another rank's layer: only the ends of its edges that are here were wired
         next_edge += np.feeds_loss;
         continue;
       }
       auto& a = actor_at(i);
-      // Where its output goes: device-resident only toward one other stage of its device.
-      std::vector<std::uint32_t> to;
-      for (auto& e : np.edges) to.push_back(stage_of(e.consumer));
-      std::sort(to.begin(), to.end());
-      to.erase(std::unique(to.begin(), to.end()), to.end());
+      // Its output leaves device-resident only toward one other stage of its device.
       for (auto t : to) gate.output = std::max(gate.output, crossing(r, s, t));
       if (np.feeds_loss && stage_backends[s] && !loss_backend) gate.output = layers::crossing::host;  // a loss on the host
       if (gate.output == layers::crossing::device && to.size() > 1) gate.output = layers::crossing::host;
@@ -636,7 +634,7 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
   std::vector<bool> local(msgs.size());
   for (std::size_t i = 0; i < msgs.size(); ++i) {
     local[i] = here(std::uint32_t(i / S), std::uint32_t(i % S));
-    msgs[i] = {.step = step, .lr = lr, .stages = addrs, .replica = std::uint32_t(i / S), .replicas = R};
+    msgs[i] = {.step = step, .lr = lr, .stages = addrs, .replica = std::uint32_t(i / S)};
   }
   for (std::uint32_t r = 0; r < R; ++r) {
     const auto micro = layers::split_micro_batches(parts[r].count, M);

@@ -80,29 +80,24 @@ struct run_state {
 /// dependencies ended. `costs` has one entry per stage.
 run_state run(const schedule& s, const std::vector<action_costs>& costs) {
   run_state r{{}, std::vector<std::size_t>(s.stages, 0), {s.micro_batches, s.pieces()}};
-  // References, not a structured binding: lambdas below use them, and clang 14 (the
-  // fuzzers' compiler) cannot capture a binding.
-  auto &out = r.sim;
-  auto &next = r.next;
-  auto &done = r.done;
   for (const auto& l : s.actions) {
-    out.start.emplace_back(l.size());
-    out.end.emplace_back(l.size());
+    r.sim.start.emplace_back(l.size());
+    r.sim.end.emplace_back(l.size());
   }
   for (bool progress = true; progress;) {
     progress = false;
     for (std::uint32_t st = 0; st < s.stages; ++st) {
-      for (auto& i = next[st]; i < s.actions[st].size(); ++i) {
+      for (auto& i = r.next[st]; i < s.actions[st].size(); ++i) {
         const action& a = s.actions[st][i];
         const auto deps = dependencies_of(s, st, a);
-        if (std::any_of(deps.begin(), deps.end(), [&](auto& d) { return done[d] == never; })) break;
-        double ready = i > 0 ? out.end[st][i - 1] : 0;  // when the stage is free
-        for (const auto& d : deps) ready = std::max(ready, done[d]);
+        if (std::any_of(deps.begin(), deps.end(), [&](auto& d) { return r.done[d] == never; })) break;
+        double ready = i > 0 ? r.sim.end[st][i - 1] : 0;  // when the stage is free
+        for (const auto& d : deps) ready = std::max(ready, r.done[d]);
         const double end = ready + cost_of(s, a.op, costs[st]);
-        done[{a.op, a.micro_batch, s.piece(st, a.chunk)}] = end;
-        if (!s.split_backward && a.op == op::B) done[{op::W, a.micro_batch, s.piece(st, a.chunk)}] = end;
-        out.start[st][i] = ready;
-        out.end[st][i] = end;
+        r.done[{a.op, a.micro_batch, s.piece(st, a.chunk)}] = end;
+        if (!s.split_backward && a.op == op::B) r.done[{op::W, a.micro_batch, s.piece(st, a.chunk)}] = end;
+        r.sim.start[st][i] = ready;
+        r.sim.end[st][i] = end;
         progress = true;
       }
     }
@@ -374,19 +369,12 @@ simulation simulate(const schedule& s, const std::vector<action_costs>& per_stag
   return r;
 }
 
-double bubble_theory(std::uint32_t stages, std::uint32_t micro_batches) noexcept {
-  return double(stages - 1) / double(micro_batches + stages - 1);
-}
-
 double bubble_theory(const schedule& s) {
-  if (s.name == "gpipe" || s.name == "1f1b") return bubble_theory(s.stages, s.micro_batches);
-  if (s.name == "interleaved")
-    return double(s.stages - 1) / double(s.chunks * s.micro_batches + s.stages - 1);
+  if (s.name == "gpipe" || s.name == "1f1b") return double(s.stages - 1) / double(s.micro_batches + s.stages - 1);
+  if (s.name == "interleaved") return double(s.stages - 1) / double(s.chunks * s.micro_batches + s.stages - 1);
   if (s.name == "zb-h1") return double(s.stages - 1) / double(3 * s.micro_batches + s.stages - 1);
-  auto sim = simulate(s);
-  double b = 0;
-  for (double x : sim.bubble) b = std::max(b, x);
-  return b;
+  const auto sim = simulate(s);
+  return std::max(0.0, *std::max_element(sim.bubble.begin(), sim.bubble.end()));
 }
 
 std::string to_table(const schedule& s) {

@@ -128,10 +128,9 @@ simulation simulate(const schedule& s, action_costs costs = {});
 /// entry per stage.
 simulation simulate(const schedule& s, const std::vector<action_costs>& per_stage);
 
-/// Theory for GPipe and 1F1B with equal stages: (S-1)/(M+S-1).
-double bubble_theory(std::uint32_t stages, std::uint32_t micro_batches) noexcept;
-/// The bubble the schedule's kind has in theory with equal stages and unit costs
-/// (interleaved: (S-1)/(v·M+S-1), reached when S divides M; zb-h1 with F = B = W: (S-1)/(3M+S-1)).
+/// The bubble the schedule's kind has in theory with equal stages and unit costs: GPipe and
+/// 1F1B (S-1)/(M+S-1); interleaved (S-1)/(v·M+S-1), reached when S divides M; zb-h1 with
+/// F = B = W (S-1)/(3M+S-1); any other schedule the largest bubble `simulate` finds.
 double bubble_theory(const schedule& s);
 
 /// The schedule as a stage × time table on unit costs (B and W one unit each; a

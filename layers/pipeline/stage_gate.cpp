@@ -1,6 +1,7 @@
 #include "layers/pipeline/stage_gate.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -11,12 +12,24 @@ namespace nerve::pipeline {
 using layers::stage_op;
 
 namespace {
+
 op op_of(stage_op o) { return o == stage_op::forward ? op::F : o == stage_op::backward ? op::B : op::W; }
+const char* op_name(op o) { return o == op::F ? "F" : o == op::B ? "B" : "W"; }
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
 }  // namespace
 
-stage_gate::stage_gate(config c) : actor("stage " + std::to_string(c.stage)), c_(std::move(c)) {
-  S_ = c_.plan->stages;
-  P_ = c_.plan->pieces();
+stage_gate::stage_gate(config c)
+    : actor("stage " + std::to_string(c.stage)), c_(std::move(c)), S_(c_.plan->stages), P_(c_.plan->pieces()) {
   on<detail::step_msg>([this](detail::step_msg& m) {
     if (failed_)  // a layer failed between steps (a bad optimizer state, say): the stage is gone
       return defer_reply<detail::stage_report>().fail(std::make_exception_ptr(
@@ -62,7 +75,7 @@ void stage_gate::fail(std::exception_ptr e, bool aborted) {
   if (failed_) return;  // the stage already ended its step: later failures are its consequences
   failed_ = true;
   if (!aborted && req_.stages) {  // every other stage (of every replica) ends its step too
-    const std::string what = detail::what_of(e);
+    const std::string what = what_of(e);
     for (std::uint32_t s = 0; s < req_.stages->size(); ++s)
       if (s != req_.replica * S_ + c_.stage && (*req_.stages)[s])  // empty: a stage on another rank
         (void)try_send((*req_.stages)[s], detail::abort_msg{c_.stage, what}, actors::lane::urgent);
@@ -102,7 +115,7 @@ void stage_gate::on_event(const layers::layer_event& e) {
     return;
   }
   if (!running_ || op_of(e.op) != cur_.op || e.micro_batch != std::int64_t(cur_.micro_batch) || e.piece != cur_piece_)
-    throw std::logic_error("stage " + std::to_string(c_.stage) + ": a layer ran " + detail::op_name(op_of(e.op)) +
+    throw std::logic_error("stage " + std::to_string(c_.stage) + ": a layer ran " + op_name(op_of(e.op)) +
                            std::to_string(e.micro_batch) + " of piece " + std::to_string(e.piece) +
                            " outside the action running");
   if (++done_ == chunks_[cur_.chunk].layers.size() && !loss_pending_) complete();
@@ -252,7 +265,7 @@ void stage_gate::complete() {
   rep_.actions.push_back({a, double(cur_start_ - req_.t0_ns) * 1e-9, double(end - req_.t0_ns) * 1e-9});
   auto& rec = system().trace();
   if (rec.enabled())
-    rec.span(stage_track(req_.replica * S_ + c_.stage), "action", detail::op_name(a.op), cur_start_, end, a.micro_batch,
+    rec.span(stage_track(req_.replica * S_ + c_.stage), "action", op_name(a.op), cur_start_, end, a.micro_batch,
              nullptr, int(c_.stage), c_.emergent ? -1 : int(cursor_), a.chunk);
   ++cursor_;
   advance();

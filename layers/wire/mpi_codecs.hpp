@@ -65,16 +65,9 @@ struct nerve::bus::mpi::codec<nerve::layers::forward_msg> {
   }
   static std::span<const std::byte> payload(const layers::forward_msg& m) { return layers::wire::tensor_bytes(m.x); }
   static layers::forward_msg read(std::span<const std::byte> frame, std::span<std::byte>& payload) {
-    frame_reader r{frame};
-    layers::forward_msg m;
-    m.micro_batch = r.get<std::int64_t>();
-    m.step = r.get<std::uint64_t>();
-    m.port = r.get<std::uint32_t>();
-    m.micro_batches = r.get<std::uint32_t>();
-    m.train = r.get<std::uint8_t>() != 0;
-    m.lr = r.get<double>();
-    m.x = layers::wire::read_tensor(r, payload);
-    return m;
+    frame_reader r{frame};  // a braced list runs its reads left to right: the frame's order
+    return {r.get<std::int64_t>(), r.get<std::uint64_t>(), r.get<std::uint32_t>(), r.get<std::uint32_t>(),
+            r.get<std::uint8_t>() != 0, r.get<double>(), layers::wire::read_tensor(r, payload)};
   }
 };
 
@@ -87,12 +80,7 @@ struct nerve::bus::mpi::codec<nerve::layers::backward_msg> {
   }
   static std::span<const std::byte> payload(const layers::backward_msg& m) { return layers::wire::tensor_bytes(m.grad); }
   static layers::backward_msg read(std::span<const std::byte> frame, std::span<std::byte>& payload) {
-    frame_reader r{frame};
-    layers::backward_msg m;
-    m.micro_batch = r.get<std::int64_t>();
-    m.step = r.get<std::uint64_t>();
-    m.port = r.get<std::uint32_t>();
-    m.grad = layers::wire::read_tensor(r, payload);
-    return m;
+    frame_reader r{frame};  // in the frame's order, as above
+    return {r.get<std::int64_t>(), r.get<std::uint64_t>(), r.get<std::uint32_t>(), layers::wire::read_tensor(r, payload)};
   }
 };

@@ -62,7 +62,7 @@ TEST_SUITE("pipeline.schedule") {
           CAPTURE(name);
           CAPTURE(S);
           CAPTURE(M);
-          for (std::uint32_t st = 0; st < S; ++st) CHECK(sim.bubble[st] == doctest::Approx(bubble_theory(S, M)));
+          for (std::uint32_t st = 0; st < S; ++st) CHECK(sim.bubble[st] == doctest::Approx(bubble_theory(s)));
           if (std::string(name) == "gpipe") CHECK(sim.peak_in_flight[0] == M);
           else
             for (std::uint32_t st = 0; st < S; ++st) CHECK(sim.peak_in_flight[st] == std::min(S - st, M));
