@@ -46,6 +46,8 @@ class device_buffer {
 
 /// Shape of a tensor, outermost first.
 using shape_t = std::vector<std::size_t>;
+/// The elements of a tensor of `shape` (1 for a scalar).
+std::size_t numel(const shape_t& shape);
 
 /// A float32 row-major tensor on a device: a buffer and its shape. Move-only.
 class device_tensor {

@@ -94,22 +94,6 @@ layers::tensor host_like(const device_tensor& t) {
   return layers::tensor(std::int64_t(t.rows()), layers::shape(std::move(dims)));
 }
 
-/// Downloads `t` into `into` (allocated to its size) through a staging block: the copy is
-/// enqueued now, `finish` (in the completion) moves it into place and returns the block.
-struct staged_copy {
-  pinned_buffer block;
-  layers::tensor* into = nullptr;
-  void finish(staging& pool) {
-    std::memcpy(into->data(), block.data(), std::size_t(into->size()) * sizeof(float));
-    pool.give(std::move(block));
-  }
-};
-staged_copy start_download(stream& s, staging& pool, const device_tensor& t, layers::tensor& into) {
-  staged_copy d{pool.take(t.bytes()), &into};
-  copy_async(s, d.block.data(), t.data(), t.bytes());
-  return d;
-}
-
 /// One layer node on the device: its twin and its optimizer.
 struct node_entry {
   layers::graph::node_type* node;
@@ -154,6 +138,27 @@ struct device_backend::impl {
   void when_done(actors::actor& owner, std::function<void()> then, const char* what) {
     after_stream(owner, s, "device backend", [then = std::move(then), sums = std::exchange(sums, {})] { then(); },
                  std::exchange(waited, {}), span_label{what});
+  }
+
+  /// Downloads `ts` (null: skipped, left empty) through staging, then `fn` on their host
+  /// copies in a completion on `owner` (`what` labels the wait).
+  void download(actors::actor& owner, const std::vector<const device_tensor*>& ts, const char* what,
+                std::function<void(std::vector<layers::tensor>&)> fn) {
+    auto host = std::make_shared<std::vector<layers::tensor>>(ts.size());
+    auto blocks = std::make_shared<std::vector<std::pair<layers::tensor*, pinned_buffer>>>();
+    for (std::size_t i = 0; i < ts.size(); ++i) {
+      if (!ts[i]) continue;
+      (*host)[i] = host_like(*ts[i]);
+      blocks->emplace_back(&(*host)[i], pool->take(ts[i]->bytes()));
+      copy_async(s, blocks->back().second.data(), ts[i]->data(), ts[i]->bytes());
+    }
+    when_done(owner, [host, blocks, pool = pool, fn = std::move(fn)] {
+      for (auto& [into, block] : *blocks) {
+        std::memcpy(into->data(), block.data(), std::size_t(into->size()) * sizeof(float));
+        pool->give(std::move(block));
+      }
+      fn(*host);
+    }, what);
   }
 };
 
@@ -233,24 +238,9 @@ class device_kernels final : public layers::layer_kernels {
   }
   void with_host(actors::actor& owner, std::vector<layers::value*> vs,
                  std::function<void(std::vector<layers::tensor>&)> fn) override {
-    download(owner, std::move(vs), "hooks", std::move(fn));
-  }
-  /// Downloads `vs` (through staging), then `fn` on their host copies in a completion on
-  /// `owner` (`what` labels the wait); the host tensors live in the completion until it runs.
-  void download(actors::actor& owner, std::vector<layers::value*> vs, const char* what,
-                std::function<void(std::vector<layers::tensor>&)> fn) {
-    auto host = std::make_shared<std::vector<layers::tensor>>(vs.size());
-    auto copies = std::make_shared<std::vector<staged_copy>>();
-    for (std::size_t i = 0; i < vs.size(); ++i) {
-      if (vs[i]->empty()) continue;
-      auto& t = *tensor_of(*vs[i]);
-      (*host)[i] = host_like(t);
-      copies->push_back(start_download(b_.s, *b_.pool, t, (*host)[i]));
-    }
-    b_.when_done(owner, [host, copies, pool = b_.pool, fn = std::move(fn)] {
-      for (auto& d : *copies) d.finish(*pool);
-      fn(*host);
-    }, what);
+    std::vector<const device_tensor*> ts;
+    for (auto* v : vs) ts.push_back(v->empty() ? nullptr : tensor_of(*v).get());
+    b_.download(owner, ts, "hooks", std::move(fn));
   }
   void adopt(actors::actor& owner, layers::value& v) override {
     if (!v.device) {  // from the host: through a pinned buffer, given back once copied
@@ -282,8 +272,8 @@ class device_kernels final : public layers::layer_kernels {
       return then(layers::value(std::make_unique<device_value>(std::move(c), b_.s.record())));
     }
     ++b_.host_transfers;
-    download(owner, {&v}, "to host",
-             [then = std::move(then)](auto& host) { then(layers::value(std::move(host[0]))); });
+    b_.download(owner, {&t}, "to host",
+                [then = std::move(then)](auto& host) { then(layers::value(std::move(host[0]))); });
   }
 
  private:
@@ -404,22 +394,16 @@ void device_backend::loss(actors::actor& owner, const layers::loss&, layers::val
     }
     copy_async(s, sum, figures.data(), sizeof(float) + sizeof(std::int32_t));
   }
-  auto out = std::make_shared<layers::tensor>();
-  std::shared_ptr<staged_copy> copy;  // only when the output is asked for
-  if (want_output) {
-    *out = host_like(*logits);
-    copy = std::make_shared<staged_copy>(start_download(s, *m.pool, *logits, *out));
-  }
-  m.when_done(owner, [sum, right, n, labelled, out, copy, pool = m.pool, report = std::move(report)] {
-    if (copy) copy->finish(*pool);
+  m.download(owner, {want_output ? logits.get() : nullptr}, "loss",
+             [sum, right, n, labelled, report = std::move(report)](std::vector<layers::tensor>& host) {
     layers::loss_figures f;
     if (labelled) {
       f.loss = double(*sum) / double(n);
       f.correct = *right;
     }
-    f.output = std::move(*out);
+    f.output = std::move(host[0]);
     report(f);
-  }, "loss");
+  });
 }
 
 void device_backend::download() {
