@@ -3,6 +3,7 @@
 #include "gpu/detail/device_core.hpp"
 #include "gpu/device.hpp"
 
+#include <algorithm>
 #include <functional>
 #include <numeric>
 #include <utility>
@@ -26,6 +27,23 @@ pinned_buffer::pinned_buffer(device& d, std::size_t bytes)
     : data_(d.core().impl->allocate_pinned(bytes), free_pinned{d.core().shared_from_this()}), bytes_(bytes) {}
 
 void pinned_buffer::free_pinned::operator()(void* p) noexcept { core->impl->deallocate_pinned(p); }
+
+pinned_buffer pinned_pool::take(std::size_t bytes) {
+  {
+    std::lock_guard lk(m_);
+    if (auto it = spare_.lower_bound(bytes); it != spare_.end()) {
+      auto b = std::move(it->second);
+      spare_.erase(it);
+      return b;
+    }
+  }
+  return pinned_buffer(dev_, std::max<std::size_t>(bytes, 1));
+}
+
+void pinned_pool::give(pinned_buffer b) {
+  std::lock_guard lk(m_);
+  spare_.emplace(b.bytes(), std::move(b));
+}
 
 void copy_async(stream& s, void* dst, const void* src, std::size_t bytes) {
   if (bytes) s.impl().core->impl->copy(dst, src, bytes, s.impl());

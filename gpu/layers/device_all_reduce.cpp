@@ -4,6 +4,7 @@
 #include "gpu/status.hpp"
 
 #include <algorithm>
+#include <numeric>
 #include <stdexcept>
 
 namespace nerve::gpu {
@@ -12,9 +13,8 @@ std::unique_ptr<layers::backend_data> device_gradients::clone() const {
   throw std::logic_error("device all-reduce: a contribution is not cloned");
 }
 std::size_t device_gradients::floats() const noexcept {
-  std::size_t n = 0;
-  for (auto& p : parts) n += p.second;
-  return n;
+  return std::accumulate(parts.begin(), parts.end(), std::size_t{0},
+                         [](std::size_t n, const auto& p) { return n + p.second; });
 }
 std::size_t device_gradients::payload_bytes() const noexcept { return floats() * sizeof(float); }
 std::unique_ptr<layers::backend_data> device_sum::clone() const {

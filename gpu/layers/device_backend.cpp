@@ -11,8 +11,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <stdexcept>
 
 namespace nerve::gpu {
@@ -58,36 +56,6 @@ shape_t with_batch(std::int64_t n, const layers::shape& sample) {
   return s;
 }
 
-/// Pinned blocks for downloads (hooks, predicted outputs, values handed over to the host)
-/// and uploads (values adopted from the host), kept and reused. A copy into
-/// pageable memory would block the loop until the stream reaches it, and freeing pinned
-/// memory waits for the whole device: either stalls a loop behind a busy stream.
-/// Shared with the completions that hand their blocks back. Any thread.
-class staging {
- public:
-  explicit staging(device& d) : dev_(d) {}
-  pinned_buffer take(std::size_t bytes) {
-    {
-      std::lock_guard lk(m_);
-      if (auto it = spare_.lower_bound(bytes); it != spare_.end()) {
-        auto b = std::move(it->second);
-        spare_.erase(it);
-        return b;
-      }
-    }
-    return pinned_buffer(dev_, bytes);
-  }
-  void give(pinned_buffer b) {
-    std::lock_guard lk(m_);
-    spare_.emplace(b.bytes(), std::move(b));
-  }
-
- private:
-  device& dev_;
-  std::mutex m_;
-  std::multimap<std::size_t, pinned_buffer> spare_;  // guarded by m_
-};
-
 /// A host tensor of `t`'s shape.
 layers::tensor host_like(const device_tensor& t) {
   std::vector<std::int64_t> dims(t.shape().begin() + 1, t.shape().end());
@@ -110,7 +78,9 @@ struct device_backend::impl {
   std::vector<std::unique_ptr<node_entry>> nodes;
   std::int64_t features = 0;
   pinned_buffer in, labels, figures;  // max_batch rows of inputs, labels, (loss sum, correct)
-  std::shared_ptr<staging> pool;
+  // Staging of downloads (hooks, predicted outputs, values handed to the host) and uploads
+  // (values adopted from the host); shared with the completions that give blocks back.
+  std::shared_ptr<pinned_pool> pool;
   std::atomic<std::int64_t> host_transfers{0};
   // Events of other streams this one waits for: a pooled event handed back at once could
   // be recorded again before the wait passed it (the stand-in's wait follows the latest
@@ -131,7 +101,7 @@ struct device_backend::impl {
   }
 
   impl(device& d, device_backend_options o)
-      : dev(d), s(d.create_stream(o.stream)), options(std::move(o)), pool(std::make_shared<staging>(d)) {}
+      : dev(d), s(d.create_stream(o.stream)), options(std::move(o)), pool(std::make_shared<pinned_pool>(d)) {}
 
   /// `then` as a `backend_done` in `owner`'s mailbox once the work enqueued so far is done;
   /// `what` names the wait's span in the trace.
