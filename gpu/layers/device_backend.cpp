@@ -424,10 +424,9 @@ actors::address device_backend::spawn_reducer(actors::runtime& rt, actors::spawn
   std::vector<device*> devices;
   std::vector<gpu::stream> streams;
   for (auto* d : all) {
-    for (auto* e : devices)
-      if (&e->core() == &d->impl_->dev.core())
-        throw error(errc::not_supported, "device backend: '" + name +
-                                             "': replicas on several devices run one per device (NCCL), or all on one");
+    if (std::any_of(devices.begin(), devices.end(), [&](device* e) { return &e->core() == &d->impl_->dev.core(); }))
+      throw error(errc::not_supported, "device backend: '" + name +
+                                           "': replicas on several devices run one per device (NCCL), or all on one");
     devices.push_back(&d->impl_->dev);
     streams.push_back(d->impl_->reduce_stream());
   }

@@ -25,9 +25,7 @@
 #include "layers/backend.hpp"
 
 #include <cstdint>
-#include <functional>
 #include <string>
-#include <vector>
 
 namespace nerve::gpu {
 
