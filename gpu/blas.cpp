@@ -21,9 +21,7 @@ void check_gemm(transpose ta, transpose tb, int m, int n, int k, int lda, int ld
 
 void gemm(stream& s, transpose ta, transpose tb, int m, int n, int k, float alpha, const float* a, int lda,
           const float* b, int ldb, float beta, float* c, int ldc) {
-  check_gemm(ta, tb, m, n, k, lda, ldb, ldc, 1);
-  s.impl().core->impl->gemm_strided_batched(s.impl(), ta, tb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0,
-                                            1);
+  gemm_strided_batched(s, ta, tb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);
 }
 
 void gemm(stream& s, transpose ta, transpose tb, int m, int n, int k, float alpha, const float* a, const float* b,

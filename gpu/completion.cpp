@@ -87,7 +87,7 @@ class poller final : public completion_queue {
       if (!stopping_) {
         incoming_.push_back(std::move(w));
         has_incoming_.store(true, std::memory_order_release);
-        notify = sleeping_;
+        notify = sleeping_.load(std::memory_order_relaxed);
         if (!notify) return;
       }
     }
@@ -99,7 +99,7 @@ class poller final : public completion_queue {
   }
 
   void wake() noexcept override {
-    if (!sleeping_flag_.load(std::memory_order_acquire)) return;
+    if (!sleeping_.load(std::memory_order_acquire)) return;
     {
       std::lock_guard lk(m_);
       woken_ = true;
@@ -110,8 +110,7 @@ class poller final : public completion_queue {
   void shutdown() noexcept override {
     {
       std::lock_guard lk(m_);
-      stopping_ = true;
-      stop_flag_.store(true, std::memory_order_release);
+      stopping_.store(true, std::memory_order_release);
     }
     cv_.notify_one();
     if (!thread_.joinable()) return;
@@ -160,15 +159,13 @@ class poller final : public completion_queue {
   }
 
   void sleep_locked(std::unique_lock<std::mutex>& lk, bool timed) {
-    sleeping_ = true;
-    sleeping_flag_.store(true, std::memory_order_release);
+    sleeping_.store(true, std::memory_order_release);
     auto ready = [&] { return stopping_ || !incoming_.empty() || woken_; };
     if (timed)
       cv_.wait_for(lk, options_.sleep, ready);
     else
       cv_.wait(lk, ready);
-    sleeping_ = false;
-    sleeping_flag_.store(false, std::memory_order_relaxed);
+    sleeping_.store(false, std::memory_order_relaxed);
     woken_ = false;
   }
 
@@ -176,7 +173,7 @@ class poller final : public completion_queue {
     auto last_progress = clock::now();
     for (;;) {
       if (lanes_.empty() || has_incoming_.load(std::memory_order_acquire) ||
-          stop_flag_.load(std::memory_order_acquire)) {
+          stopping_.load(std::memory_order_acquire)) {
         std::unique_lock lk(m_);
         if (lanes_.empty() && incoming_.empty() && !stopping_) sleep_locked(lk, false);  // idle: no busy loop
         if (stopping_) {
@@ -214,12 +211,10 @@ class poller final : public completion_queue {
   std::mutex m_;
   std::condition_variable cv_;
   std::vector<waiter> incoming_;            // guarded by m_
-  bool stopping_ = false;                   // guarded by m_
-  bool sleeping_ = false;                   // guarded by m_
   bool woken_ = false;                      // guarded by m_
+  std::atomic<bool> stopping_{false};       // written under m_, read without it too
+  std::atomic<bool> sleeping_{false};       // written under m_; read without it by wake()
   std::atomic<bool> has_incoming_{false};   // hint, read without the lock
-  std::atomic<bool> sleeping_flag_{false};  // hint for wake()
-  std::atomic<bool> stop_flag_{false};      // stopping_, readable without the lock
   std::unordered_map<std::uint64_t, std::deque<waiter>> lanes_;  // poller thread only
   std::thread thread_;                      // last: starts after the members above exist
 };

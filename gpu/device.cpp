@@ -14,7 +14,6 @@ device_core::device_core(const device_options& o) : options(o) {
   backend_kind k = o.backend;
   if (k == backend_kind::automatic) k = cuda_device_count() > 0 ? backend_kind::cuda : backend_kind::standin;
   impl = make_backend(k, o.ordinal);
-  impl->set_pool_release_threshold(o.pool_release_threshold);
   if (o.waits == wait_mode::poller)
     completions = make_poller(*impl, o.poller);
   else
@@ -68,7 +67,6 @@ int device::cuda_device_count() noexcept { return detail::cuda_device_count(); }
 backend_kind device::kind() const noexcept { return core_->impl->kind(); }
 std::string device::name() const { return core_->impl->name(); }
 int device::ordinal() const noexcept { return core_->impl->ordinal(); }
-wait_mode device::waits() const noexcept { return core_->options.waits; }
 
 stream device::create_stream(const stream_options& options) {
   auto s = core_->impl->create_stream(options);

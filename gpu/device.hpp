@@ -34,9 +34,6 @@ struct device_options {
   wait_mode waits = wait_mode::poller;
   poller_options poller;
   work_counter counter;             ///< optional; both callbacks or neither
-  /// Bytes the stream-ordered pool keeps cached after a synchronize (CUDA's
-  /// `cudaMemPoolAttrReleaseThreshold`); the default keeps everything for reuse.
-  std::size_t pool_release_threshold = ~std::size_t{0};
   /// Optional; must outlive the device. While it is enabled, every wait on a stream of
   /// this device is recorded: a `gpu` span on the stream's track (`stream_track`) from
   /// the enqueue to the completion the poller observed, an arrow from the enqueuing
@@ -69,7 +66,6 @@ class device {
   /// The device's name, e.g. "NVIDIA H100 80GB HBM3" or "cpu stand-in".
   std::string name() const;
   int ordinal() const noexcept;
-  wait_mode waits() const noexcept;
 
   /// Creates a stream (a CUDA non-blocking stream with its own cuBLAS handle and
   /// workspace). Setup time: it allocates.

@@ -31,7 +31,6 @@ class event {
   void wait() const;
 
   detail::event_impl& impl() const noexcept { return *impl_; }
-  const std::shared_ptr<detail::event_impl>& shared_impl() const noexcept { return impl_; }
 
  private:
   friend class stream;

@@ -3,6 +3,9 @@
 #include "gpu/detail/device_core.hpp"
 #include "gpu/device.hpp"
 
+#include <algorithm>
+#include <functional>
+#include <numeric>
 #include <utility>
 
 namespace nerve::gpu {
@@ -13,21 +16,34 @@ device_buffer::device_buffer(stream& s, std::size_t bytes)
 
 void device_buffer::free_on_stream::operator()(void* p) noexcept { owner->core->impl->deallocate(p, *owner); }
 
-namespace {
-std::size_t element_count(const shape_t& shape) {
-  std::size_t n = 1;
-  for (auto d : shape) n *= d;
-  return n;
+std::size_t numel(const shape_t& shape) {
+  return std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>());
 }
-}  // namespace
 
 device_tensor::device_tensor(stream& s, shape_t shape)
-    : buffer_(s, element_count(shape) * sizeof(float)), shape_(std::move(shape)), size_(element_count(shape_)) {}
+    : buffer_(s, numel(shape) * sizeof(float)), shape_(std::move(shape)), size_(numel(shape_)) {}
 
 pinned_buffer::pinned_buffer(device& d, std::size_t bytes)
     : data_(d.core().impl->allocate_pinned(bytes), free_pinned{d.core().shared_from_this()}), bytes_(bytes) {}
 
 void pinned_buffer::free_pinned::operator()(void* p) noexcept { core->impl->deallocate_pinned(p); }
+
+pinned_buffer pinned_pool::take(std::size_t bytes) {
+  {
+    std::lock_guard lk(m_);
+    if (auto it = spare_.lower_bound(bytes); it != spare_.end()) {
+      auto b = std::move(it->second);
+      spare_.erase(it);
+      return b;
+    }
+  }
+  return pinned_buffer(dev_, std::max<std::size_t>(bytes, 1));
+}
+
+void pinned_pool::give(pinned_buffer b) {
+  std::lock_guard lk(m_);
+  spare_.emplace(b.bytes(), std::move(b));
+}
 
 void copy_async(stream& s, void* dst, const void* src, std::size_t bytes) {
   if (bytes) s.impl().core->impl->copy(dst, src, bytes, s.impl());

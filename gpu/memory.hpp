@@ -8,7 +8,9 @@
 #include "gpu/stream.hpp"
 
 #include <cstddef>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -46,6 +48,8 @@ class device_buffer {
 
 /// Shape of a tensor, outermost first.
 using shape_t = std::vector<std::size_t>;
+/// The elements of a tensor of `shape` (1 for a scalar).
+std::size_t numel(const shape_t& shape);
 
 /// A float32 row-major tensor on a device: a buffer and its shape. Move-only.
 class device_tensor {
@@ -95,6 +99,23 @@ class pinned_buffer {
   };
   std::unique_ptr<void, free_pinned> data_;
   std::size_t bytes_ = 0;
+};
+
+/// Pinned blocks kept for reuse: a copy into pageable memory would block the loop until
+/// the stream reaches it, and freeing pinned memory waits for the whole device; either
+/// stalls a loop behind a busy stream. Thread-safe.
+class pinned_pool {
+ public:
+  explicit pinned_pool(device& d) : dev_(d) {}
+  /// The smallest spare block of at least `bytes`, or a new one (of at least one byte).
+  pinned_buffer take(std::size_t bytes);
+  /// Keeps `b` for a later `take`.
+  void give(pinned_buffer b);
+
+ private:
+  device& dev_;
+  std::mutex m_;
+  std::multimap<std::size_t, pinned_buffer> spare_;  // guarded by m_
 };
 
 /// Copies `bytes` from `src` to `dst` in stream order; host, pinned or device

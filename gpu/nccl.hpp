@@ -15,7 +15,6 @@
 #include "gpu/stream.hpp"
 
 #include <cstddef>
-#include <memory>
 #include <string>
 #include <utility>
 #include <vector>

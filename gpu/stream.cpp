@@ -54,21 +54,8 @@ void trace_wait(detail::waiter& w, detail::device_core& core, const span_label& 
 }
 }  // namespace
 
-void stream::async_wait(const boost::asio::any_io_executor& executor, completion_handler handler) {
-  async_wait(executor, std::move(handler), span_label{});
-}
-
 void stream::async_wait(const boost::asio::any_io_executor& executor, completion_handler handler,
                         const span_label& label) {
-  submit_wait(nullptr, executor, std::move(handler), label);
-}
-
-void stream::async_wait(const event& e, const boost::asio::any_io_executor& executor, completion_handler handler) {
-  submit_wait(&e, executor, std::move(handler), span_label{});
-}
-
-void stream::submit_wait(const event* e, const boost::asio::any_io_executor& executor, completion_handler handler,
-                         const span_label& label) {
   auto& core = *impl_->core;
   detail::waiter w;
   w.stream = impl_;
@@ -77,16 +64,12 @@ void stream::submit_wait(const event* e, const boost::asio::any_io_executor& exe
   trace_wait(w, core, label);
   if (core.options.counter.begin) core.options.counter.begin();
   w.token = detail::work_token(core.options.counter.end ? &core.options.counter : nullptr);
-  // Record (without `e`) and submit under the stream's lock so waiters and records agree
-  // on order. If the record throws (a CUDA error), the caller learns it here; the handler
-  // is dropped and the token's destructor balances the counter.
+  // Record and submit under the stream's lock so waiters and records agree on order. If
+  // the record throws (a CUDA error), the caller learns it here; the handler is dropped
+  // and the token's destructor balances the counter.
   std::lock_guard lk(impl_->submit_mutex);
-  if (e) {
-    w.event = e->shared_impl();
-  } else {
-    w.event = core.acquire_event();
-    core.impl->record(*w.event, *impl_);
-  }
+  w.event = core.acquire_event();
+  core.impl->record(*w.event, *impl_);
   core.completions->submit(std::move(w));
 }
 

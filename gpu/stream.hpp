@@ -59,13 +59,9 @@ class stream {
 
   /// Records an event and, when it completes, posts `handler(error_code)` onto
   /// `executor`. Handlers of one stream run in the order they were registered.
-  /// After `device::shutdown` the handler gets `errc::cancelled`.
-  void async_wait(const boost::asio::any_io_executor& executor, completion_handler handler);
-  /// Same, labelled for the trace.
-  void async_wait(const boost::asio::any_io_executor& executor, completion_handler handler, const span_label& label);
-  /// As above for an event recorded earlier (on this stream or one it waited on);
-  /// it joins this stream's FIFO of waiters.
-  void async_wait(const event& e, const boost::asio::any_io_executor& executor, completion_handler handler);
+  /// After `device::shutdown` the handler gets `errc::cancelled`. `label`: the wait in the trace.
+  void async_wait(const boost::asio::any_io_executor& executor, completion_handler handler,
+                  const span_label& label = {});
 
   /// Blocks until all enqueued work is done; throws `gpu::error` on failure.
   /// Setup, tests and shutdown only: never on an event loop.
@@ -84,9 +80,6 @@ class stream {
  private:
   friend class device;
   explicit stream(std::shared_ptr<detail::stream_impl> impl) : impl_(std::move(impl)) {}
-  /// The async_waits: for `e`, or (null) for an event recorded now.
-  void submit_wait(const event* e, const boost::asio::any_io_executor& executor, completion_handler handler,
-                   const span_label& label);
   std::shared_ptr<detail::stream_impl> impl_;
 };
 

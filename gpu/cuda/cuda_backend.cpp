@@ -58,12 +58,10 @@ class cuda_backend final : public backend {
     NERVE_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
     name_ = prop.name;
     NERVE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, ordinal));
+    // The stream-ordered pool keeps every freed block cached for reuse after a synchronize.
+    std::uint64_t keep = ~std::uint64_t{0};
+    NERVE_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
     NERVE_CUDA_CHECK(preload_kernels());  // no lazy load behind a spinning gate (launch.hpp)
-  }
-
-  void set_pool_release_threshold(std::size_t bytes) override {
-    std::uint64_t t = bytes;
-    NERVE_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &t));
   }
 
   backend_kind kind() const noexcept override { return backend_kind::cuda; }

@@ -71,8 +71,6 @@ class backend {
   virtual void set_completion_hook(std::function<void()> hook) { (void)hook; }
   /// Wakes every blocking event wait (shutdown); a GPU backend cannot.
   virtual void interrupt_waits() noexcept {}
-  /// Bytes the stream-ordered pool keeps cached after a synchronize.
-  virtual void set_pool_release_threshold(std::size_t bytes) { (void)bytes; }
 
   virtual std::shared_ptr<stream_impl> create_stream(const stream_options& o) = 0;
   virtual void synchronize(stream_impl& s) = 0;

@@ -26,7 +26,7 @@ namespace nerve::gpu::detail {
 
 /// Bump whenever this header or `backend.hpp` changes shape: a module built from
 /// other sources is refused (`errc::no_device`, naming both numbers).
-inline constexpr int cuda_module_abi = 3;
+inline constexpr int cuda_module_abi = 4;
 
 /// The module's file name; it is looked for next to the program (module_path.hpp).
 inline constexpr const char* cuda_module_file = "libnerve_gpu_cuda.so";

@@ -4,6 +4,7 @@
 #include "gpu/status.hpp"
 
 #include <algorithm>
+#include <numeric>
 #include <stdexcept>
 
 namespace nerve::gpu {
@@ -12,9 +13,8 @@ std::unique_ptr<layers::backend_data> device_gradients::clone() const {
   throw std::logic_error("device all-reduce: a contribution is not cloned");
 }
 std::size_t device_gradients::floats() const noexcept {
-  std::size_t n = 0;
-  for (auto& p : parts) n += p.second;
-  return n;
+  return std::accumulate(parts.begin(), parts.end(), std::size_t{0},
+                         [](std::size_t n, const auto& p) { return n + p.second; });
 }
 std::size_t device_gradients::payload_bytes() const noexcept { return floats() * sizeof(float); }
 std::unique_ptr<layers::backend_data> device_sum::clone() const {
@@ -62,24 +62,21 @@ void device_all_reduce::on_contribution(layers::device_contribution& c) {
   if (parts.empty()) return;
   // Every member's gradients are complete on the device once its event is: wait for all,
   // then sum in member order from member 0's (bus::all_reduce's association).
-  const auto n = parts.size();
   std::vector<event> waited;
   for (auto& p : parts) {
     auto& q = static_cast<device_gradients&>(*p);
     s_.wait(q.ready);
     waited.push_back(q.ready);
   }
-  const auto& g0 = static_cast<device_gradients&>(*parts[0]);
-  auto sum = std::make_shared<device_tensor>(s_, shape_t{std::max<std::size_t>(g0.floats(), 1)});
-  std::size_t at = 0;
-  for (auto& [p, count] : g0.parts) {
-    copy_async(s_, sum->data() + at, p, count * sizeof(float));
-    at += count;
-  }
-  for (std::size_t k = 1; k < n; ++k) {
-    at = 0;
+  const auto floats = static_cast<device_gradients&>(*parts[0]).floats();
+  auto sum = std::make_shared<device_tensor>(s_, shape_t{std::max<std::size_t>(floats, 1)});
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    std::size_t at = 0;
     for (auto& [p, count] : static_cast<device_gradients&>(*parts[k]).parts) {
-      axpy(s_, count, 1.0f, p, sum->data() + at);
+      if (k == 0)
+        copy_async(s_, sum->data() + at, p, count * sizeof(float));
+      else
+        axpy(s_, count, 1.0f, p, sum->data() + at);
       at += count;
     }
   }

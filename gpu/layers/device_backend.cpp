@@ -11,8 +11,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <stdexcept>
 
 namespace nerve::gpu {
@@ -58,56 +56,10 @@ shape_t with_batch(std::int64_t n, const layers::shape& sample) {
   return s;
 }
 
-/// Pinned blocks for downloads (hooks, predicted outputs, values handed over to the host)
-/// and uploads (values adopted from the host), kept and reused. A copy into
-/// pageable memory would block the loop until the stream reaches it, and freeing pinned
-/// memory waits for the whole device: either stalls a loop behind a busy stream.
-/// Shared with the completions that hand their blocks back. Any thread.
-class staging {
- public:
-  explicit staging(device& d) : dev_(d) {}
-  pinned_buffer take(std::size_t bytes) {
-    {
-      std::lock_guard lk(m_);
-      if (auto it = spare_.lower_bound(bytes); it != spare_.end()) {
-        auto b = std::move(it->second);
-        spare_.erase(it);
-        return b;
-      }
-    }
-    return pinned_buffer(dev_, bytes);
-  }
-  void give(pinned_buffer b) {
-    std::lock_guard lk(m_);
-    spare_.emplace(b.bytes(), std::move(b));
-  }
-
- private:
-  device& dev_;
-  std::mutex m_;
-  std::multimap<std::size_t, pinned_buffer> spare_;  // guarded by m_
-};
-
 /// A host tensor of `t`'s shape.
 layers::tensor host_like(const device_tensor& t) {
   std::vector<std::int64_t> dims(t.shape().begin() + 1, t.shape().end());
   return layers::tensor(std::int64_t(t.rows()), layers::shape(std::move(dims)));
-}
-
-/// Downloads `t` into `into` (allocated to its size) through a staging block: the copy is
-/// enqueued now, `finish` (in the completion) moves it into place and returns the block.
-struct staged_copy {
-  pinned_buffer block;
-  layers::tensor* into = nullptr;
-  void finish(staging& pool) {
-    std::memcpy(into->data(), block.data(), std::size_t(into->size()) * sizeof(float));
-    pool.give(std::move(block));
-  }
-};
-staged_copy start_download(stream& s, staging& pool, const device_tensor& t, layers::tensor& into) {
-  staged_copy d{pool.take(t.bytes()), &into};
-  copy_async(s, d.block.data(), t.data(), t.bytes());
-  return d;
 }
 
 /// One layer node on the device: its twin and its optimizer.
@@ -126,7 +78,9 @@ struct device_backend::impl {
   std::vector<std::unique_ptr<node_entry>> nodes;
   std::int64_t features = 0;
   pinned_buffer in, labels, figures;  // max_batch rows of inputs, labels, (loss sum, correct)
-  std::shared_ptr<staging> pool;
+  // Staging of downloads (hooks, predicted outputs, values handed to the host) and uploads
+  // (values adopted from the host); shared with the completions that give blocks back.
+  std::shared_ptr<pinned_pool> pool;
   std::atomic<std::int64_t> host_transfers{0};
   // Events of other streams this one waits for: a pooled event handed back at once could
   // be recorded again before the wait passed it (the stand-in's wait follows the latest
@@ -147,13 +101,34 @@ struct device_backend::impl {
   }
 
   impl(device& d, device_backend_options o)
-      : dev(d), s(d.create_stream(o.stream)), options(std::move(o)), pool(std::make_shared<staging>(d)) {}
+      : dev(d), s(d.create_stream(o.stream)), options(std::move(o)), pool(std::make_shared<pinned_pool>(d)) {}
 
   /// `then` as a `backend_done` in `owner`'s mailbox once the work enqueued so far is done;
   /// `what` names the wait's span in the trace.
   void when_done(actors::actor& owner, std::function<void()> then, const char* what) {
     after_stream(owner, s, "device backend", [then = std::move(then), sums = std::exchange(sums, {})] { then(); },
                  std::exchange(waited, {}), span_label{what});
+  }
+
+  /// Downloads `ts` (null: skipped, left empty) through staging, then `fn` on their host
+  /// copies in a completion on `owner` (`what` labels the wait).
+  void download(actors::actor& owner, const std::vector<const device_tensor*>& ts, const char* what,
+                std::function<void(std::vector<layers::tensor>&)> fn) {
+    auto host = std::make_shared<std::vector<layers::tensor>>(ts.size());
+    auto blocks = std::make_shared<std::vector<std::pair<layers::tensor*, pinned_buffer>>>();
+    for (std::size_t i = 0; i < ts.size(); ++i) {
+      if (!ts[i]) continue;
+      (*host)[i] = host_like(*ts[i]);
+      blocks->emplace_back(&(*host)[i], pool->take(ts[i]->bytes()));
+      copy_async(s, blocks->back().second.data(), ts[i]->data(), ts[i]->bytes());
+    }
+    when_done(owner, [host, blocks, pool = pool, fn = std::move(fn)] {
+      for (auto& [into, block] : *blocks) {
+        std::memcpy(into->data(), block.data(), std::size_t(into->size()) * sizeof(float));
+        pool->give(std::move(block));
+      }
+      fn(*host);
+    }, what);
   }
 };
 
@@ -233,24 +208,9 @@ class device_kernels final : public layers::layer_kernels {
   }
   void with_host(actors::actor& owner, std::vector<layers::value*> vs,
                  std::function<void(std::vector<layers::tensor>&)> fn) override {
-    download(owner, std::move(vs), "hooks", std::move(fn));
-  }
-  /// Downloads `vs` (through staging), then `fn` on their host copies in a completion on
-  /// `owner` (`what` labels the wait); the host tensors live in the completion until it runs.
-  void download(actors::actor& owner, std::vector<layers::value*> vs, const char* what,
-                std::function<void(std::vector<layers::tensor>&)> fn) {
-    auto host = std::make_shared<std::vector<layers::tensor>>(vs.size());
-    auto copies = std::make_shared<std::vector<staged_copy>>();
-    for (std::size_t i = 0; i < vs.size(); ++i) {
-      if (vs[i]->empty()) continue;
-      auto& t = *tensor_of(*vs[i]);
-      (*host)[i] = host_like(t);
-      copies->push_back(start_download(b_.s, *b_.pool, t, (*host)[i]));
-    }
-    b_.when_done(owner, [host, copies, pool = b_.pool, fn = std::move(fn)] {
-      for (auto& d : *copies) d.finish(*pool);
-      fn(*host);
-    }, what);
+    std::vector<const device_tensor*> ts;
+    for (auto* v : vs) ts.push_back(v->empty() ? nullptr : tensor_of(*v).get());
+    b_.download(owner, ts, "hooks", std::move(fn));
   }
   void adopt(actors::actor& owner, layers::value& v) override {
     if (!v.device) {  // from the host: through a pinned buffer, given back once copied
@@ -282,8 +242,8 @@ class device_kernels final : public layers::layer_kernels {
       return then(layers::value(std::make_unique<device_value>(std::move(c), b_.s.record())));
     }
     ++b_.host_transfers;
-    download(owner, {&v}, "to host",
-             [then = std::move(then)](auto& host) { then(layers::value(std::move(host[0]))); });
+    b_.download(owner, {&t}, "to host",
+                [then = std::move(then)](auto& host) { then(layers::value(std::move(host[0]))); });
   }
 
  private:
@@ -404,22 +364,16 @@ void device_backend::loss(actors::actor& owner, const layers::loss&, layers::val
     }
     copy_async(s, sum, figures.data(), sizeof(float) + sizeof(std::int32_t));
   }
-  auto out = std::make_shared<layers::tensor>();
-  std::shared_ptr<staged_copy> copy;  // only when the output is asked for
-  if (want_output) {
-    *out = host_like(*logits);
-    copy = std::make_shared<staged_copy>(start_download(s, *m.pool, *logits, *out));
-  }
-  m.when_done(owner, [sum, right, n, labelled, out, copy, pool = m.pool, report = std::move(report)] {
-    if (copy) copy->finish(*pool);
+  m.download(owner, {want_output ? logits.get() : nullptr}, "loss",
+             [sum, right, n, labelled, report = std::move(report)](std::vector<layers::tensor>& host) {
     layers::loss_figures f;
     if (labelled) {
       f.loss = double(*sum) / double(n);
       f.correct = *right;
     }
-    f.output = std::move(*out);
+    f.output = std::move(host[0]);
     report(f);
-  }, "loss");
+  });
 }
 
 void device_backend::download() {
@@ -470,10 +424,9 @@ actors::address device_backend::spawn_reducer(actors::runtime& rt, actors::spawn
   std::vector<device*> devices;
   std::vector<gpu::stream> streams;
   for (auto* d : all) {
-    for (auto* e : devices)
-      if (&e->core() == &d->impl_->dev.core())
-        throw error(errc::not_supported, "device backend: '" + name +
-                                             "': replicas on several devices run one per device (NCCL), or all on one");
+    if (std::any_of(devices.begin(), devices.end(), [&](device* e) { return &e->core() == &d->impl_->dev.core(); }))
+      throw error(errc::not_supported, "device backend: '" + name +
+                                           "': replicas on several devices run one per device (NCCL), or all on one");
     devices.push_back(&d->impl_->dev);
     streams.push_back(d->impl_->reduce_stream());
   }

@@ -12,14 +12,10 @@
 #include "layers/linear.hpp"
 #include "layers/pool.hpp"
 
-#include <numeric>
-
 namespace nerve::gpu {
 namespace {
 
 using cpu_layer = layers::basic_layer<float>;
-
-std::size_t numel(const shape_t& s) { return std::accumulate(s.begin(), s.end(), std::size_t{1}, std::multiplies<>()); }
 
 std::string shape_text(const shape_t& s) {
   std::string t = "[";
@@ -296,6 +292,27 @@ class add_layer final : public device_layer {
   }
 };
 
+/// Copies the parameters (or, `grads`, their gradients) between `dev` and `cpu`, then waits.
+void transfer(stream& s, device_layer& dev, cpu_layer& cpu, bool to_device, bool grads) {
+  auto dp = dev.parameters();
+  auto cp = cpu.parameters();
+  if (dp.size() != cp.size())
+    throw error(errc::invalid_argument, cpu.label() + ": " + std::to_string(cp.size()) + " parameters on the CPU, " +
+                                            std::to_string(dp.size()) + " on the device");
+  for (std::size_t i = 0; i < dp.size(); ++i) {
+    device_tensor& d = grads ? *dp[i].grad : *dp[i].value;
+    auto& h = grads ? *cp[i].grad : *cp[i].value;
+    if (std::size_t(h.size()) != d.size())
+      throw error(errc::invalid_argument, cpu.label() + "." + cp[i].name + ": " + std::to_string(h.size()) +
+                                              " values on the CPU, " + std::to_string(d.size()) + " on the device");
+    if (to_device)
+      copy_async(s, d.data(), h.data(), d.bytes());
+    else
+      copy_async(s, h.data(), d.data(), d.bytes());
+  }
+  s.synchronize();  // pageable host memory: done before the caller touches it
+}
+
 template <class Op>
 const layers::basic_activation<float, Op>* as_activation(cpu_layer& l) {
   return dynamic_cast<const layers::basic_activation<float, Op>*>(&l);
@@ -330,42 +347,12 @@ std::unique_ptr<device_layer> make_device_layer(stream& s, cpu_layer& cpu) {
     d = std::make_unique<add_layer>();
   else
     throw error(errc::not_supported, cpu.label() + ": no GPU twin for " + std::string(cpu.kind()));
-  upload_parameters(s, *d, cpu);
+  transfer(s, *d, cpu, true, false);
   return d;
 }
 
-namespace {
-template <class Pick>
-void transfer(stream& s, device_layer& dev, cpu_layer& cpu, bool to_device, Pick pick) {
-  auto dp = dev.parameters();
-  auto cp = cpu.parameters();
-  if (dp.size() != cp.size())
-    throw error(errc::invalid_argument, cpu.label() + ": " + std::to_string(cp.size()) + " parameters on the CPU, " +
-                                            std::to_string(dp.size()) + " on the device");
-  for (std::size_t i = 0; i < dp.size(); ++i) {
-    device_tensor& d = pick(dp[i]);
-    auto& h = to_device ? *cp[i].value : (&d == dp[i].grad ? *cp[i].grad : *cp[i].value);
-    if (std::size_t(h.size()) != d.size())
-      throw error(errc::invalid_argument, cpu.label() + "." + cp[i].name + ": " + std::to_string(h.size()) +
-                                              " values on the CPU, " + std::to_string(d.size()) + " on the device");
-    if (to_device)
-      copy_async(s, d.data(), h.data(), d.bytes());
-    else
-      copy_async(s, h.data(), d.data(), d.bytes());
-  }
-  s.synchronize();  // pageable host memory: done before the caller touches it
-}
-}  // namespace
-
-void upload_parameters(stream& s, device_layer& dev, cpu_layer& cpu) {
-  transfer(s, dev, cpu, true, [](device_parameter& p) -> device_tensor& { return *p.value; });
-}
-void download_parameters(stream& s, device_layer& dev, cpu_layer& cpu) {
-  transfer(s, dev, cpu, false, [](device_parameter& p) -> device_tensor& { return *p.value; });
-}
-void download_gradients(stream& s, device_layer& dev, cpu_layer& cpu) {
-  transfer(s, dev, cpu, false, [](device_parameter& p) -> device_tensor& { return *p.grad; });
-}
+void download_parameters(stream& s, device_layer& dev, cpu_layer& cpu) { transfer(s, dev, cpu, false, false); }
+void download_gradients(stream& s, device_layer& dev, cpu_layer& cpu) { transfer(s, dev, cpu, false, true); }
 
 device_tensor upload(stream& s, const float* host, shape_t shape) {
   device_tensor t(s, std::move(shape));

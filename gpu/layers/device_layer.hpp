@@ -78,8 +78,6 @@ class device_layer {
 /// loop. Throws `gpu::error` (`errc::not_supported`) for a layer without a twin.
 std::unique_ptr<device_layer> make_device_layer(stream& s, layers::basic_layer<float>& cpu);
 
-/// Copies the parameters of `cpu` into `dev` (host → device) and waits. Setup only.
-void upload_parameters(stream& s, device_layer& dev, layers::basic_layer<float>& cpu);
 /// Copies the parameters of `dev` into `cpu` (device → host) and waits. Not on a loop.
 void download_parameters(stream& s, device_layer& dev, layers::basic_layer<float>& cpu);
 /// As above for the gradients (tests).

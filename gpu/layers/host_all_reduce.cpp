@@ -13,18 +13,10 @@
 namespace nerve::gpu {
 
 host_all_reduce::host_all_reduce(std::string name, actors::address local, std::uint32_t me, device& dev, stream s)
-    : actor(std::move(name)), local_(std::move(local)), me_(me), dev_(dev), s_(std::move(s)) {
+    : actor(std::move(name)), local_(std::move(local)), me_(me), s_(std::move(s)), pool_(dev) {
   on<layers::device_contribution>([this](layers::device_contribution& c) { on_contribution(c); });
   on<bus::reduced>([this](bus::reduced& m) { on_reduced(m); });
   on<layers::backend_done>([](layers::backend_done& d) { layers::handle_backend_done(d); });
-}
-
-pinned_buffer host_all_reduce::take(std::size_t bytes) {
-  auto it = std::find_if(spare_.begin(), spare_.end(), [&](auto& b) { return b.bytes() >= bytes; });
-  if (it == spare_.end()) return pinned_buffer(dev_, std::max<std::size_t>(bytes, 1));
-  auto b = std::move(*it);
-  spare_.erase(it);
-  return b;
 }
 
 void host_all_reduce::on_contribution(layers::device_contribution& c) {
@@ -38,7 +30,7 @@ void host_all_reduce::on_contribution(layers::device_contribution& c) {
   // parameter order, into a pinned block, then hand the floats to the ranks' all-reduce.
   const std::size_t n = g->floats();
   s_.wait(g->ready);
-  auto block = std::make_shared<pinned_buffer>(take(n * sizeof(float)));
+  auto block = std::make_shared<pinned_buffer>(pool_.take(n * sizeof(float)));
   std::size_t at = 0;
   for (auto& [p, count] : g->parts) {
     copy_async(s_, block->as<float>().data() + at, p, count * sizeof(float));
@@ -47,13 +39,13 @@ void host_all_reduce::on_contribution(layers::device_contribution& c) {
   after_stream(*this, s_, "host all-reduce", [this, key = c.key, n, block] {
     const auto* f = block->as<float>().data();
     send(ranks_, bus::contribution{key, me_, std::vector<float>(f, f + n)});
-    spare_.push_back(std::move(*block));
+    pool_.give(std::move(*block));
   }, {g->ready});
 }
 
 void host_all_reduce::on_reduced(bus::reduced& m) {
   const std::size_t n = m.sum->size();
-  auto block = std::make_shared<pinned_buffer>(take(n * sizeof(float)));
+  auto block = std::make_shared<pinned_buffer>(pool_.take(n * sizeof(float)));
   std::memcpy(block->data(), m.sum->data(), n * sizeof(float));
   auto out = std::make_shared<device_sum>();
   out->sum = std::make_shared<device_tensor>(s_, shape_t{std::max<std::size_t>(n, 1)});
@@ -61,7 +53,7 @@ void host_all_reduce::on_reduced(bus::reduced& m) {
   out->ready = s_.record();
   ++rounds_;
   send(local_, layers::device_reduced{m.key, std::move(out)});
-  after_stream(*this, s_, "host all-reduce", [this, block] { spare_.push_back(std::move(*block)); });
+  after_stream(*this, s_, "host all-reduce", [this, block] { pool_.give(std::move(*block)); });
 }
 
 }  // namespace nerve::gpu

@@ -25,9 +25,7 @@
 #include "layers/backend.hpp"
 
 #include <cstdint>
-#include <functional>
 #include <string>
-#include <vector>
 
 namespace nerve::gpu {
 
@@ -47,13 +45,11 @@ class host_all_reduce : public actors::actor {
  private:
   void on_contribution(layers::device_contribution& c);
   void on_reduced(bus::reduced& m);
-  pinned_buffer take(std::size_t bytes);
 
   actors::address local_, ranks_;
   std::uint32_t me_;
-  device& dev_;
   stream s_;
-  std::vector<pinned_buffer> spare_;  // staging blocks given back once their copy is done
+  pinned_pool pool_;  // staging blocks, given back once their copy is done
   std::uint64_t rounds_ = 0;
 };
 
