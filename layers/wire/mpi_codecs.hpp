@@ -65,9 +65,12 @@ struct nerve::bus::mpi::codec<nerve::layers::forward_msg> {
   }
   static std::span<const std::byte> payload(const layers::forward_msg& m) { return layers::wire::tensor_bytes(m.x); }
   static layers::forward_msg read(std::span<const std::byte> frame, std::span<std::byte>& payload) {
-    frame_reader r{frame};  // a braced list runs its reads left to right: the frame's order
-    return {r.get<std::int64_t>(), r.get<std::uint64_t>(), r.get<std::uint32_t>(), r.get<std::uint32_t>(),
-            r.get<std::uint8_t>() != 0, r.get<double>(), layers::wire::read_tensor(r, payload)};
+    // A braced list runs its reads left to right, the frame's order; the designators keep
+    // the fields from shifting if the message's members move.
+    frame_reader r{frame};
+    return {.micro_batch = r.get<std::int64_t>(), .step = r.get<std::uint64_t>(), .port = r.get<std::uint32_t>(),
+            .micro_batches = r.get<std::uint32_t>(), .train = r.get<std::uint8_t>() != 0, .lr = r.get<double>(),
+            .x = layers::wire::read_tensor(r, payload)};
   }
 };
 
@@ -81,6 +84,7 @@ struct nerve::bus::mpi::codec<nerve::layers::backward_msg> {
   static std::span<const std::byte> payload(const layers::backward_msg& m) { return layers::wire::tensor_bytes(m.grad); }
   static layers::backward_msg read(std::span<const std::byte> frame, std::span<std::byte>& payload) {
     frame_reader r{frame};  // in the frame's order, as above
-    return {r.get<std::int64_t>(), r.get<std::uint64_t>(), r.get<std::uint32_t>(), layers::wire::read_tensor(r, payload)};
+    return {.micro_batch = r.get<std::int64_t>(), .step = r.get<std::uint64_t>(), .port = r.get<std::uint32_t>(),
+            .grad = layers::wire::read_tensor(r, payload)};
   }
 };
