@@ -314,12 +314,17 @@ network::~network() {
 
 namespace {
 
-/// A future that already holds `error`.
+/// The `part` of the coordinator's answer to `r`; a future that already holds `dead` if set.
 template <class T>
-std::future<T> failed_future(std::exception_ptr error) {
-  std::promise<T> p;
-  p.set_exception(std::move(error));
-  return p.get_future();
+std::future<T> ask_coordinator(actors::runtime& rt, const actors::address& coordinator, std::exception_ptr dead,
+                               step_request r, T step_outcome::*part) {
+  if (dead) {
+    std::promise<T> p;
+    p.set_exception(std::move(dead));
+    return p.get_future();
+  }
+  auto f = rt.ask<step_outcome>(coordinator, std::move(r), std::chrono::nanoseconds::max());
+  return std::async(std::launch::deferred, [f = std::move(f), part]() mutable { return std::move(f.get().*part); });
 }
 
 }  // namespace
@@ -331,51 +336,43 @@ std::exception_ptr network::stopped_error() const {
   auto failure = rt_.error();
   if (failure == failure_at_start_) failure = nullptr;
   if (!failure && !coordinator_.stopped()) return nullptr;
-  std::string why = "the runtime was shut down";
-  if (failure) {
+  auto error = [](const std::string& why) {
+    return std::runtime_error("network: the network stopped because " + why +
+                              "; it cannot run again and must be rebuilt (a new runtime and a new network)");
+  };
+  if (!failure) return std::make_exception_ptr(error("the runtime was shut down"));
+  // Called inside a handler of `failure`: the error nests it.
+  auto nested = [](const std::runtime_error& e) {
     try {
-      std::rethrow_exception(failure);
-    } catch (const std::exception& e) {
-      why = std::string("of the first failure: ") + e.what();
-    } catch (...) {
-      why = "of the first failure (a non-standard exception)";
-    }
-  }
-  const std::string message = "network: the network stopped because " + why +
-                              "; it cannot run again and must be rebuilt (a new runtime and a new network)";
-  if (!failure) return std::make_exception_ptr(std::runtime_error(message));
-  try {
-    std::rethrow_exception(failure);
-  } catch (...) {
-    try {
-      std::throw_with_nested(std::runtime_error(message));
+      std::throw_with_nested(e);
     } catch (...) {
       return std::current_exception();
     }
+  };
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& e) {
+    return nested(error(std::string("of the first failure: ") + e.what()));
+  } catch (...) {
+    return nested(error("of the first failure (a non-standard exception)"));
   }
 }
 
 std::future<step_result> network::train_step(tensor input, targets t, std::size_t micro_batches, std::uint64_t step,
                                              double lr) {
-  if (auto dead = stopped_error()) return failed_future<step_result>(std::move(dead));
-  auto f = rt_.ask<step_outcome>(coordinator_,
-                                 step_request{std::move(input), std::move(t), micro_batches, step, true, false, lr},
-                                 std::chrono::nanoseconds::max());
-  return std::async(std::launch::deferred, [f = std::move(f)]() mutable { return f.get().result; });
+  return ask_coordinator(rt_, coordinator_, stopped_error(),
+                         step_request{std::move(input), std::move(t), micro_batches, step, true, false, lr},
+                         &step_outcome::result);
 }
 
 std::future<step_result> network::evaluate(tensor input, targets t) {
-  if (auto dead = stopped_error()) return failed_future<step_result>(std::move(dead));
-  auto f = rt_.ask<step_outcome>(coordinator_, step_request{std::move(input), std::move(t), 1, 0, false, false},
-                                 std::chrono::nanoseconds::max());
-  return std::async(std::launch::deferred, [f = std::move(f)]() mutable { return f.get().result; });
+  return ask_coordinator(rt_, coordinator_, stopped_error(),
+                         step_request{std::move(input), std::move(t), 1, 0, false, false}, &step_outcome::result);
 }
 
 std::future<tensor> network::predict(tensor input) {
-  if (auto dead = stopped_error()) return failed_future<tensor>(std::move(dead));
-  auto f = rt_.ask<step_outcome>(coordinator_, step_request{std::move(input), {}, 1, 0, false, true},
-                                 std::chrono::nanoseconds::max());
-  return std::async(std::launch::deferred, [f = std::move(f)]() mutable { return std::move(f.get().output); });
+  return ask_coordinator(rt_, coordinator_, stopped_error(), step_request{std::move(input), {}, 1, 0, false, true},
+                         &step_outcome::output);
 }
 
 actors::address network::actor_of(std::string_view name) const { return node_actors_.at(graph_.index_of(name)); }
