@@ -70,9 +70,7 @@ auto basic_conv2d<Scalar>::do_forward(std::vector<tensor_type>& inputs, const fo
     gemm<Scalar>(trans::no, trans::no, oc, ohw, ckk_, Scalar(1), weight_.data(), ckk_, col.data(), ohw,
                  o_.bias ? Scalar(1) : Scalar(0), ys, ohw);
   }
-  forward_result r{std::move(y), {}};
-  r.stash.tensors.push_back(std::move(x));
-  return r;
+  return this->with_stash(std::move(y), std::move(x));
 }
 
 template <class Scalar>
