@@ -230,11 +230,9 @@ network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> crit
   if (!criterion) throw std::invalid_argument("network: no loss given");
   backend_ = opt.backend ? std::move(opt.backend) : make_cpu_backend(std::move(make_optimizer));
   backend_->check_loss(*criterion);
-  const bool one_loop =
-      !opt.spread && opt.loops.empty() && (opt.control_loop < 0 || unsigned(opt.control_loop) == opt.first_loop);
-  if (backend_->on_device() && !one_loop)
+  if (backend_->on_device() && (opt.spread || !opt.loops.empty()))
     throw std::invalid_argument("network: the " + std::string(backend_->name()) +
-                                " backend's actors share its stream, hence one loop (no spread, loops or control loop)");
+                                " backend's actors share its stream, hence one loop (no spread or loops)");
   keep_freed_memory();  // steps reuse the pages of the previous step (layers/memory.hpp)
   auto& nodes = g.nodes();
   const auto loops = rt.loop_count();
@@ -246,27 +244,24 @@ network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> crit
       throw std::invalid_argument("network: loop " + std::to_string(l) + " but the runtime has " + std::to_string(loops));
     return l;
   };
-  const unsigned control = check_loop(opt.control_loop >= 0 ? unsigned(opt.control_loop) : opt.first_loop);
 
   std::size_t layer_nodes = 0;
   for (auto& n : nodes) layer_nodes += n.layer ? 1 : 0;
-  coordinator_ = rt.spawn_on<coordinator_actor>(control, layer_nodes, backend_);
+  coordinator_ = rt.spawn_on<coordinator_actor>(0, layer_nodes, backend_);
   auto& coord = *static_cast<coordinator_actor*>(coordinator_.get());
 
   // One actor per layer node.
   plan_ = make_plan(g);
   node_actors_.resize(nodes.size());
-  unsigned next = opt.first_loop;
+  unsigned next = 0;
   for (std::size_t i : g.order()) {
     auto& n = nodes[i];
     if (!n.layer) continue;
-    unsigned loop = opt.first_loop;
-    if (!opt.loops.empty()) loop = opt.loops[i];
-    else if (opt.spread) loop = next++ % loops;
+    const unsigned loop = !opt.loops.empty() ? opt.loops[i] : opt.spread ? next++ % loops : 0;
     node_actors_[i] = rt.spawn_on<layer_actor>(check_loop(loop), n, static_cast<std::uint32_t>(i), plan_.nodes[i],
                                                 backend_->kernels_for(n));
   }
-  loss_ = rt.spawn_on<loss_actor>(control, std::move(criterion), backend_);
+  loss_ = rt.spawn_on<loss_actor>(0, std::move(criterion), backend_);
   auto& loss_a = *static_cast<loss_actor*>(loss_.get());
   auto actor_at = [&](std::size_t i) -> layer_actor& { return *static_cast<layer_actor*>(node_actors_[i].get()); };
 
