@@ -98,7 +98,7 @@ class coordinator_actor : public actors::actor {
       auto& j = running(r.step);
       j.result.loss += r.share * r.loss;
       j.result.correct += r.correct;
-      if (j.req.want_output) j.outputs[r.micro_batch] = std::move(r.output);
+      j.output = std::move(r.output);  // empty unless asked for
       ++j.reports;
       finish_done();
     });
@@ -128,7 +128,7 @@ class coordinator_actor : public actors::actor {
     step_result result{};
     std::int64_t start_ns = -1;  // recorder time the step began (-1: not recording)
     std::size_t reports = 0, nodes_done = 0;
-    std::map<std::int64_t, tensor> outputs{};
+    tensor output{};  // `predict`'s, which runs one micro-batch
   };
 
   job& running(std::uint64_t step) {
@@ -189,24 +189,10 @@ class coordinator_actor : public actors::actor {
       auto j = std::move(queue_.front());
       queue_.pop_front();
       --running_;
-      step_outcome out{j.result, {}};
+      step_outcome out{j.result, std::move(j.output)};
       if (j.req.train && j.start_ns >= 0) {  // the step's slice on track 0 (docs/trace-format.md)
         auto& rec = system().trace();
         rec.span(0, "step", "step", j.start_ns, rec.now(), -1, nullptr, -1, -1, static_cast<std::int64_t>(j.req.step));
-      }
-      if (j.req.want_output) {
-        if (j.outputs.size() == 1) {
-          out.output = std::move(j.outputs.begin()->second);
-        } else {  // stitch the micro-batches back together, in order
-          std::int64_t rows = 0;
-          for (auto& [k, t] : j.outputs) rows += t.batch();
-          out.output = tensor(rows, j.outputs.begin()->second.sample_shape());
-          std::int64_t at = 0;
-          for (auto& [k, t] : j.outputs) {
-            out.output.matrix().middleRows(at, t.batch()) = t.matrix();
-            at += t.batch();
-          }
-        }
       }
       j.reply.deliver(std::move(out));
     }
