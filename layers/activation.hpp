@@ -2,6 +2,7 @@
 /// \file
 /// Elementwise activations: ReLU, LeakyReLU, Sigmoid, Tanh, GELU (PyTorch semantics).
 
+#include <algorithm>
 #include <cmath>
 
 #include "layers/layer.hpp"
@@ -65,13 +66,8 @@ class basic_activation final : public basic_layer<Scalar> {
   forward_result do_forward(std::vector<tensor_type>& inputs, const forward_context&) override {
     tensor_type& x = inputs[0];
     tensor_type y(x.batch(), x.sample_shape());
-    const Scalar* px = x.data();
-    Scalar* py = y.data();
-    const std::int64_t n = x.size();
-    for (std::int64_t i = 0; i < n; ++i) py[i] = op_.f(px[i]);
-    forward_result r{std::move(y), {}};
-    r.stash.tensors.push_back(std::move(x));
-    return r;
+    std::transform(x.data(), x.data() + x.size(), y.data(), [this](Scalar v) { return op_.f(v); });
+    return this->with_stash(std::move(y), std::move(x));
   }
   std::vector<tensor_type> do_backward_input(const stash_type& saved, const tensor_type& dy,
                                              input_mask wanted) override {

@@ -7,7 +7,6 @@
 namespace nerve::layers {
 namespace {
 
-template <class Scalar>
 detail::conv_geometry geometry(const conv2d_options& o, const shape& in) {
   detail::conv_geometry g{in[0], in[1], in[2], o.kernel[0], o.kernel[1], o.stride[0], o.stride[1],
                           o.padding[0], o.padding[1], 0, 0};
@@ -48,7 +47,7 @@ shape basic_conv2d<Scalar>::infer_shape(std::span<const shape> inputs) const {
   const shape& in = inputs[0];
   const std::string want = "[" + std::to_string(o_.in_channels) + ", H, W]";
   if (in.rank() != 3 || in[0] != o_.in_channels) throw this->mismatch(0, in, want);
-  const auto g = geometry<Scalar>(o_, in);
+  const auto g = geometry(o_, in);
   if (in[1] + 2 * g.ph < g.kh || in[2] + 2 * g.pw < g.kw)
     throw this->mismatch(0, in, want + " with H + 2·padding ≥ " + std::to_string(g.kh) + " and W + 2·padding ≥ " +
                                     std::to_string(g.kw));
@@ -58,7 +57,7 @@ shape basic_conv2d<Scalar>::infer_shape(std::span<const shape> inputs) const {
 template <class Scalar>
 auto basic_conv2d<Scalar>::do_forward(std::vector<tensor_type>& inputs, const forward_context&) -> forward_result {
   tensor_type& x = inputs[0];
-  const auto g = geometry<Scalar>(o_, x.sample_shape());
+  const auto g = geometry(o_, x.sample_shape());
   const std::int64_t n = x.batch(), ohw = g.oh * g.ow, oc = o_.out_channels;
   tensor_type y(n, {oc, g.oh, g.ow});
   typename tensor_type::matrix_type col(ckk_, ohw);
@@ -70,9 +69,7 @@ auto basic_conv2d<Scalar>::do_forward(std::vector<tensor_type>& inputs, const fo
     gemm<Scalar>(trans::no, trans::no, oc, ohw, ckk_, Scalar(1), weight_.data(), ckk_, col.data(), ohw,
                  o_.bias ? Scalar(1) : Scalar(0), ys, ohw);
   }
-  forward_result r{std::move(y), {}};
-  r.stash.tensors.push_back(std::move(x));
-  return r;
+  return this->with_stash(std::move(y), std::move(x));
 }
 
 template <class Scalar>
@@ -81,7 +78,7 @@ auto basic_conv2d<Scalar>::do_backward_input(const stash_type& saved, const tens
   std::vector<tensor_type> grads(1);
   if (!(wanted & 1)) return grads;
   const tensor_type& x = saved.tensors[0];
-  const auto g = geometry<Scalar>(o_, x.sample_shape());
+  const auto g = geometry(o_, x.sample_shape());
   const std::int64_t n = x.batch(), ohw = g.oh * g.ow, oc = o_.out_channels;
   grads[0] = tensor_type::zeros(n, x.sample_shape());
   typename tensor_type::matrix_type col(ckk_, ohw);
@@ -96,7 +93,7 @@ auto basic_conv2d<Scalar>::do_backward_input(const stash_type& saved, const tens
 template <class Scalar>
 void basic_conv2d<Scalar>::do_backward_weight(const stash_type& saved, const tensor_type& dy) {
   const tensor_type& x = saved.tensors[0];
-  const auto g = geometry<Scalar>(o_, x.sample_shape());
+  const auto g = geometry(o_, x.sample_shape());
   const std::int64_t n = x.batch(), ohw = g.oh * g.ow, oc = o_.out_channels;
   typename tensor_type::matrix_type col(ckk_, ohw);
   for (std::int64_t s = 0; s < n; ++s) {

@@ -26,9 +26,7 @@ auto basic_dropout<Scalar>::do_forward(std::vector<tensor_type>& inputs, const f
     m[i] = uniform01(rng) >= p_ ? scale : Scalar(0);
     px[i] *= m[i];
   }
-  forward_result r{std::move(x), {}};
-  r.stash.tensors.push_back(std::move(mask));
-  return r;
+  return this->with_stash(std::move(x), std::move(mask));
 }
 
 template <class Scalar>

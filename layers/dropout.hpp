@@ -24,7 +24,6 @@ class basic_dropout final : public basic_layer<Scalar> {
   std::string_view kind() const noexcept override { return "Dropout"; }
   double p() const noexcept { return p_; }
   /// The graph builder sets a per-layer seed derived from the graph's seed.
-  void set_seed(std::uint64_t seed) noexcept { seed_ = seed; }
   std::uint64_t seed() const noexcept { return seed_; }
   void reset_parameters(std::mt19937_64& rng) override { seed_ = rng(); }
 

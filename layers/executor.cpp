@@ -135,13 +135,9 @@ step_result basic_direct_executor<Scalar>::train_step(tensor_type input, const b
 template <class Scalar>
 step_result basic_direct_executor<Scalar>::evaluate(tensor_type input, const basic_targets<Scalar>& target,
                                                     const basic_loss<Scalar>& criterion) {
-  step_result result;
-  result.samples = input.batch();
-  auto out = predict(std::move(input));
-  auto r = criterion.forward(out, target);
-  result.loss = r.loss;
-  result.correct = r.correct;
-  return result;
+  const std::int64_t n = input.batch();
+  const auto r = criterion.forward(predict(std::move(input)), target);
+  return {r.loss, r.correct, n};
 }
 
 template <class Scalar>

@@ -15,30 +15,30 @@ std::size_t basic_graph<Scalar>::index_of(std::string_view name) const {
   return it->second;
 }
 
-template <class Scalar>
-auto basic_graph<Scalar>::parameters() -> std::vector<parameter_ref> {
-  std::vector<parameter_ref> all;
-  for (auto& n : nodes_) {
+namespace {
+/// `list(layer)` for every layer node, each entry's name prefixed with its node's (`fc1.weight`).
+template <class Node, class List>
+auto prefixed(std::vector<Node>& nodes, List list) {
+  decltype(list(*nodes.front().layer)) all;
+  for (auto& n : nodes) {
     if (!n.layer) continue;
-    for (auto& p : n.layer->parameters()) {
-      p.name = n.name + "." + p.name;
-      all.push_back(std::move(p));
+    for (auto& r : list(*n.layer)) {
+      r.name = n.name + "." + r.name;
+      all.push_back(std::move(r));
     }
   }
   return all;
 }
+}  // namespace
+
+template <class Scalar>
+auto basic_graph<Scalar>::parameters() -> std::vector<parameter_ref> {
+  return prefixed(nodes_, [](auto& l) { return l.parameters(); });
+}
 
 template <class Scalar>
 auto basic_graph<Scalar>::buffers() -> std::vector<buffer_ref> {
-  std::vector<buffer_ref> all;
-  for (auto& n : nodes_) {
-    if (!n.layer) continue;
-    for (auto& b : n.layer->buffers()) {
-      b.name = n.name + "." + b.name;
-      all.push_back(std::move(b));
-    }
-  }
-  return all;
+  return prefixed(nodes_, [](auto& l) { return l.buffers(); });
 }
 
 template <class Scalar>

@@ -208,6 +208,14 @@ class basic_layer {
                                                      input_mask wanted) = 0;
   virtual void do_backward_weight(const stash_type& /*saved*/, const tensor_type& /*grad_output*/) {}
 
+  /// `output`, with the tensors its backward needs (moved in) as the stash's `tensors`.
+  template <class... Kept>
+  static forward_result with_stash(tensor_type output, Kept... kept) {
+    forward_result r{std::move(output), {}};
+    (r.stash.tensors.push_back(std::move(kept)), ...);
+    return r;
+  }
+
   /// A `shape_error` for input `i`: "<label>: input i has <got>, expected <want>".
   shape_error mismatch(std::size_t i, const shape& got, const std::string& want) const {
     return shape_error(label() + ": input " + std::to_string(i) + " has shape " + got.to_string() + ", expected " +

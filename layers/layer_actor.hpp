@@ -125,8 +125,7 @@ class layer_actor : public actors::actor {
   /// Wiring, for a pipeline stage: the gate that decides when (see the file comment).
   void gate(layer_gating g);
 
-  /// Micro-batches stashed now, the most at once, and the most stash bytes (memory bound).
-  std::size_t stashed() const noexcept { return mbs_.size(); }
+  /// The most micro-batches stashed at once, and the most stash bytes (memory bound).
   std::size_t peak_stashed() const noexcept { return peak_stashed_; }
   std::size_t peak_stash_bytes() const noexcept { return peak_bytes_; }
 

@@ -41,9 +41,7 @@ auto basic_linear<Scalar>::do_forward(std::vector<tensor_type>& inputs, const fo
   if (bias_) y.matrix().rowwise() = b_.matrix().row(0);
   gemm<Scalar>(trans::no, trans::yes, n, out_, in_, Scalar(1), x.data(), in_, weight_.data(), in_,
                bias_ ? Scalar(1) : Scalar(0), y.data(), out_);
-  forward_result r{std::move(y), {}};
-  r.stash.tensors.push_back(std::move(x));
-  return r;
+  return this->with_stash(std::move(y), std::move(x));
 }
 
 template <class Scalar>

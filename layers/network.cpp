@@ -98,7 +98,7 @@ class coordinator_actor : public actors::actor {
       auto& j = running(r.step);
       j.result.loss += r.share * r.loss;
       j.result.correct += r.correct;
-      if (j.req.want_output) j.outputs[r.micro_batch] = std::move(r.output);
+      j.output = std::move(r.output);  // empty unless asked for
       ++j.reports;
       finish_done();
     });
@@ -128,7 +128,7 @@ class coordinator_actor : public actors::actor {
     step_result result{};
     std::int64_t start_ns = -1;  // recorder time the step began (-1: not recording)
     std::size_t reports = 0, nodes_done = 0;
-    std::map<std::int64_t, tensor> outputs{};
+    tensor output{};  // `predict`'s, which runs one micro-batch
   };
 
   job& running(std::uint64_t step) {
@@ -189,24 +189,10 @@ class coordinator_actor : public actors::actor {
       auto j = std::move(queue_.front());
       queue_.pop_front();
       --running_;
-      step_outcome out{j.result, {}};
+      step_outcome out{j.result, std::move(j.output)};
       if (j.req.train && j.start_ns >= 0) {  // the step's slice on track 0 (docs/trace-format.md)
         auto& rec = system().trace();
         rec.span(0, "step", "step", j.start_ns, rec.now(), -1, nullptr, -1, -1, static_cast<std::int64_t>(j.req.step));
-      }
-      if (j.req.want_output) {
-        if (j.outputs.size() == 1) {
-          out.output = std::move(j.outputs.begin()->second);
-        } else {  // stitch the micro-batches back together, in order
-          std::int64_t rows = 0;
-          for (auto& [k, t] : j.outputs) rows += t.batch();
-          out.output = tensor(rows, j.outputs.begin()->second.sample_shape());
-          std::int64_t at = 0;
-          for (auto& [k, t] : j.outputs) {
-            out.output.matrix().middleRows(at, t.batch()) = t.matrix();
-            at += t.batch();
-          }
-        }
       }
       j.reply.deliver(std::move(out));
     }
@@ -230,11 +216,9 @@ network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> crit
   if (!criterion) throw std::invalid_argument("network: no loss given");
   backend_ = opt.backend ? std::move(opt.backend) : make_cpu_backend(std::move(make_optimizer));
   backend_->check_loss(*criterion);
-  const bool one_loop =
-      !opt.spread && opt.loops.empty() && (opt.control_loop < 0 || unsigned(opt.control_loop) == opt.first_loop);
-  if (backend_->on_device() && !one_loop)
+  if (backend_->on_device() && (opt.spread || !opt.loops.empty()))
     throw std::invalid_argument("network: the " + std::string(backend_->name()) +
-                                " backend's actors share its stream, hence one loop (no spread, loops or control loop)");
+                                " backend's actors share its stream, hence one loop (no spread or loops)");
   keep_freed_memory();  // steps reuse the pages of the previous step (layers/memory.hpp)
   auto& nodes = g.nodes();
   const auto loops = rt.loop_count();
@@ -246,27 +230,24 @@ network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> crit
       throw std::invalid_argument("network: loop " + std::to_string(l) + " but the runtime has " + std::to_string(loops));
     return l;
   };
-  const unsigned control = check_loop(opt.control_loop >= 0 ? unsigned(opt.control_loop) : opt.first_loop);
 
   std::size_t layer_nodes = 0;
   for (auto& n : nodes) layer_nodes += n.layer ? 1 : 0;
-  coordinator_ = rt.spawn_on<coordinator_actor>(control, layer_nodes, backend_);
+  coordinator_ = rt.spawn_on<coordinator_actor>(0, layer_nodes, backend_);
   auto& coord = *static_cast<coordinator_actor*>(coordinator_.get());
 
   // One actor per layer node.
   plan_ = make_plan(g);
   node_actors_.resize(nodes.size());
-  unsigned next = opt.first_loop;
+  unsigned next = 0;
   for (std::size_t i : g.order()) {
     auto& n = nodes[i];
     if (!n.layer) continue;
-    unsigned loop = opt.first_loop;
-    if (!opt.loops.empty()) loop = opt.loops[i];
-    else if (opt.spread) loop = next++ % loops;
+    const unsigned loop = !opt.loops.empty() ? opt.loops[i] : opt.spread ? next++ % loops : 0;
     node_actors_[i] = rt.spawn_on<layer_actor>(check_loop(loop), n, static_cast<std::uint32_t>(i), plan_.nodes[i],
                                                 backend_->kernels_for(n));
   }
-  loss_ = rt.spawn_on<loss_actor>(control, std::move(criterion), backend_);
+  loss_ = rt.spawn_on<loss_actor>(0, std::move(criterion), backend_);
   auto& loss_a = *static_cast<loss_actor*>(loss_.get());
   auto actor_at = [&](std::size_t i) -> layer_actor& { return *static_cast<layer_actor*>(node_actors_[i].get()); };
 
@@ -314,12 +295,17 @@ network::~network() {
 
 namespace {
 
-/// A future that already holds `error`.
+/// The `part` of the coordinator's answer to `r`; a future that already holds `dead` if set.
 template <class T>
-std::future<T> failed_future(std::exception_ptr error) {
-  std::promise<T> p;
-  p.set_exception(std::move(error));
-  return p.get_future();
+std::future<T> ask_coordinator(actors::runtime& rt, const actors::address& coordinator, std::exception_ptr dead,
+                               step_request r, T step_outcome::*part) {
+  if (dead) {
+    std::promise<T> p;
+    p.set_exception(std::move(dead));
+    return p.get_future();
+  }
+  auto f = rt.ask<step_outcome>(coordinator, std::move(r), std::chrono::nanoseconds::max());
+  return std::async(std::launch::deferred, [f = std::move(f), part]() mutable { return std::move(f.get().*part); });
 }
 
 }  // namespace
@@ -331,51 +317,43 @@ std::exception_ptr network::stopped_error() const {
   auto failure = rt_.error();
   if (failure == failure_at_start_) failure = nullptr;
   if (!failure && !coordinator_.stopped()) return nullptr;
-  std::string why = "the runtime was shut down";
-  if (failure) {
+  auto error = [](const std::string& why) {
+    return std::runtime_error("network: the network stopped because " + why +
+                              "; it cannot run again and must be rebuilt (a new runtime and a new network)");
+  };
+  if (!failure) return std::make_exception_ptr(error("the runtime was shut down"));
+  // Called inside a handler of `failure`: the error nests it.
+  auto nested = [](const std::runtime_error& e) {
     try {
-      std::rethrow_exception(failure);
-    } catch (const std::exception& e) {
-      why = std::string("of the first failure: ") + e.what();
-    } catch (...) {
-      why = "of the first failure (a non-standard exception)";
-    }
-  }
-  const std::string message = "network: the network stopped because " + why +
-                              "; it cannot run again and must be rebuilt (a new runtime and a new network)";
-  if (!failure) return std::make_exception_ptr(std::runtime_error(message));
-  try {
-    std::rethrow_exception(failure);
-  } catch (...) {
-    try {
-      std::throw_with_nested(std::runtime_error(message));
+      std::throw_with_nested(e);
     } catch (...) {
       return std::current_exception();
     }
+  };
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& e) {
+    return nested(error(std::string("of the first failure: ") + e.what()));
+  } catch (...) {
+    return nested(error("of the first failure (a non-standard exception)"));
   }
 }
 
 std::future<step_result> network::train_step(tensor input, targets t, std::size_t micro_batches, std::uint64_t step,
                                              double lr) {
-  if (auto dead = stopped_error()) return failed_future<step_result>(std::move(dead));
-  auto f = rt_.ask<step_outcome>(coordinator_,
-                                 step_request{std::move(input), std::move(t), micro_batches, step, true, false, lr},
-                                 std::chrono::nanoseconds::max());
-  return std::async(std::launch::deferred, [f = std::move(f)]() mutable { return f.get().result; });
+  return ask_coordinator(rt_, coordinator_, stopped_error(),
+                         step_request{std::move(input), std::move(t), micro_batches, step, true, false, lr},
+                         &step_outcome::result);
 }
 
 std::future<step_result> network::evaluate(tensor input, targets t) {
-  if (auto dead = stopped_error()) return failed_future<step_result>(std::move(dead));
-  auto f = rt_.ask<step_outcome>(coordinator_, step_request{std::move(input), std::move(t), 1, 0, false, false},
-                                 std::chrono::nanoseconds::max());
-  return std::async(std::launch::deferred, [f = std::move(f)]() mutable { return f.get().result; });
+  return ask_coordinator(rt_, coordinator_, stopped_error(),
+                         step_request{std::move(input), std::move(t), 1, 0, false, false}, &step_outcome::result);
 }
 
 std::future<tensor> network::predict(tensor input) {
-  if (auto dead = stopped_error()) return failed_future<tensor>(std::move(dead));
-  auto f = rt_.ask<step_outcome>(coordinator_, step_request{std::move(input), {}, 1, 0, false, true},
-                                 std::chrono::nanoseconds::max());
-  return std::async(std::launch::deferred, [f = std::move(f)]() mutable { return std::move(f.get().output); });
+  return ask_coordinator(rt_, coordinator_, stopped_error(), step_request{std::move(input), {}, 1, 0, false, true},
+                         &step_outcome::output);
 }
 
 actors::address network::actor_of(std::string_view name) const { return node_actors_.at(graph_.index_of(name)); }

@@ -49,14 +49,12 @@ struct bus_traffic {
 
 /// Where the network's actors go.
 struct network_options {
-  /// Loop of each graph node, by node index (graph inputs ignored). Empty: `placement`.
+  /// Loop of each graph node, by node index (graph inputs ignored). Empty: `spread` says.
+  /// The coordinator and loss actors are on loop 0.
   std::vector<unsigned> loops;
-  /// Without `loops`: false puts every actor on `first_loop`; true spreads layers over the
+  /// Without `loops`: false puts every actor on loop 0; true spreads layers over the
   /// runtime's loops round-robin in topological order (independent branches then run at once).
   bool spread = false;
-  unsigned first_loop = 0;
-  /// The coordinator and loss actors' loop (default: `first_loop`).
-  int control_loop = -1;
   /// Where the layers' kernels go (layers/backend.hpp). Null: the CPU, with an optimizer
   /// per layer from the network's factory. A device backend's actors share one loop.
   std::shared_ptr<layers::backend> backend;

@@ -54,10 +54,7 @@ auto basic_layer_norm<Scalar>::do_forward(std::vector<tensor_type>& inputs, cons
   } else {
     y.matrix() = xhat.matrix();
   }
-  forward_result r{std::move(y), {}};
-  r.stash.tensors.push_back(std::move(xhat));
-  r.stash.tensors.push_back(std::move(rstd));
-  return r;
+  return this->with_stash(std::move(y), std::move(xhat), std::move(rstd));
 }
 
 template <class Scalar>
@@ -175,9 +172,7 @@ auto basic_batch_norm<Scalar>::do_forward(std::vector<tensor_type>& inputs, cons
       }
   }
   if (train) ++batches_tracked_;
-  forward_result res{std::move(y), {}};
-  res.stash.tensors.push_back(std::move(xhat));
-  res.stash.tensors.push_back(std::move(rstd));
+  auto res = this->with_stash(std::move(y), std::move(xhat), std::move(rstd));
   res.stash.indices.push_back(train ? 1 : 0);
   return res;
 }

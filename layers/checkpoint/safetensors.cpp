@@ -41,6 +41,20 @@ constexpr std::array<dtype_entry, 15> dtypes = {{
     {dtype::f64, "F64", 8},        {dtype::i64, "I64", 8},         {dtype::u64, "U64", 8},
 }};
 
+// The name used in the header (`"F32"`, `"BOOL"`, …).
+std::string_view dtype_name(dtype t) noexcept {
+  for (auto& e : dtypes)
+    if (e.type == t) return e.name;
+  return "?";
+}
+
+// The dtype for a header name; empty if unknown.
+std::optional<dtype> parse_dtype(std::string_view name) noexcept {
+  for (auto& e : dtypes)
+    if (e.name == name) return e.type;
+  return std::nullopt;
+}
+
 std::string in_quotes(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 std::string shape_string(std::span<const std::uint64_t> shape) {
@@ -101,18 +115,6 @@ std::size_t dtype_size(dtype t) noexcept {
   for (auto& e : dtypes)
     if (e.type == t) return e.size;
   return 0;
-}
-
-std::string_view dtype_name(dtype t) noexcept {
-  for (auto& e : dtypes)
-    if (e.type == t) return e.name;
-  return "?";
-}
-
-std::optional<dtype> parse_dtype(std::string_view name) noexcept {
-  for (auto& e : dtypes)
-    if (e.name == name) return e.type;
-  return std::nullopt;
 }
 
 std::uint64_t tensor_info::elements() const noexcept {

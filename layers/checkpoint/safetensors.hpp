@@ -37,10 +37,6 @@ enum class dtype { boolean, u8, i8, f8_e5m2, f8_e4m3, i16, u16, f16, bf16, i32, 
 
 /// Bytes per element of `t`.
 std::size_t dtype_size(dtype t) noexcept;
-/// The name used in the header (`"F32"`, `"BOOL"`, …).
-std::string_view dtype_name(dtype t) noexcept;
-/// The dtype for a header name; empty if unknown.
-std::optional<dtype> parse_dtype(std::string_view name) noexcept;
 
 /// Header metadata: the `__metadata__` string-to-string map.
 using metadata = std::map<std::string, std::string>;

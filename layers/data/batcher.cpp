@@ -81,7 +81,10 @@ void batcher::gather(const dataset& data, std::size_t b, std::span<float> images
                                 " labels, got " + std::to_string(images.size()) + " and " +
                                 std::to_string(labels.size()));
   }
-  data.gather(idx, images, labels);
+  for (std::size_t r = 0; r < idx.size(); ++r) {
+    data.copy_row(idx[r], images.subspan(r * f, f));
+    labels[r] = data.labels[idx[r]];
+  }
 }
 
 }  // namespace nerve::data

@@ -37,21 +37,6 @@ void dataset::copy_row(std::size_t i, std::span<float> out) const {
   for (std::size_t k = 0; k < f; ++k) out[k] = pixel_value[src[k]];
 }
 
-void dataset::gather(std::span<const std::uint32_t> indices, std::span<float> out,
-                     std::span<std::int32_t> labels_out) const {
-  const std::size_t f = features();
-  if (out.size() != indices.size() * f || (!labels_out.empty() && labels_out.size() != indices.size())) {
-    throw std::invalid_argument("dataset: " + std::to_string(indices.size()) + " samples need " +
-                                std::to_string(indices.size() * f) + " values and " +
-                                std::to_string(indices.size()) + " labels, got " + std::to_string(out.size()) +
-                                " and " + std::to_string(labels_out.size()));
-  }
-  for (std::size_t r = 0; r < indices.size(); ++r) {
-    copy_row(indices[r], out.subspan(r * f, f));
-    if (!labels_out.empty()) labels_out[r] = labels[indices[r]];
-  }
-}
-
 std::vector<float> dataset::rows(std::size_t first, std::size_t count) const {
   if (first > size() || count > size() - first) {
     throw std::out_of_range("dataset: rows [" + std::to_string(first) + ", " + std::to_string(first + count) +

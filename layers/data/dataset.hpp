@@ -54,11 +54,6 @@ struct dataset {
   void set_normalization(std::optional<normalization> norm) noexcept;
   /// Writes sample `i` as floats into `out` (exactly `features()` long).
   void copy_row(std::size_t i, std::span<float> out) const;
-  /// Writes the samples `indices` as consecutive float rows into `out`
-  /// (`indices.size() * features()` long) and their labels into `labels_out`
-  /// (`indices.size()` long, or empty to skip). Throws `std::invalid_argument` on a size mismatch.
-  void gather(std::span<const std::uint32_t> indices, std::span<float> out,
-              std::span<std::int32_t> labels_out = {}) const;
   /// Samples `[first, first + count)` as floats, e.g. a slice of the test set.
   std::vector<float> rows(std::size_t first, std::size_t count) const;
 };

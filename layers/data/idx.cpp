@@ -123,11 +123,6 @@ idx_array elements(idx_type type, std::vector<std::size_t> shape, std::span<cons
 
 }  // namespace
 
-std::size_t idx_type_size(idx_type type) noexcept {
-  const auto* i = find_type(static_cast<std::uint8_t>(type));
-  return i ? i->size : 0;
-}
-
 std::string_view idx_type_name(idx_type type) noexcept {
   const auto* i = find_type(static_cast<std::uint8_t>(type));
   return i ? i->name : "unknown";
@@ -212,7 +207,7 @@ idx_array parse_idx(std::span<const std::byte> bytes, std::string_view name_view
   }
   std::vector<std::size_t> shape(ndims);
   std::uint64_t count = 1;
-  const std::uint64_t elem = idx_type_size(type);
+  const std::uint64_t elem = find_type(b(2))->size;
   for (std::size_t i = 0; i < ndims; ++i) {
     std::uint32_t d = load_be32(in.data() + 4 + 4 * i);
     if (d == 0) throw fail(4 + 4 * i, "dimension " + std::to_string(i) + " is zero");

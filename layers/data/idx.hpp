@@ -31,8 +31,6 @@ enum class idx_type : std::uint8_t {
   f64 = 0x0E,  ///< double, big-endian
 };
 
-/// Size in bytes of one element of `type`.
-std::size_t idx_type_size(idx_type type) noexcept;
 /// Lower-case name of `type` (`"u8"`, `"f32"`, …).
 std::string_view idx_type_name(idx_type type) noexcept;
 

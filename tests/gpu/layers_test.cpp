@@ -500,7 +500,7 @@ TEST_SUITE("gpu.layers") {
     auto be = std::make_shared<gpu::device_backend>(dev, g);
     auto ce = std::make_shared<layers::cross_entropy>();
     CHECK_THROWS_AS(layers::network(rt, g, ce, {}, {.spread = true, .backend = be}), std::invalid_argument);
-    CHECK_THROWS_AS(layers::network(rt, g, ce, {}, {.first_loop = 0, .control_loop = 1, .backend = be}),
+    CHECK_THROWS_AS(layers::network(rt, g, ce, {}, {.loops = std::vector<unsigned>(g.nodes().size()), .backend = be}),
                     std::invalid_argument);
     CHECK_THROWS_AS(layers::network(rt, g, std::make_shared<layers::mse>(), {}, {.backend = be}),
                     std::invalid_argument);
