@@ -137,7 +137,7 @@ step_result basic_direct_executor<Scalar>::evaluate(tensor_type input, const bas
                                                     const basic_loss<Scalar>& criterion) {
   const std::int64_t n = input.batch();
   const auto r = criterion.forward(predict(std::move(input)), target);
-  return {r.loss, r.correct, n};
+  return {.loss = r.loss, .correct = r.correct, .samples = n};
 }
 
 template <class Scalar>

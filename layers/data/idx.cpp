@@ -193,7 +193,8 @@ idx_array parse_idx(std::span<const std::byte> bytes, std::string_view name_view
                                       ": an IDX file starts with two zero bytes, the type and the number of "
                                       "dimensions (00 00 TYPE NDIMS)");
   }
-  if (!find_type(b(2))) {
+  const auto* info = find_type(b(2));
+  if (!info) {
     throw fail(2, "unknown data type " + hex_byte(b(2)) +
                       " (IDX knows 0x08 u8, 0x09 i8, 0x0b i16, 0x0c i32, 0x0d f32, 0x0e f64)");
   }
@@ -207,7 +208,7 @@ idx_array parse_idx(std::span<const std::byte> bytes, std::string_view name_view
   }
   std::vector<std::size_t> shape(ndims);
   std::uint64_t count = 1;
-  const std::uint64_t elem = find_type(b(2))->size;
+  const std::uint64_t elem = info->size;
   for (std::size_t i = 0; i < ndims; ++i) {
     std::uint32_t d = load_be32(in.data() + 4 + 4 * i);
     if (d == 0) throw fail(4 + 4 * i, "dimension " + std::to_string(i) + " is zero");
