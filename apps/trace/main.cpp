@@ -16,22 +16,22 @@
 #include "apps/trace/summary.hpp"
 #include "apps/trace/synth.hpp"
 #include "apps/trace/writer.hpp"
+#include "apps/common/options.hpp"
 
 #include <CLI/CLI.hpp>
 
-#include <charconv>
-#include <cmath>
-#include <cstdlib>
 #include <fstream>
-#include <iomanip>
 #include <iostream>
 #include <limits>
 #include <optional>
-#include <sstream>
 
 namespace {
 
 using namespace nerve::trace;
+using nerve::apps::finite_number;
+using nerve::apps::readable;
+using nerve::apps::real_in;
+using nerve::apps::whole_in;
 
 // Prints the findings; returns false when the files cannot be used.
 bool report(const diagnostics& diags, bool strict, bool quiet, std::size_t limit = 50) {
@@ -42,55 +42,6 @@ bool report(const diagnostics& diags, bool strict, bool quiet, std::size_t limit
   }
   if (shown > limit) std::cerr << "... and " << shown - limit << " more\n";
   return diags.error_count() == 0 && (!strict || diags.warning_count() == 0);
-}
-
-// A number as a reader writes it: 10000000, 0.99, 4e+15.
-std::string readable(double v) {
-  std::ostringstream os;
-  os << std::setprecision(12) << v;
-  return os.str();
-}
-
-// The whole text as a finite double, or nothing (no trailing characters, no nan or inf).
-std::optional<double> finite_number(const std::string& text) {
-  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return std::nullopt;
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(text.c_str(), &end);
-  if (end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v)) return std::nullopt;
-  return v;
-}
-
-// CLI11 checks for numeric options, with the range written out for a reader. They are
-// transforms: the value is rewritten in plain decimal, so CLI11's own conversion (which
-// reads 010 as octal and -1 as a huge unsigned) converts exactly what was checked.
-CLI::Validator real_in(double lo, double hi, const std::string& unit = "") {
-  const std::string range = "a finite number from " + readable(lo) + " to " + readable(hi) + unit;
-  return CLI::Validator(
-      [=](std::string& text) -> std::string {
-        auto v = finite_number(text);
-        if (!v || *v < lo || *v > hi) return "'" + text + "' is not " + range;
-        std::ostringstream os;
-        os << std::setprecision(17) << *v;
-        text = os.str();
-        return {};
-      },
-      "[" + readable(lo) + " to " + readable(hi) + unit + "]");
-}
-
-template <typename T>
-CLI::Validator whole_in(T lo, T hi, const std::string& hi_text = "") {
-  const std::string top = hi_text.empty() ? std::to_string(hi) : hi_text;
-  const std::string range = "a whole number from " + std::to_string(lo) + " to " + top;
-  return CLI::Validator(
-      [=](std::string& text) -> std::string {
-        T v{};
-        auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-        if (ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi) return "'" + text + "' is not " + range;
-        text = std::to_string(v);
-        return {};
-      },
-      "[" + std::to_string(lo) + " to " + top + "]");
 }
 
 // `--window A:B`: two finite times with 0 <= A < B <= max_time_us (an empty or reversed
@@ -197,7 +148,7 @@ int run(int argc, char** argv) {
       ->transform(real_in(0, L::max_jitter));
   synth->add_option("--seed", so.seed, "random seed for --jitter")
       ->capture_default_str()
-      ->transform(whole_in<std::uint64_t>(0, std::numeric_limits<std::uint64_t>::max(), "2^64-1"));
+      ->transform(nerve::apps::any_whole<std::uint64_t>());
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,102 @@
+#pragma once
+/// \file
+/// Range checks for the apps' numeric options, as CLI11 transforms. Every app's numbers go
+/// through these, so a value out of range is refused with the option's name and the range
+/// written out (`--seed: '-1' is not a whole number from 0 to 2^64-1`), never converted
+/// into something else. They are transforms, not checks: the text is rewritten in plain
+/// decimal once it passed, so CLI11's own conversion (which in Debian 12's CLI11 2.1 reads
+/// -1 as a huge unsigned number and 010 as octal) converts exactly what was checked.
+/// `parse_command_line` gives nerve-train and nerve-pipeline one way to refuse: one line
+/// `<app>: <message>` and status 1 (docs/errors.md). Header-only; CLI11 and the standard
+/// library only.
+
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cstdint>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iomanip>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <type_traits>
+
+#include <CLI/CLI.hpp>
+
+namespace nerve::apps {
+
+/// A number as a reader writes it: 10000000, 0.99, 4e+15.
+inline std::string readable(double v) {
+  std::ostringstream os;
+  os << std::setprecision(12) << v;
+  return os.str();
+}
+
+/// The whole text as a finite double, or nothing (no trailing characters, no nan or inf).
+inline std::optional<double> finite_number(const std::string& text) {
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+/// A finite number in [lo, hi]; `unit` follows the range in messages (" µs").
+inline CLI::Validator real_in(double lo, double hi, const std::string& unit = "") {
+  const std::string range = "a finite number from " + readable(lo) + " to " + readable(hi) + unit;
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        auto v = finite_number(text);
+        if (!v || *v < lo || *v > hi) return "'" + text + "' is not " + range;
+        std::ostringstream os;
+        os << std::setprecision(17) << *v;
+        text = os.str();
+        return {};
+      },
+      "[" + readable(lo) + " to " + readable(hi) + unit + "]");
+}
+
+/// A whole number of type T in [lo, hi], written in decimal; `hi_text` names `hi` in
+/// messages where its digits say less ("2^64-1").
+template <typename T>
+CLI::Validator whole_in(T lo, T hi, const std::string& hi_text = "") {
+  const std::string top = hi_text.empty() ? std::to_string(hi) : hi_text;
+  const std::string range = "a whole number from " + std::to_string(lo) + " to " + top;
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        T v{};
+        auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi) return "'" + text + "' is not " + range;
+        text = std::to_string(v);
+        return {};
+      },
+      "[" + std::to_string(lo) + " to " + top + "]");
+}
+
+/// Any value of the unsigned type T (a seed, a count the app checks further): refuses a
+/// sign, a fraction or text before CLI11 could wrap it around.
+template <typename T>
+CLI::Validator any_whole() {
+  static_assert(std::is_unsigned_v<T>);
+  return whole_in<T>(0, std::numeric_limits<T>::max(), "2^" + std::to_string(8 * sizeof(T)) + "-1");
+}
+
+/// Parses the command line into `app`. Returns -1 when the app goes on; else the status to
+/// exit with: 0 after `--help` (printed), 1 after a refused option or value, said on stderr
+/// in one line as `<name>: <message>` like every other error of the app.
+inline int parse_command_line(CLI::App& app, int argc, char** argv, const char* name) {
+  try {
+    app.parse(argc, argv);
+    return -1;
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
+}
+
+}  // namespace nerve::apps
