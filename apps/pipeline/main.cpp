@@ -38,6 +38,7 @@
 #include "layers/presets.hpp"
 #include "layers/trainer.hpp"
 #include "apps/common/job.hpp"
+#include "apps/common/options.hpp"
 #include "apps/common/pipeline_engine.hpp"
 #include "apps/common/run_control.hpp"
 
@@ -120,7 +121,7 @@ int main(int argc, char** argv) {
   app.add_option("--lr", lr, "Learning rate (default: the preset's)");
   app.add_option("--momentum", momentum, "SGD momentum (default: the preset's)");
   app.add_option("--threads", threads_in, "Event loops, 1 to 256 (default: one per stage)");
-  app.add_option("--seed", seed, "Seed for initialisation and shuffling");
+  app.add_option("--seed", seed, "Seed for initialisation and shuffling")->transform(nerve::apps::any_whole<std::uint64_t>());
   app.add_flag("--no-shuffle", no_shuffle, "Batches in file order");
   app.add_option("--data", data, "Directory with the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--init", init, "Start from these weights (safetensors)");
@@ -141,7 +142,7 @@ int main(int argc, char** argv) {
   const auto& metrics_file = state.metrics;
   app.add_flag("--json", json, "Print one JSON object with the results on stdout");
   app.add_flag("--quiet", quiet, "No progress bar");
-  CLI11_PARSE(app, argc, argv);
+  if (const int status = nerve::apps::parse_command_line(app, argc, argv, "nerve-pipeline"); status >= 0) return status;
 
   std::optional<nerve::apps::job> ranks;  // the processes of the run: one, or mpirun's ranks
   try {
@@ -232,7 +233,10 @@ int main(int argc, char** argv) {
       // What the user gave replaces the preset's, whatever it is: check_options refuses
       // what is out of range rather than the preset's value standing in for it unseen.
       if (app.count("--epochs")) o.epochs = epochs;
-      if (app.count("--steps")) o.steps = steps;
+      if (app.count("--steps")) {  // -1 is the options' "no limit", not a value to give
+        if (steps < 1) throw std::invalid_argument("--steps must be at least 1 (got " + std::to_string(steps) + ")");
+        o.steps = steps;
+      }
       if (app.count("--batch")) {
         if (batch < 1) throw std::invalid_argument("--batch must be at least 1 (got " + std::to_string(batch) + ")");
         o.batch = static_cast<std::size_t>(batch);

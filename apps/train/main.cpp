@@ -27,6 +27,7 @@
 #include "layers/presets.hpp"
 #include "layers/trainer.hpp"
 #include "apps/common/job.hpp"
+#include "apps/common/options.hpp"
 #include "apps/common/pipeline_engine.hpp"
 #include "apps/common/run_control.hpp"
 
@@ -68,16 +69,18 @@ int main(int argc, char** argv) {
   app.add_option("--epochs", epochs, "Epochs (default: the preset's)");
   app.add_option("--steps", steps, "Stop after N optimizer steps");
   app.add_option("--batch", batch, "Mini-batch size (default: the preset's)");
-  app.add_option("--microbatches", micro, "Split each batch into M micro-batches (gradients accumulate)");
+  app.add_option("--microbatches", micro, "Split each batch into M micro-batches (gradients accumulate)")
+      ->transform(nerve::apps::any_whole<std::size_t>());
   app.add_option("--lr", lr, "Learning rate (default: the preset's)");
   app.add_option("--optimizer", optimizer, "sgd, adam or adamw (default: sgd)");
   app.add_option("--momentum", momentum, "SGD momentum (default: the preset's)");
   app.add_flag("--nesterov", nesterov, "Nesterov momentum");
   app.add_option("--weight-decay", weight_decay, "Weight decay (L2 for sgd/adam, decoupled for adamw)");
   app.add_option("--schedule", schedule, "Learning-rate schedule: none, step, cosine");
-  app.add_option("--threads", threads, "Event loops, and threads per matrix product");
+  app.add_option("--threads", threads, "Event loops, and threads per matrix product")
+      ->transform(nerve::apps::any_whole<unsigned>());
   app.add_flag("--spread", spread, "Spread layer actors over the loops (default: all on one loop)");
-  app.add_option("--seed", seed, "Seed for initialisation and shuffling");
+  app.add_option("--seed", seed, "Seed for initialisation and shuffling")->transform(nerve::apps::any_whole<std::uint64_t>());
   app.add_flag("--no-shuffle", no_shuffle, "Batches in file order");
   app.add_option("--data", data, "Directory with the Fashion-MNIST IDX files");
   app.add_option("--init", init, "Start from these weights (safetensors)");
@@ -101,7 +104,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--json", json, "Print one JSON object with the results on stdout");
   app.add_flag("--quiet", quiet, "No progress bar");
-  CLI11_PARSE(app, argc, argv);
+  if (const int status = nerve::apps::parse_command_line(app, argc, argv, "nerve-train"); status >= 0) return status;
 
   std::optional<nerve::apps::job> ranks;  // the processes of the run: one, or mpirun's ranks
   try {
@@ -135,7 +138,10 @@ int main(int argc, char** argv) {
       // What the user gave replaces the preset's, whatever it is: check_options refuses
       // what is out of range rather than the preset's value standing in for it unseen.
       if (app.count("--epochs")) o.epochs = epochs;
-      if (app.count("--steps")) o.steps = steps;
+      if (app.count("--steps")) {  // -1 is the options' "no limit", not a value to give
+        if (steps < 1) throw std::invalid_argument("--steps must be at least 1 (got " + std::to_string(steps) + ")");
+        o.steps = steps;
+      }
       if (app.count("--batch")) {
         if (batch < 1) throw std::invalid_argument("--batch must be at least 1 (got " + std::to_string(batch) + ")");
         o.batch = static_cast<std::size_t>(batch);

@@ -129,6 +129,13 @@ TEST_SUITE("apps.command_line") {
         {{"--save", "/dev/null"}, "'/dev/null' is a character device, not a regular file: refusing to replace it"},
         {{"--replicas", "0"}, "--replicas must be between 1 and 256 (got 0): each replica is a group of layer actors"},
         {{"--replicas", "3", "--batch", "2"}, "--batch 2 cannot split into 3 replicas x 1 micro-batches"},
+        // -1 is neither "no limit" nor 2^64-1 (CLI11 2.1 reads it so for an unsigned option).
+        {{"--steps", "-1"}, "--steps must be at least 1 (got -1)"},
+        {{"--seed", "-1"}, "--seed: '-1' is not a whole number from 0 to 2^64-1"},
+        {{"--seed", "1e3"}, "--seed: '1e3' is not a whole number from 0 to 2^64-1"},
+        {{"--microbatches", "-1"}, "--microbatches: '-1' is not a whole number from 0 to 2^64-1"},
+        {{"--threads", "-1"}, "--threads: '-1' is not a whole number from 0 to 2^32-1"},
+        {{"--bogus"}, "The following argument was not expected: --bogus"},
     };
     for (const auto& [options, message] : cases) {
       CAPTURE(message);
@@ -153,6 +160,8 @@ TEST_SUITE("apps.command_line") {
         {{"--momentum", "1"}, "--momentum must be in [0, 1) (got 1)"},
         {{"--epochs", "0", "--save", "w.safetensors"}, "--epochs must be at least 1 (got 0)"},
         {{"--batch", "-3"}, "--batch must be at least 1 (got -3)"},
+        {{"--steps", "-1"}, "--steps must be at least 1 (got -1)"},
+        {{"--seed", "-1"}, "--seed: '-1' is not a whole number from 0 to 2^64-1"},
     };
     for (const auto& [options, message] : cases) {
       CAPTURE(message);
@@ -166,6 +175,33 @@ TEST_SUITE("apps.command_line") {
     }
     CHECK_FALSE(fs::exists("w.safetensors"));
   }
+
+#ifdef NERVE_BENCH_BIN
+  TEST_CASE("nerve-bench refuses a value out of range before it runs anything") {
+    // Each of these ran before: -1 wrapped around to a count that never ends, a negative
+    // warm-up or minimum time was taken as none, a list item became CPU 4294967295.
+    const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+        {{"messaging", "--count", "-1"}, "--count: '-1' is not a whole number from 1 to 10000000000"},
+        {{"messaging", "--threads", "0"}, "--threads: '0' is not a whole number from 1 to 256"},
+        {{"messaging", "--scale", "0"}, "--scale: '0' is not a finite number from 0.001 to 1000"},
+        {{"train", "--batches", "32,-1"}, "--batches: '-1' is not a whole number from 1 to 65536"},
+        {{"train", "--cpus", "-1"}, "--cpus: '-1' is not a whole number from 0 to 1023"},
+        {{"train", "--min-seconds", "-1"}, "--min-seconds: '-1' is not a finite number from 0 to 3600 s"},
+        {{"train", "--only", "peak,nope"}, "--only: nope not in {peak,shapes,steps,epoch,branches}"},
+        {{"pipeline", "--warmup", "-1"}, "--warmup: '-1' is not a whole number from 0 to 1000"},
+        {{"pipeline", "--stages", "0"}, "--stages: '0' is not a whole number from 1 to 256"},
+    };
+    for (const auto& [options, message] : cases) {
+      CAPTURE(message);
+      std::vector<std::string> args{NERVE_BENCH_BIN};
+      args.insert(args.end(), options.begin(), options.end());
+      auto r = run(args);
+      CHECK(r.exit_code == 1);
+      CHECK(r.err == "nerve-bench: " + message + "\n");
+      CHECK(r.out.empty());
+    }
+  }
+#endif
 
   TEST_CASE("nerve-pipeline names an empty --schedule-file") {
     tiny_fashion_mnist data(1, 1);
