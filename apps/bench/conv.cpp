@@ -42,6 +42,7 @@
 
 #include "apps/bench/gpu_timing.hpp"
 #include "apps/bench/subcommand.hpp"
+#include "apps/common/options.hpp"
 
 namespace {
 
@@ -194,7 +195,7 @@ void add_conv(CLI::App& app) {
   auto reps = std::make_shared<int>(50);
   auto as_json = std::make_shared<bool>(false);
   auto* sub = app.add_subcommand("conv", "GPU convolution: nerve's im2col + cuBLAS against cuDNN, per pass");
-  sub->add_option("--reps", *reps, "Passes timed back to back (default 50)");
+  sub->add_option("--reps", *reps, "Passes timed back to back (default 50)")->transform(nerve::apps::whole_in(1, 100000));
   sub->add_flag("--json", *as_json, "Print one JSON object");
   sub->callback([reps, as_json] { run(*reps, *as_json); });
 }

@@ -60,6 +60,7 @@
 
 #include "apps/bench/gpu_timing.hpp"
 #include "apps/bench/subcommand.hpp"
+#include "apps/common/options.hpp"
 
 namespace {
 
@@ -433,7 +434,8 @@ void add_gpu(CLI::App& app) {
   auto* sub = app.add_subcommand("gpu", "GPU: completion latency (poller vs blocking), training steps vs PyTorch, GEMM");
   sub->add_flag("--quick", opts->quick, "Fewer samples");
   sub->add_flag("--standin", opts->standin, "Run on the CPU stand-in even where a GPU is visible");
-  sub->add_option("--steps", opts->steps, "Timed training steps per model (default 200)");
+  sub->add_option("--steps", opts->steps, "Timed training steps per model (default 200)")
+      ->transform(nerve::apps::whole_in(1, 100000));
   sub->add_flag("--no-torch", opts->no_torch, "Skip the PyTorch comparison");
   sub->add_flag("--pipeline", opts->pipeline_only, "Only the 4-stage pipeline on one GPU vs 1 stage");
   sub->add_option("--torch-script", opts->torch_script, "PyTorch twin (default gpu/bench/torch_step.py)");

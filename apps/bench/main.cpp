@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "apps/bench/subcommand.hpp"
+#include "apps/common/options.hpp"
 
 namespace nerve::bench {
 std::vector<subcommand_entry>& subcommands() {
@@ -22,11 +23,9 @@ int main(int argc, char** argv) {
   std::sort(subs.begin(), subs.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   for (auto& s : subs) s.add(app);
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: error: %s\n", argv[0], e.what());
+    if (const int status = nerve::apps::parse_command_line(app, argc, argv, "nerve-bench"); status >= 0) return status;
+  } catch (const std::exception& e) {  // a benchmark that failed
+    std::fprintf(stderr, "nerve-bench: error: %s\n", e.what());
     return 1;
   }
   return 0;

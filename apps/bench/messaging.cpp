@@ -26,6 +26,7 @@
 #include <CLI/CLI.hpp>
 
 #include "apps/bench/subcommand.hpp"
+#include "apps/common/options.hpp"
 
 extern char** environ;
 
@@ -428,11 +429,18 @@ void add_messaging(CLI::App& app) {
   for (auto& w : workload_names()) names += ", " + w;
   sub->add_option("--workload,-w", opts->workload, "Workload: " + names)->capture_default_str();
   sub->add_option("--inflight", opts->inflight,
-                  "chain: tokens circulating; fan: rounds in flight (default: chain 64, fan 1; 'all' runs chain at 1 and 64)");
-  sub->add_option("--threads,-t", opts->threads, "Worker threads / event loops (default: hardware threads)");
-  sub->add_option("--repeats,-r", opts->repeats, "Repeats; the median is reported")->capture_default_str()->check(CLI::PositiveNumber);
-  sub->add_option("--scale", opts->scale, "Multiply every workload's default size (quick runs: 0.1)")->capture_default_str()->check(CLI::PositiveNumber);
-  sub->add_option("--count", opts->count, "Exact size: round trips, messages, deliveries, rounds or actors (overrides --scale)");
+                  "chain: tokens circulating; fan: rounds in flight (default: chain 64, fan 1; 'all' runs chain at 1 and 64)")
+      ->transform(nerve::apps::whole_in(1u, 1u << 20));
+  sub->add_option("--threads,-t", opts->threads, "Worker threads / event loops (default: hardware threads)")
+      ->transform(nerve::apps::whole_in(1u, 256u));
+  sub->add_option("--repeats,-r", opts->repeats, "Repeats; the median is reported")
+      ->capture_default_str()
+      ->transform(nerve::apps::whole_in(1u, 1000u));
+  sub->add_option("--scale", opts->scale, "Multiply every workload's default size (quick runs: 0.1)")
+      ->capture_default_str()
+      ->transform(nerve::apps::real_in(0.001, 1000));
+  sub->add_option("--count", opts->count, "Exact size: round trips, messages, deliveries, rounds or actors (overrides --scale)")
+      ->transform(nerve::apps::whole_in<std::uint64_t>(1, 10'000'000'000));
   const auto& be = backend();
   if (be.placements.size() > 1) {
     std::string ps;
@@ -445,8 +453,10 @@ void add_messaging(CLI::App& app) {
   sub->add_option("--work-us", opts->work_us,
                   "fan: microseconds of real work (a calibrated compute loop) per message in each worker (default 0); "
                   "the default size becomes about 1 s of work on one loop")
-      ->check(CLI::NonNegativeNumber);
-  sub->add_option("--timeout", opts->timeout_s, "many: a repeat running longer is killed and reported as timed out (0: never)")->capture_default_str();
+      ->transform(nerve::apps::real_in(0, 1e6, " µs"));
+  sub->add_option("--timeout", opts->timeout_s, "many: a repeat running longer is killed and reported as timed out (0: never)")
+      ->capture_default_str()
+      ->transform(nerve::apps::whole_in(0u, 86400u, "86400 (a day)"));
   sub->add_flag("--json", opts->json, "Print one JSON object (with 'all': an object holding the list 'results')");
   sub->add_flag("--record", opts->record,
                 be.supports_record ? "Run each repeat with the recorder off and on; report both and the ratio"

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/bench/subcommand.hpp"
+#include "apps/common/options.hpp"
 #include "layers/gemm.hpp"
 #include "layers/pipeline/pipeline.hpp"
 #include "layers/presets.hpp"
@@ -185,14 +186,20 @@ void add_pipeline(CLI::App& app) {
   auto o = std::make_shared<options>();
   auto* sub = app.add_subcommand("pipeline", "Pipeline-parallel training throughput against one stage on one loop");
   sub->add_option("--model", o->model, "Preset: mlp, deep-mlp, lenet, resmlp")->capture_default_str();
-  sub->add_option("--stages", o->stages, "Pipeline stages (one loop each)")->capture_default_str()->check(CLI::PositiveNumber);
-  sub->add_option("--microbatches", o->micro_batches, "Micro-batches per step")->capture_default_str()->check(CLI::PositiveNumber);
-  sub->add_option("--microbatch-size", o->micro_batch_size, "Samples per micro-batch")->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--stages", o->stages, "Pipeline stages (one loop each)")
+      ->capture_default_str()
+      ->transform(nerve::apps::whole_in<std::uint32_t>(1, 256));
+  sub->add_option("--microbatches", o->micro_batches, "Micro-batches per step")
+      ->capture_default_str()
+      ->transform(nerve::apps::whole_in<std::uint32_t>(1, 4096));
+  sub->add_option("--microbatch-size", o->micro_batch_size, "Samples per micro-batch")
+      ->capture_default_str()
+      ->transform(nerve::apps::whole_in<std::int64_t>(1, 65536));
   sub->add_option("--schedules", o->schedules, "Schedules to run: gpipe, 1f1b, interleaved, zb-h1")->capture_default_str();
   sub->add_option("--partition", o->partition, "cost (profiled) or params")->capture_default_str();
-  sub->add_option("--steps", o->steps, "Timed steps per repeat")->capture_default_str()->check(CLI::PositiveNumber);
-  sub->add_option("--warmup", o->warmup, "Untimed steps first")->capture_default_str();
-  sub->add_option("--repeats,-r", o->repeats, "Repeats; the median is reported")->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--steps", o->steps, "Timed steps per repeat")->capture_default_str()->transform(nerve::apps::whole_in(1, 100000));
+  sub->add_option("--warmup", o->warmup, "Untimed steps first")->capture_default_str()->transform(nerve::apps::whole_in(0, 1000));
+  sub->add_option("--repeats,-r", o->repeats, "Repeats; the median is reported")->capture_default_str()->transform(nerve::apps::whole_in(1, 1000));
   sub->add_flag("--json", o->json, "Print one JSON object");
   sub->add_flag("--quiet,-q", o->quiet, "No progress lines on stderr");
   sub->callback([o] { run(*o); });

@@ -11,7 +11,8 @@
 ///   namespace {
 ///   void add_train(CLI::App& app) {
 ///     auto* sub = app.add_subcommand("train", "Training throughput");
-///     sub->callback([] { ... throw CLI::RuntimeError(1) on failure ... });
+///     sub->add_option("--steps", steps, "Timed steps")->transform(nerve::apps::whole_in(1, 1000));  // apps/common/options.hpp
+///     sub->callback([] { ... throw std::runtime_error("why") on failure ... });
 ///   }
 ///   const nerve::bench::subcommand_registration reg{"train", &add_train};
 ///   }  // namespace
@@ -27,8 +28,8 @@ class App;
 
 namespace nerve::bench {
 
-/// Adds one subcommand (its options and its callback) to `app`. A callback reports failure
-/// by throwing `CLI::RuntimeError(exit_code)` (or any exception, which exits with 1).
+/// Adds one subcommand (its options and its callback) to `app`. A refused option and a
+/// callback that throws both end the program with one line on stderr and status 1.
 using add_subcommand_fn = void (*)(CLI::App& app);
 
 struct subcommand_entry {

@@ -46,6 +46,7 @@
 
 #include "actors/runtime.hpp"
 #include "apps/bench/subcommand.hpp"
+#include "apps/common/options.hpp"
 #include "layers/activation.hpp"
 #include "layers/executor.hpp"
 #include "layers/gemm.hpp"
@@ -580,18 +581,11 @@ void print_text(const json& r) {
 }
 
 void run_train(const train_bench_options& o) {
-  for (auto& s : o.only)
-    if (s != "peak" && s != "shapes" && s != "steps" && s != "epoch" && s != "branches")
-      throw std::invalid_argument("--only: unknown section '" + s + "' (peak, shapes, steps, epoch, branches)");
-  for (auto& m : o.models) (void)dims_of(m);
   if (!o.cpus.empty()) {
     // Before any thread starts: the loops, the product threads and the PyTorch child inherit it.
     cpu_set_t set;
     CPU_ZERO(&set);
-    for (unsigned c : o.cpus) {
-      if (c >= CPU_SETSIZE) throw std::invalid_argument("--cpus: no CPU " + std::to_string(c));
-      CPU_SET(c, &set);
-    }
+    for (unsigned c : o.cpus) CPU_SET(c, &set);
     if (sched_setaffinity(0, sizeof set, &set) != 0)
       throw std::runtime_error("--cpus: cannot pin to those CPUs (" + std::string(std::strerror(errno)) + ")");
   }
@@ -656,51 +650,39 @@ void run_train(const train_bench_options& o) {
   else print_text(r);
 }
 
-template <class T>
-std::vector<T> split_list(const std::string& s) {
-  std::vector<T> v;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (item.empty()) continue;
-    if constexpr (std::is_same_v<T, std::string>) v.push_back(item);
-    else v.push_back(static_cast<T>(std::stoul(item)));
-  }
-  return v;
-}
-
 void add_train(CLI::App& app) {
   auto* sub = app.add_subcommand("train", "Training speed: FMA/GEMM peak, one step of mlp/deep-mlp (actors, direct, PyTorch), an mlp epoch, independent branches");
   auto o = std::make_shared<train_bench_options>();
-  auto models = std::make_shared<std::string>("mlp,deep-mlp");
-  auto batches = std::make_shared<std::string>("32,64,256,1024");
-  auto threads = std::make_shared<std::string>("1,2");
-  auto only = std::make_shared<std::string>("peak,shapes,steps,epoch,branches");
-  sub->add_option("--models", *models, "Comma-separated: mlp, deep-mlp")->capture_default_str();
-  sub->add_option("--batches", *batches, "Comma-separated batch sizes")->capture_default_str();
-  sub->add_option("--threads", *threads, "Comma-separated thread counts (event loops and threads per product)")->capture_default_str();
-  sub->add_option("--only", *only, "Comma-separated sections: peak, shapes, steps, epoch, branches")->capture_default_str();
-  sub->add_option("--repeats", o->repeats, "Repeats per figure (the median is reported)")->capture_default_str()->check(CLI::PositiveNumber);
-  sub->add_option("--epoch-repeats", o->epoch_repeats, "Epochs timed per side")->capture_default_str()->check(CLI::PositiveNumber);
-  sub->add_option("--min-seconds", o->min_seconds, "A step repeat runs at least this long")->capture_default_str();
+  // Lists are comma-separated, each item checked on its own (CLI11 splits them).
+  auto list = [&](const char* name, auto& v, const std::string& what) {
+    return sub->add_option(name, v, what)->delimiter(',')->capture_default_str();
+  };
+  list("--models", o->models, "Comma-separated: mlp, deep-mlp")->check(CLI::IsMember({"mlp", "deep-mlp"}));
+  list("--batches", o->batches, "Comma-separated batch sizes")->transform(nerve::apps::whole_in<std::size_t>(1, 65536));
+  list("--threads", o->threads, "Comma-separated thread counts (event loops and threads per product)")
+      ->transform(nerve::apps::whole_in(1u, unsigned(nl::max_threads)));
+  list("--only", o->only, "Comma-separated sections: peak, shapes, steps, epoch, branches")
+      ->check(CLI::IsMember({"peak", "shapes", "steps", "epoch", "branches"}));
+  sub->add_option("--repeats", o->repeats, "Repeats per figure (the median is reported)")
+      ->capture_default_str()
+      ->transform(nerve::apps::whole_in(1u, 1000u));
+  sub->add_option("--epoch-repeats", o->epoch_repeats, "Epochs timed per side")
+      ->capture_default_str()
+      ->transform(nerve::apps::whole_in(1u, 100u));
+  sub->add_option("--min-seconds", o->min_seconds, "A step repeat runs at least this long")
+      ->capture_default_str()
+      ->transform(nerve::apps::real_in(0, 3600, " s"));
   sub->add_option("--python", o->python, "Python with torch (Debian's python3-torch)")->capture_default_str();
   sub->add_option("--torch-script", o->torch_script, "The PyTorch side")->capture_default_str();
   sub->add_option("--data", o->data, "Fashion-MNIST directory (epoch)")->capture_default_str();
-  auto cpus = std::make_shared<std::string>();
-  sub->add_option("--cpus", *cpus,
-                  "Comma-separated CPUs to pin the whole run to (e.g. --cpus 1 --threads 1: direct calls and actors on "
-                  "the same core; a VM's vCPUs can differ by 10%)");
+  list("--cpus", o->cpus,
+       "Comma-separated CPUs to pin the whole run to (e.g. --cpus 1 --threads 1: direct calls and actors on "
+       "the same core; a VM's vCPUs can differ by 10%)")
+      ->transform(nerve::apps::whole_in(0u, unsigned(CPU_SETSIZE - 1)));
   sub->add_flag("--no-torch", o->no_torch, "Skip PyTorch");
   sub->add_flag("--json", o->json_out, "Print one JSON object");
   sub->add_flag("--quiet,-q", o->quiet, "No progress lines on stderr");
-  sub->callback([o, models, batches, threads, only, cpus] {
-    if (!cpus->empty()) o->cpus = split_list<unsigned>(*cpus);
-    o->models = split_list<std::string>(*models);
-    o->batches = split_list<std::size_t>(*batches);
-    o->threads = split_list<unsigned>(*threads);
-    o->only = split_list<std::string>(*only);
-    run_train(*o);
-  });
+  sub->callback([o] { run_train(*o); });
 }
 
 const subcommand_registration registration{"train", &add_train};
