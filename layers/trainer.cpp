@@ -382,9 +382,11 @@ void check_options(const train_options& o) {
   if (o.threads < 1 || o.threads > max_threads)
     refuse("--threads must be between 1 and " + std::to_string(max_threads) + " (got " + std::to_string(o.threads) +
            "): each is an event loop with its own thread and memory");
-  // Before a long run, not after it: a FIFO or a device is refused (atomic_file).
-  if (!o.save.empty()) checkpoint::replace_target(o.save);
-  if (!o.trace.empty()) checkpoint::replace_target(o.trace);
+  if (!o.lead) return;  // the files are the lead's, on its machine
+  // Before a long run, not after it: a FIFO, a device or a directory that is not there is
+  // refused (atomic_file).
+  for (const auto* target : {&o.save, &o.trace, &o.checkpoint})
+    if (!target->empty()) checkpoint::replace_target(*target);
   if (!o.metrics.empty()) {
     const auto target = checkpoint::replace_target(o.metrics);
     // Appending lines to a checkpoint or a trace would corrupt it (and renaming it over the

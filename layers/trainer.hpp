@@ -100,8 +100,9 @@ struct train_options {
 /// Throws `std::invalid_argument` naming the option (as its command-line flag) and the
 /// allowed range for the first value out of range: epochs and steps, batch and
 /// micro-batches, a finite lr above 0, momentum in [0, 1), a finite weight decay of 0 or
-/// more, a known optimizer and schedule, 1 to `max_threads` threads, and `save`, `trace`
-/// and `metrics` naming regular files (or none yet), `metrics` none of the others. Any thread.
+/// more, a known optimizer and schedule, 1 to `max_threads` threads, and `save`, `trace`,
+/// `checkpoint` and `metrics` naming regular files (or none yet) in directories that take
+/// new files, `metrics` none of the others. Any thread.
 void check_options(const train_options& options);
 
 /// Rows per evaluation call (the test set goes through in chunks of this size).

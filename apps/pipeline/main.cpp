@@ -268,6 +268,7 @@ int main(int argc, char** argv) {
     o.threads = threads;
     o.micro_batches = 1;  // the schedule's M splits each replica's part, not the trainer
     o.stop = &stop_requested;
+    o.lead = speak;
     nl::check_options(o);  // before the replicas, the partition and the data
 
     std::vector<nl::graph> graphs;
@@ -309,7 +310,6 @@ int main(int argc, char** argv) {
     po.emergent = emergent;
     po.credits = credits;
 
-    o.lead = speak;
     for (std::uint32_t s = 0; s < stages * replicas; ++s) po.loops.push_back(s % threads);
     std::vector<std::string> device_list(stages, "cpu");
     if (!devices.empty()) {

@@ -25,7 +25,25 @@ const char* file_kind(mode_t mode) {
   if (S_ISCHR(mode)) return "a character device";
   if (S_ISBLK(mode)) return "a block device";
   if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISREG(mode)) return "a regular file";
   return "not a regular file";
+}
+
+/// `target` once its directory is one this process can create the temporary file in:
+/// else the run would find out only when it writes, after the work is done.
+std::filesystem::path in_usable_directory(const std::filesystem::path& path, const std::filesystem::path& target) {
+  std::filesystem::path dir = target.parent_path();
+  if (dir.empty()) dir = ".";
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) throw std::invalid_argument("'" + path.string() + "': the directory '" + dir.string() + "' does not exist");
+    throw_errno(path, "cannot inspect " + dir.string());
+  }
+  if (!S_ISDIR(st.st_mode))
+    throw std::invalid_argument("'" + path.string() + "': '" + dir.string() + "' is " + file_kind(st.st_mode) +
+                                ", not a directory");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) throw_errno(path, "cannot create files in " + dir.string());
+  return target;
 }
 }  // namespace
 
@@ -34,10 +52,11 @@ std::filesystem::path replace_target(const std::filesystem::path& path) {
   for (int hops = 0;; ++hops) {
     struct stat st {};
     if (::lstat(at.c_str(), &st) != 0) {
-      if (errno == ENOENT) return at;  // a new file (or a dangling link's target): created there
+      // A new file (or a dangling link's target); ENOTDIR: a file where its directory should be.
+      if (errno == ENOENT || errno == ENOTDIR) return in_usable_directory(path, at);
       throw_errno(path, "cannot inspect " + at.string());
     }
-    if (S_ISREG(st.st_mode)) return at;
+    if (S_ISREG(st.st_mode)) return in_usable_directory(path, at);
     const std::string where = at == path ? "'" + path.string() + "'" : "'" + path.string() + "' leads to '" + at.string() + "', which";
     if (!S_ISLNK(st.st_mode))
       throw std::invalid_argument(where + " is " + file_kind(st.st_mode) +

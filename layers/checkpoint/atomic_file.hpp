@@ -15,8 +15,9 @@ namespace nerve::checkpoint {
 /// The regular file that replacing `path` must write: `path` itself (existing or not),
 /// or the end of its chain of symlinks. Throws `std::invalid_argument` naming `path`
 /// (and where its links lead) when that is not a regular file: renaming over a FIFO
-/// or a device (`/dev/null`) would destroy it. Throws `std::system_error` when it
-/// cannot be inspected. Any thread.
+/// or a device (`/dev/null`) would destroy it, and when its directory does not exist or
+/// is not one. Throws `std::system_error` when it cannot be inspected or its directory
+/// refuses new files (the temporary is made there). Any thread.
 std::filesystem::path replace_target(const std::filesystem::path& path);
 
 /// A new version of `target`, written to a temporary file beside it and put in

@@ -547,6 +547,28 @@ TEST_SUITE("layers.trainer.metrics") {
     auto g = users_graph();
     CHECK_THROWS_AS(train(g, o), std::invalid_argument);
   }
+
+  TEST_CASE("an output in a directory that is not there is refused before the run, not after it") {
+    // It used to train to the end and then fail to write: the run's work lost to a typo.
+    tiny_fashion_mnist data(64, 10);
+    const auto missing = data.dir / "no-such-dir";
+    for (auto field : {&train_options::save, &train_options::trace, &train_options::checkpoint, &train_options::metrics}) {
+      train_options o;
+      o.model = "users";
+      o.data = data.dir;
+      o.*field = missing / "out";
+      CHECK_THROWS_WITH_AS(check_options(o),
+                           ("'" + (missing / "out").string() + "': the directory '" + missing.string() + "' does not exist").c_str(),
+                           std::invalid_argument);
+      o.*field = data.dir / "train-images-idx3-ubyte" / "out";  // a file where the directory should be
+      CHECK_THROWS_WITH_AS(check_options(o), doctest::Contains("train-images-idx3-ubyte' is a regular file, not a directory"),
+                           std::invalid_argument);
+      // The other ranks of a job write nothing: their machine need not have the directory.
+      o.lead = false;
+      CHECK_NOTHROW(check_options(o));
+    }
+    CHECK_FALSE(std::filesystem::exists(missing));
+  }
 }
 
 TEST_SUITE("layers.trainer.resume") {
