@@ -197,9 +197,15 @@ void add_pipeline(CLI::App& app) {
       ->transform(nerve::apps::whole_in<std::int64_t>(1, 65536));
   sub->add_option("--schedules", o->schedules, "Schedules to run: gpipe, 1f1b, interleaved, zb-h1")->capture_default_str();
   sub->add_option("--partition", o->partition, "cost (profiled) or params")->capture_default_str();
-  sub->add_option("--steps", o->steps, "Timed steps per repeat")->capture_default_str()->transform(nerve::apps::whole_in(1, 100000));
-  sub->add_option("--warmup", o->warmup, "Untimed steps first")->capture_default_str()->transform(nerve::apps::whole_in(0, 1000));
-  sub->add_option("--repeats,-r", o->repeats, "Repeats; the median is reported")->capture_default_str()->transform(nerve::apps::whole_in(1, 1000));
+  sub->add_option("--steps", o->steps, "Timed steps per repeat")
+      ->capture_default_str()
+      ->transform(nerve::apps::whole_in(1, 100000));
+  sub->add_option("--warmup", o->warmup, "Untimed steps first")
+      ->capture_default_str()
+      ->transform(nerve::apps::whole_in(0, 1000));
+  sub->add_option("--repeats,-r", o->repeats, "Repeats; the median is reported")
+      ->capture_default_str()
+      ->transform(nerve::apps::whole_in(1, 1000));
   sub->add_flag("--json", o->json, "Print one JSON object");
   sub->add_flag("--quiet,-q", o->quiet, "No progress lines on stderr");
   sub->callback([o] { run(*o); });

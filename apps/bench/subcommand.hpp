@@ -11,7 +11,8 @@
 ///   namespace {
 ///   void add_train(CLI::App& app) {
 ///     auto* sub = app.add_subcommand("train", "Training throughput");
-///     sub->add_option("--steps", steps, "Timed steps")->transform(nerve::apps::whole_in(1, 1000));  // apps/common/options.hpp
+///     sub->add_option("--steps", steps, "Timed steps")
+///         ->transform(nerve::apps::whole_in(1, 1000));  // apps/common/options.hpp
 ///     sub->callback([] { ... throw std::runtime_error("why") on failure ... });
 ///   }
 ///   const nerve::bench::subcommand_registration reg{"train", &add_train};

@@ -70,7 +70,8 @@ CLI::Validator whole_in(T lo, T hi, const std::string& hi_text = "") {
       [=](std::string& text) -> std::string {
         T v{};
         auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-        if (ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi) return "'" + text + "' is not " + range;
+        if (ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi)
+          return "'" + text + "' is not " + range;
         text = std::to_string(v);
         return {};
       },

@@ -121,7 +121,8 @@ int main(int argc, char** argv) {
   app.add_option("--lr", lr, "Learning rate (default: the preset's)");
   app.add_option("--momentum", momentum, "SGD momentum (default: the preset's)");
   app.add_option("--threads", threads_in, "Event loops, 1 to 256 (default: one per stage)");
-  app.add_option("--seed", seed, "Seed for initialisation and shuffling")->transform(nerve::apps::any_whole<std::uint64_t>());
+  app.add_option("--seed", seed, "Seed for initialisation and shuffling")
+      ->transform(nerve::apps::any_whole<std::uint64_t>());
   app.add_flag("--no-shuffle", no_shuffle, "Batches in file order");
   app.add_option("--data", data, "Directory with the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--init", init, "Start from these weights (safetensors)");

@@ -80,7 +80,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "Event loops, and threads per matrix product")
       ->transform(nerve::apps::any_whole<unsigned>());
   app.add_flag("--spread", spread, "Spread layer actors over the loops (default: all on one loop)");
-  app.add_option("--seed", seed, "Seed for initialisation and shuffling")->transform(nerve::apps::any_whole<std::uint64_t>());
+  app.add_option("--seed", seed, "Seed for initialisation and shuffling")
+      ->transform(nerve::apps::any_whole<std::uint64_t>());
   app.add_flag("--no-shuffle", no_shuffle, "Batches in file order");
   app.add_option("--data", data, "Directory with the Fashion-MNIST IDX files");
   app.add_option("--init", init, "Start from these weights (safetensors)");

@@ -36,7 +36,8 @@ std::filesystem::path in_usable_directory(const std::filesystem::path& path, con
   if (dir.empty()) dir = ".";
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) {
-    if (errno == ENOENT) throw std::invalid_argument("'" + path.string() + "': the directory '" + dir.string() + "' does not exist");
+    if (errno == ENOENT)
+      throw std::invalid_argument("'" + path.string() + "': the directory '" + dir.string() + "' does not exist");
     throw_errno(path, "cannot inspect " + dir.string());
   }
   if (!S_ISDIR(st.st_mode))

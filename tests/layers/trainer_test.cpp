@@ -557,9 +557,8 @@ TEST_SUITE("layers.trainer.metrics") {
       o.model = "users";
       o.data = data.dir;
       o.*field = missing / "out";
-      CHECK_THROWS_WITH_AS(check_options(o),
-                           ("'" + (missing / "out").string() + "': the directory '" + missing.string() + "' does not exist").c_str(),
-                           std::invalid_argument);
+      const auto message = "'" + (missing / "out").string() + "': the directory '" + missing.string() + "' does not exist";
+      CHECK_THROWS_WITH_AS(check_options(o), message.c_str(), std::invalid_argument);
       o.*field = data.dir / "train-images-idx3-ubyte" / "out";  // a file where the directory should be
       CHECK_THROWS_WITH_AS(check_options(o), doctest::Contains("train-images-idx3-ubyte' is a regular file, not a directory"),
                            std::invalid_argument);
