@@ -60,12 +60,15 @@ inline CLI::Validator real_in(double lo, double hi, const std::string& unit = ""
       "[" + readable(lo) + " to " + readable(hi) + unit + "]");
 }
 
-/// A whole number of type T in [lo, hi], written in decimal; `hi_text` names `hi` in
-/// messages where its digits say less ("2^64-1").
+/// A whole number of type T in [lo, hi], written in decimal. `lo_text` and `hi_text` name
+/// the bounds in messages where their digits say less ("2^64-1"); `shown` says whether the
+/// range goes into `--help`.
 template <typename T>
-CLI::Validator whole_in(T lo, T hi, const std::string& hi_text = "") {
+CLI::Validator whole_in(T lo, T hi, const std::string& hi_text = "", const std::string& lo_text = "",
+                        bool shown = true) {
+  const std::string bottom = lo_text.empty() ? std::to_string(lo) : lo_text;
   const std::string top = hi_text.empty() ? std::to_string(hi) : hi_text;
-  const std::string range = "a whole number from " + std::to_string(lo) + " to " + top;
+  const std::string range = "a whole number from " + bottom + " to " + top;
   return CLI::Validator(
       [=](std::string& text) -> std::string {
         T v{};
@@ -75,15 +78,25 @@ CLI::Validator whole_in(T lo, T hi, const std::string& hi_text = "") {
         text = std::to_string(v);
         return {};
       },
-      "[" + std::to_string(lo) + " to " + top + "]");
+      shown ? "[" + bottom + " to " + top + "]" : "");
 }
 
-/// Any value of the unsigned type T (a seed, a count the app checks further): refuses a
-/// sign, a fraction or text before CLI11 could wrap it around.
+/// Any value of the integer type T, for an option whose range the app checks itself with
+/// its own words: refuses a fraction, text, a sign on an unsigned type and what T cannot
+/// hold, before CLI11 could wrap it around or saturate it (the app would then check, and
+/// name, a number the user never gave).
 template <typename T>
 CLI::Validator any_whole() {
-  static_assert(std::is_unsigned_v<T>);
-  return whole_in<T>(0, std::numeric_limits<T>::max(), "2^" + std::to_string(8 * sizeof(T)) + "-1");
+  static_assert(std::is_integral_v<T>);
+  const auto bits = std::to_string(8 * sizeof(T) - std::is_signed_v<T>);
+  return whole_in<T>(std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), "2^" + bits + "-1",
+                     std::is_signed_v<T> ? "-2^" + bits : "0", false);
+}
+
+/// `app.add_option` for an integer `value`, refusing what its type cannot hold (`any_whole`).
+template <typename T>
+CLI::Option* add_whole(CLI::App& app, const std::string& name, T& value, const std::string& help) {
+  return app.add_option(name, value, help)->transform(any_whole<T>());
 }
 
 /// Parses the command line into `app`. Returns -1 when the app goes on; else the status to

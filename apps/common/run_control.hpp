@@ -15,6 +15,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "apps/common/options.hpp"
 #include "layers/trainer.hpp"
 
 namespace nerve::apps {
@@ -29,7 +30,7 @@ struct run_state_options {
     app.add_option("--checkpoint", checkpoint,
                    "Write the full training state (weights, optimizer, position, settings) here, atomically, after "
                    "every epoch and every --checkpoint-every steps");
-    app.add_option("--checkpoint-every", checkpoint_every, "Steps between checkpoints (0: after every epoch only)");
+    add_whole(app, "--checkpoint-every", checkpoint_every, "Steps between checkpoints (0: after every epoch only)");
     app.add_option("--resume", resume,
                    "Continue the run saved in this checkpoint with its settings (--save, --trace, --metrics, "
                    "--checkpoint and --json may be given again; --metrics appends to the file)");

@@ -96,12 +96,12 @@ int main(int argc, char** argv) {
   unsigned long long seed = 0;
   bool no_shuffle = false, json = false, print_schedule = false, quiet = false, no_eval = false;
   app.add_option("--model", model, "Preset: mlp, deep-mlp, lenet, resmlp")->capture_default_str();
-  app.add_option("--stages", stages_in, "Pipeline stages (S), 1 to 256")->capture_default_str();
-  app.add_option("--microbatches", micro_in, "Micro-batches per mini-batch (M), 1 to the batch size")->capture_default_str();
+  nerve::apps::add_whole(app, "--stages", stages_in, "Pipeline stages (S), 1 to 256")->capture_default_str();
+  nerve::apps::add_whole(app, "--microbatches", micro_in, "Micro-batches per mini-batch (M), 1 to the batch size")->capture_default_str();
   app.add_option("--schedule", schedule_name, "gpipe, 1f1b, interleaved, zb-h1 or emergent")->capture_default_str();
-  app.add_option("--chunks", chunks_in, "Model chunks per stage for interleaved (v), 1 to 256")->capture_default_str();
-  app.add_option("--credits", credits_in, "emergent: micro-batches in flight per stage (0: S - s, 1F1B's bound)");
-  app.add_option("--replicas", replicas_in,
+  nerve::apps::add_whole(app, "--chunks", chunks_in, "Model chunks per stage for interleaved (v), 1 to 256")->capture_default_str();
+  nerve::apps::add_whole(app, "--credits", credits_in, "emergent: micro-batches in flight per stage (0: S - s, 1F1B's bound)");
+  nerve::apps::add_whole(app, "--replicas", replicas_in,
                  "Data-parallel replicas of the pipeline (R): the batch splits over them, gradients are all-reduced "
                  "per layer")
       ->capture_default_str();
@@ -115,14 +115,13 @@ int main(int argc, char** argv) {
                  "One device per stage, comma-separated: cpu, cuda, cuda:N or standin (the CPU stand-in of a GPU); "
                  "default: every stage on the CPU")
       ->capture_default_str();
-  app.add_option("--epochs", epochs, "Epochs (default: the preset's)");
-  app.add_option("--steps", steps, "Stop after N optimizer steps");
-  app.add_option("--batch", batch, "Mini-batch size; it splits into the micro-batches (default: the preset's)");
+  nerve::apps::add_whole(app, "--epochs", epochs, "Epochs (default: the preset's)");
+  nerve::apps::add_whole(app, "--steps", steps, "Stop after N optimizer steps");
+  nerve::apps::add_whole(app, "--batch", batch, "Mini-batch size; it splits into the micro-batches (default: the preset's)");
   app.add_option("--lr", lr, "Learning rate (default: the preset's)");
   app.add_option("--momentum", momentum, "SGD momentum (default: the preset's)");
-  app.add_option("--threads", threads_in, "Event loops, 1 to 256 (default: one per stage)");
-  app.add_option("--seed", seed, "Seed for initialisation and shuffling")
-      ->transform(nerve::apps::any_whole<std::uint64_t>());
+  nerve::apps::add_whole(app, "--threads", threads_in, "Event loops, 1 to 256 (default: one per stage)");
+  nerve::apps::add_whole(app, "--seed", seed, "Seed for initialisation and shuffling");
   app.add_flag("--no-shuffle", no_shuffle, "Batches in file order");
   app.add_option("--data", data, "Directory with the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--init", init, "Start from these weights (safetensors)");

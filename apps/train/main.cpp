@@ -66,22 +66,19 @@ int main(int argc, char** argv) {
   unsigned long long seed = 0;
   std::size_t micro = 1;
   bool no_shuffle = false, json = false, spread = false, nesterov = false, quiet = false, no_eval = false;
-  app.add_option("--epochs", epochs, "Epochs (default: the preset's)");
-  app.add_option("--steps", steps, "Stop after N optimizer steps");
-  app.add_option("--batch", batch, "Mini-batch size (default: the preset's)");
-  app.add_option("--microbatches", micro, "Split each batch into M micro-batches (gradients accumulate)")
-      ->transform(nerve::apps::any_whole<std::size_t>());
+  nerve::apps::add_whole(app, "--epochs", epochs, "Epochs (default: the preset's)");
+  nerve::apps::add_whole(app, "--steps", steps, "Stop after N optimizer steps");
+  nerve::apps::add_whole(app, "--batch", batch, "Mini-batch size (default: the preset's)");
+  nerve::apps::add_whole(app, "--microbatches", micro, "Split each batch into M micro-batches (gradients accumulate)");
   app.add_option("--lr", lr, "Learning rate (default: the preset's)");
   app.add_option("--optimizer", optimizer, "sgd, adam or adamw (default: sgd)");
   app.add_option("--momentum", momentum, "SGD momentum (default: the preset's)");
   app.add_flag("--nesterov", nesterov, "Nesterov momentum");
   app.add_option("--weight-decay", weight_decay, "Weight decay (L2 for sgd/adam, decoupled for adamw)");
   app.add_option("--schedule", schedule, "Learning-rate schedule: none, step, cosine");
-  app.add_option("--threads", threads, "Event loops, and threads per matrix product")
-      ->transform(nerve::apps::any_whole<unsigned>());
+  nerve::apps::add_whole(app, "--threads", threads, "Event loops, and threads per matrix product");
   app.add_flag("--spread", spread, "Spread layer actors over the loops (default: all on one loop)");
-  app.add_option("--seed", seed, "Seed for initialisation and shuffling")
-      ->transform(nerve::apps::any_whole<std::uint64_t>());
+  nerve::apps::add_whole(app, "--seed", seed, "Seed for initialisation and shuffling");
   app.add_flag("--no-shuffle", no_shuffle, "Batches in file order");
   app.add_option("--data", data, "Directory with the Fashion-MNIST IDX files");
   app.add_option("--init", init, "Start from these weights (safetensors)");
@@ -99,7 +96,7 @@ int main(int argc, char** argv) {
   nerve::apps::run_state_options state;
   state.add_to(app);
   long long replicas_in = 1;
-  app.add_option("--replicas", replicas_in,
+  nerve::apps::add_whole(app, "--replicas", replicas_in,
                  "Data-parallel replicas, 1 to 256: the batch splits over them and every layer's gradients are "
                  "summed across them; under mpirun -np R, one replica per rank")
       ->capture_default_str();

@@ -136,6 +136,9 @@ TEST_SUITE("apps.command_line") {
         {{"--microbatches", "-1"}, "--microbatches: '-1' is not a whole number from 0 to 2^64-1"},
         {{"--threads", "-1"}, "--threads: '-1' is not a whole number from 0 to 2^32-1"},
         {{"--bogus"}, "The following argument was not expected: --bogus"},
+        // More than a long long holds: CLI11 2.1 saturated it, and the run took batch 2^63-1.
+        {{"--batch", "99999999999999999999"}, "--batch: '99999999999999999999' is not a whole number from -2^63 to 2^63-1"},
+        {{"--epochs", "2.5"}, "--epochs: '2.5' is not a whole number from -2^31 to 2^31-1"},
     };
     for (const auto& [options, message] : cases) {
       CAPTURE(message);
@@ -162,6 +165,7 @@ TEST_SUITE("apps.command_line") {
         {{"--batch", "-3"}, "--batch must be at least 1 (got -3)"},
         {{"--steps", "-1"}, "--steps must be at least 1 (got -1)"},
         {{"--seed", "-1"}, "--seed: '-1' is not a whole number from 0 to 2^64-1"},
+        {{"--credits", "99999999999999999999"}, "--credits: '99999999999999999999' is not a whole number from -2^63 to 2^63-1"},
     };
     for (const auto& [options, message] : cases) {
       CAPTURE(message);
