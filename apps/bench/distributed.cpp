@@ -26,6 +26,7 @@
 
 #include "actors/runtime.hpp"
 #include "apps/bench/subcommand.hpp"
+#include "apps/common/options.hpp"
 #include "bus/mpi/transport.hpp"
 #include "bus/signal.hpp"
 
@@ -269,11 +270,21 @@ void run(const options& o) {
 void add_distributed(CLI::App& app) {
   auto o = std::make_shared<options>();
   auto* sub = app.add_subcommand("distributed", "The bus between MPI ranks against bare MPI (run under mpirun -np 2)");
-  sub->add_option("--size-kib", o->size_kib, "Tensor of the round trips (KiB)")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--iterations", o->iterations, "Round trips per repeat")->capture_default_str()->check(CLI::Range(1, 10000000));
-  sub->add_option("--stream-mib", o->stream_mib, "Tensor of the stream (MiB)")->capture_default_str()->check(CLI::Range(1, 1024));
-  sub->add_option("--stream-count", o->stream_count, "Tensors per stream repeat")->capture_default_str()->check(CLI::Range(1, 100000));
-  sub->add_option("--repeats,-r", o->repeats, "Repeats; the median is reported")->capture_default_str()->check(CLI::Range(1, 1000));
+  sub->add_option("--size-kib", o->size_kib, "Tensor of the round trips (KiB)")
+      ->capture_default_str()
+      ->transform(nerve::apps::whole_in<std::size_t>(1, 1 << 20));
+  sub->add_option("--iterations", o->iterations, "Round trips per repeat")
+      ->capture_default_str()
+      ->transform(nerve::apps::whole_in<int>(1, 10000000));
+  sub->add_option("--stream-mib", o->stream_mib, "Tensor of the stream (MiB)")
+      ->capture_default_str()
+      ->transform(nerve::apps::whole_in<std::size_t>(1, 1024));
+  sub->add_option("--stream-count", o->stream_count, "Tensors per stream repeat")
+      ->capture_default_str()
+      ->transform(nerve::apps::whole_in<int>(1, 100000));
+  sub->add_option("--repeats,-r", o->repeats, "Repeats; the median is reported")
+      ->capture_default_str()
+      ->transform(nerve::apps::whole_in<int>(1, 1000));
   sub->add_flag("--poller-thread", o->poller_thread, "Poll MPI on a loop of its own, not on the actors' loop");
   sub->add_flag("--json", o->json, "Print one JSON object (rank 0)");
   sub->callback([o] { run(*o); });

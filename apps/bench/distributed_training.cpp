@@ -30,6 +30,7 @@
 
 #include "actors/runtime.hpp"
 #include "apps/bench/subcommand.hpp"
+#include "apps/common/options.hpp"
 #include "bus/mpi/transport.hpp"
 #include "layers/gemm.hpp"
 #include "layers/pipeline/mpi_ranks.hpp"
@@ -180,11 +181,19 @@ void add_training(CLI::App& app) {
   sub->add_option("--model", o->model, "Preset: mlp, deep-mlp, lenet, resmlp")->capture_default_str();
   sub->add_option("--batch", o->batch, "Rows per replica (data parallel) and per step (pipeline)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--microbatches", o->micro, "Pipeline micro-batches")->capture_default_str()->check(CLI::Range(1, 4096));
-  sub->add_option("--steps", o->steps, "Timed steps per repeat")->capture_default_str()->check(CLI::Range(1, 100000));
-  sub->add_option("--warmup", o->warmup, "Untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000));
-  sub->add_option("--repeats,-r", o->repeats, "Repeats; the median is reported")->capture_default_str()->check(CLI::Range(1, 1000));
+      ->transform(nerve::apps::whole_in<std::int64_t>(1, 1 << 20));
+  sub->add_option("--microbatches", o->micro, "Pipeline micro-batches")
+      ->capture_default_str()
+      ->transform(nerve::apps::whole_in<std::uint32_t>(1, 4096));
+  sub->add_option("--steps", o->steps, "Timed steps per repeat")
+      ->capture_default_str()
+      ->transform(nerve::apps::whole_in<int>(1, 100000));
+  sub->add_option("--warmup", o->warmup, "Untimed steps first")
+      ->capture_default_str()
+      ->transform(nerve::apps::whole_in<int>(0, 1000));
+  sub->add_option("--repeats,-r", o->repeats, "Repeats; the median is reported")
+      ->capture_default_str()
+      ->transform(nerve::apps::whole_in<int>(1, 1000));
   sub->add_flag("--json", o->json, "Print one JSON object (rank 0)");
   sub->callback([o] {
     if (o->batch < o->micro) throw CLI::ValidationError("--batch", "must be at least --microbatches");

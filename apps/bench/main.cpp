@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -22,10 +24,12 @@ int main(int argc, char** argv) {
   auto& subs = nerve::bench::subcommands();
   std::sort(subs.begin(), subs.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   for (auto& s : subs) s.add(app);
+  // nerve-bench, nerve-bench-mpi or nerve-bench-caf: they share this file.
+  const std::string name = std::filesystem::path(argc > 0 ? argv[0] : "nerve-bench").filename().string();
   try {
-    if (const int status = nerve::apps::parse_command_line(app, argc, argv, "nerve-bench"); status >= 0) return status;
+    if (const int status = nerve::apps::parse_command_line(app, argc, argv, name.c_str()); status >= 0) return status;
   } catch (const std::exception& e) {  // a benchmark that failed
-    std::fprintf(stderr, "nerve-bench: error: %s\n", e.what());
+    std::fprintf(stderr, "%s: error: %s\n", name.c_str(), e.what());
     return 1;
   }
   return 0;
