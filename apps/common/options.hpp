@@ -6,9 +6,9 @@
 /// into something else. They are transforms, not checks: the text is rewritten in plain
 /// decimal once it passed, so CLI11's own conversion (which in Debian 12's CLI11 2.1 reads
 /// -1 as a huge unsigned number and 010 as octal) converts exactly what was checked.
-/// `parse_command_line` gives nerve-train and nerve-pipeline one way to refuse: one line
-/// `<app>: <message>` and status 1 (docs/errors.md). Header-only; CLI11 and the standard
-/// library only.
+/// `parse_command_line` gives nerve-train, nerve-pipeline and the benches one way to refuse:
+/// one line `<app>: <message>` and status 1 (docs/errors.md); nerve-trace keeps status 2 for
+/// usage errors (docs/trace.md). Header-only; CLI11 and the standard library only.
 
 #include <cctype>
 #include <cerrno>
