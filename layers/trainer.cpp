@@ -230,6 +230,8 @@ constexpr std::string_view optimizer_prefix = "optimizer.";
 nlohmann::json settings_of(const train_options& o) {
   nlohmann::json s = o;
   s["app"] = o.app_settings;
+  // Only when set: a checkpoint written before the option existed had none.
+  if (o.normalize) s["normalize"] = {o.normalize->mean, o.normalize->std};
   return s;
 }
 
@@ -347,6 +349,7 @@ train_options resume_options(const std::filesystem::path& path) {
     const auto& s = j.at("settings");
     auto o = s.get<train_options>();
     o.app_settings = s.at("app");
+    if (s.contains("normalize")) o.normalize = data::normalization{s["normalize"].at(0), s["normalize"].at(1)};
     o.resume = path;
     o.checkpoint = path;  // a resumed run goes on saving its state where it was
     return o;
@@ -379,6 +382,9 @@ void check_options(const train_options& o) {
     refuse("--nesterov needs a --momentum above 0 (as torch.optim.SGD)");
   if (o.schedule != "none" && o.schedule != "step" && o.schedule != "cosine")
     refuse("unknown --schedule '" + o.schedule + "' (none, step, cosine)");
+  if (o.normalize && (!std::isfinite(o.normalize->mean) || !std::isfinite(o.normalize->std) || !(o.normalize->std > 0)))
+    refuse("--normalize MEAN,STD must be finite numbers with STD above 0 (got " + num(o.normalize->mean) + "," +
+           num(o.normalize->std) + ")");
   if (o.threads < 1 || o.threads > max_threads)
     refuse("--threads must be between 1 and " + std::to_string(max_threads) + " (got " + std::to_string(o.threads) +
            "): each is an event loop with its own thread and memory");
@@ -416,9 +422,11 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
     std::tie(resumed_opt, pos) = read_train_state(o.resume, g);
   else if (!o.init.empty())
     load_weights(g, o.init, o.allow_nonfinite);
-  auto train_set = std::make_shared<const data::dataset>(data::load_fashion_mnist(o.data, data::split::train));
+  const data::load_options loading{o.normalize};
+  auto train_set = std::make_shared<const data::dataset>(data::load_fashion_mnist(o.data, data::split::train, loading));
   std::shared_ptr<const data::dataset> test_set;
-  if (o.evaluate) test_set = std::make_shared<const data::dataset>(data::load_fashion_mnist(o.data, data::split::test));
+  if (o.evaluate)
+    test_set = std::make_shared<const data::dataset>(data::load_fashion_mnist(o.data, data::split::test, loading));
 
   const auto& in_node = g.nodes()[g.inputs()[0]];
   const shape sample = in_node.output_shape;

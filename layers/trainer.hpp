@@ -23,10 +23,12 @@
 #include <future>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "actors/runtime.hpp"
+#include "layers/data/dataset.hpp"
 #include "layers/graph.hpp"
 #include "layers/network.hpp"
 #include "layers/optimizer.hpp"
@@ -63,6 +65,9 @@ struct train_options {
   std::uint64_t seed = 0;
   bool shuffle = true;
   std::filesystem::path data = "/usr/share/datasets/fashion-mnist";
+  /// Inputs become `(x - mean) / std` after scaling to [0, 1], for the training and the
+  /// test set alike (torchvision's `Normalize`); none: pixels in [0, 1], nothing else.
+  std::optional<data::normalization> normalize;
   std::filesystem::path init;       ///< start from these weights (safetensors)
   std::filesystem::path save;       ///< write the weights here at the end (safetensors, atomic)
   std::filesystem::path trace;      ///< write the message trace here (Chrome trace JSON)
@@ -100,7 +105,8 @@ struct train_options {
 /// Throws `std::invalid_argument` naming the option (as its command-line flag) and the
 /// allowed range for the first value out of range: epochs and steps, batch and
 /// micro-batches, a finite lr above 0, momentum in [0, 1), a finite weight decay of 0 or
-/// more, a known optimizer and schedule, 1 to `max_threads` threads, and `save`, `trace`,
+/// more, a known optimizer and schedule, 1 to `max_threads` threads, a finite `normalize`
+/// with its std above 0, and `save`, `trace`,
 /// `checkpoint` and `metrics` naming regular files (or none yet) in directories that take
 /// new files, `metrics` none of the others. Any thread.
 void check_options(const train_options& options);

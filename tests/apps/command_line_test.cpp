@@ -139,6 +139,8 @@ TEST_SUITE("apps.command_line") {
         // More than a long long holds: CLI11 2.1 saturated it, and the run took batch 2^63-1.
         {{"--batch", "99999999999999999999"}, "--batch: '99999999999999999999' is not a whole number from -2^63 to 2^63-1"},
         {{"--epochs", "2.5"}, "--epochs: '2.5' is not a whole number from -2^31 to 2^31-1"},
+        {{"--normalize", "0.286,0"}, "--normalize MEAN,STD must be finite numbers with STD above 0 (got 0.286,0)"},
+        {{"--normalize", "0.286,x"}, "--normalize: 'x' is not a finite number from -1000 to 1000"},
     };
     for (const auto& [options, message] : cases) {
       CAPTURE(message);

@@ -548,6 +548,64 @@ TEST_SUITE("layers.trainer.metrics") {
     CHECK_THROWS_AS(train(g, o), std::invalid_argument);
   }
 
+  TEST_CASE("--normalize: the batches and the test set are (x / 255 - mean) / std, and a checkpoint keeps it") {
+    tiny_fashion_mnist data(64, 20);
+    train_options o;
+    o.model = "users";
+    o.data = data.dir;
+    o.batch = 16;
+    o.steps = 1;
+    o.shuffle = false;  // the first batch is the file's first 16 images
+    o.normalize = data::normalization{0.25f, 0.5f};
+    o.checkpoint = data.dir / "ck.safetensors";
+    tensor first, tested;
+    struct capturing : train_engine {
+      std::unique_ptr<train_engine> inner;
+      tensor *first = nullptr, *tested = nullptr;
+      std::future<step_result> train_step(tensor x, targets y, std::size_t m, std::uint64_t step, double lr) override {
+        if (first->empty()) *first = x.clone();
+        return inner->train_step(std::move(x), std::move(y), m, step, lr);
+      }
+      std::future<step_result> evaluate(tensor x, targets y) override {
+        if (tested->empty()) *tested = x.clone();
+        return inner->evaluate(std::move(x), std::move(y));
+      }
+      void finish() override { inner->finish(); }
+      optimizer_state optimizer_state_of() override { return inner->optimizer_state_of(); }  // the checkpoint's
+    };
+    auto g = users_graph();
+    train(g, o, {}, {}, [&](actors::runtime& rt, graph& gg, const train_options& oo) {
+      auto e = std::make_unique<capturing>();
+      e->inner = make_network_engine(rt, gg, oo);
+      e->first = &first, e->tested = &tested;
+      return e;
+    });
+    // The same float expression as torchvision's Normalize after ToTensor: bitwise.
+    auto expect = [](const tensor& got, data::split which, const std::filesystem::path& dir) {
+      const auto raw = data::load_fashion_mnist(dir, which);
+      REQUIRE(got.batch() > 0);
+      REQUIRE(std::size_t(got.size()) <= raw.pixels.size());
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < std::size_t(got.size()); ++i)
+        differ += got.data()[i] != (float(raw.pixels[i]) / 255.0f - 0.25f) / 0.5f;
+      CHECK(differ == 0);
+    };
+    expect(first, data::split::train, data.dir);
+    expect(tested, data::split::test, data.dir);
+    const auto resumed = resume_options(o.checkpoint);
+    REQUIRE(resumed.normalize.has_value());
+    CHECK(resumed.normalize->mean == 0.25f);
+    CHECK(resumed.normalize->std == 0.5f);
+    // Without it the checkpoint says none (as every checkpoint written before the option).
+    o.normalize.reset();
+    auto plain = users_graph();
+    train(plain, o);
+    CHECK_FALSE(resume_options(o.checkpoint).normalize.has_value());
+    o.normalize = data::normalization{0.25f, 0.0f};
+    CHECK_THROWS_WITH_AS(check_options(o), "--normalize MEAN,STD must be finite numbers with STD above 0 (got 0.25,0)",
+                         std::invalid_argument);
+  }
+
   TEST_CASE("an output in a directory that is not there is refused before the run, not after it") {
     // It used to train to the end and then fail to write: the run's work lost to a typo.
     tiny_fashion_mnist data(64, 10);
