@@ -171,9 +171,7 @@ std::unique_ptr<basic_optimizer<Scalar>> make_optimizer(std::string_view name, d
                                                         double weight_decay, bool nesterov) {
   if (name == "sgd") return std::make_unique<basic_sgd<Scalar>>(sgd_options{lr, momentum, 0.0, weight_decay, nesterov});
   if (name == "adam") return std::make_unique<basic_adam<Scalar>>(adam_options{lr, 0.9, 0.999, 1e-8, weight_decay});
-  if (name == "adamw")
-    return std::make_unique<basic_adamw<Scalar>>(
-        adam_options{lr, 0.9, 0.999, 1e-8, weight_decay == 0.0 ? 0.01 : weight_decay});
+  if (name == "adamw") return std::make_unique<basic_adamw<Scalar>>(adam_options{lr, 0.9, 0.999, 1e-8, weight_decay});
   throw std::invalid_argument("unknown optimizer '" + std::string(name) + "' (sgd, adam, adamw)");
 }
 

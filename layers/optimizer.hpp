@@ -147,8 +147,8 @@ class basic_adamw final : public basic_adam<Scalar> {
 };
 
 /// Makes an optimizer by name: `sgd` (uses `lr`, `momentum`, `weight_decay`, `nesterov`),
-/// `adam`, `adamw` (weight decay 0 becomes AdamW's default 0.01). Throws
-/// `std::invalid_argument` for an unknown name.
+/// `adam`, `adamw` (`lr` and `weight_decay` as given: 0 is no decay, also for AdamW; PyTorch's
+/// defaults are `preset_defaults`'s). Throws `std::invalid_argument` for an unknown name.
 template <class Scalar>
 std::unique_ptr<basic_optimizer<Scalar>> make_optimizer(std::string_view name, double lr, double momentum = 0.0,
                                                         double weight_decay = 0.0, bool nesterov = false);

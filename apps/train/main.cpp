@@ -70,8 +70,10 @@ int main(int argc, char** argv) {
   nerve::apps::add_whole(app, "--steps", steps, "Stop after N optimizer steps");
   nerve::apps::add_whole(app, "--batch", batch, "Mini-batch size (default: the preset's)");
   nerve::apps::add_whole(app, "--microbatches", micro, "Split each batch into M micro-batches (gradients accumulate)");
-  app.add_option("--lr", lr, "Learning rate (default: the preset's)");
-  app.add_option("--optimizer", optimizer, "sgd, adam or adamw (default: sgd)");
+  app.add_option("--lr", lr, "Learning rate (default: the preset's, or 0.001 for adam and adamw)");
+  app.add_option("--optimizer", optimizer,
+                 "sgd, adam or adamw (default: sgd); adam and adamw start from PyTorch's defaults, lr 0.001 and for "
+                 "adamw weight decay 0.01, not the preset's SGD rate");
   app.add_option("--momentum", momentum, "SGD momentum (default: the preset's)");
   app.add_flag("--nesterov", nesterov, "Nesterov momentum");
   app.add_option("--weight-decay", weight_decay, "Weight decay (L2 for sgd/adam, decoupled for adamw)");
@@ -140,7 +142,7 @@ int main(int argc, char** argv) {
       o.trace_exact = trace_exact;
       o.stop = &stop_requested;
     } else {
-      o = preset_defaults(model);
+      o = preset_defaults(model, optimizer.empty() ? "sgd" : optimizer);
       // What the user gave replaces the preset's, whatever it is: check_options refuses
       // what is out of range rather than the preset's value standing in for it unseen.
       if (app.count("--epochs")) o.epochs = epochs;
@@ -195,13 +197,15 @@ int main(int argc, char** argv) {
     o.lead = speak;
     check_options(o);  // before the banner and the data: a bad value costs nothing
 
-    if (!json && speak)
+    if (!json && speak) {
+      const std::string knobs = (o.momentum > 0 && o.optimizer == "sgd" ? " momentum " + fmt_g(o.momentum) : "") +
+                                (o.weight_decay > 0 ? " weight decay " + fmt_g(o.weight_decay) : "");
       std::printf("nerve-train: %s, %s, batch %zu, %s lr %g%s, %u thread%s\n", o.model.c_str(),
                   (std::to_string(o.epochs) + (o.epochs == 1 ? " epoch" : " epochs") +
                    (o.steps > 0 ? ", " + std::to_string(o.steps) + " steps at most" : ""))
                       .c_str(),
-                  o.batch, o.optimizer.c_str(), o.lr, o.momentum > 0 ? (" momentum " + fmt_g(o.momentum)).c_str() : "",
-                  o.threads, o.threads == 1 ? "" : "s");
+                  o.batch, o.optimizer.c_str(), o.lr, knobs.c_str(), o.threads, o.threads == 1 ? "" : "s");
+    }
     if (!json && speak && data_parallel)
       std::printf("%u replicas%s\n", replicas, ranks->size() > 1 ? ", one per rank" : " in this process");
     progress_bar bar(quiet || !speak);

@@ -41,8 +41,8 @@ void device_parameters::step(stream& s, double lr) {
       sgd_update(s, e.p.value->data(), e.p.grad->data(), e.velocity.empty() ? nullptr : e.velocity.data(), count,
                  sgd_params{rate, float(opt_.momentum), float(opt_.weight_decay), opt_.nesterov});
     } else {
-      const float wd = float(opt_.kind == "adamw" && opt_.weight_decay == 0 ? 0.01 : opt_.weight_decay);
-      const adam_params a{rate, float(opt_.beta1), float(opt_.beta2), float(opt_.eps), wd, opt_.kind == "adamw", ++e.t};
+      const adam_params a{rate, float(opt_.beta1), float(opt_.beta2), float(opt_.eps), float(opt_.weight_decay),
+                          opt_.kind == "adamw", ++e.t};
       adam_update(s, e.p.value->data(), e.p.grad->data(), e.m.data(), e.v.data(), count, a);
     }
   }

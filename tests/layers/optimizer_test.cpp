@@ -93,6 +93,16 @@ TEST_SUITE("layers.optimizer") {
     CHECK(make_optimizer<float>("adamw", 0.1)->kind() == "AdamW");
     CHECK_THROWS_AS(make_optimizer<float>("rmsprop", 0.1), std::invalid_argument);
   }
+  TEST_CASE("make_optimizer gives AdamW the weight decay asked for, 0 included") {
+    // A zero gradient leaves only the decay: w ← w·(1 − lr·λ). 0 used to become 0.01.
+    for (const double decay : {0.0, 0.1}) {
+      CAPTURE(decay);
+      scalar_param s;
+      s.grad.data()[0] = 0.0;
+      make_optimizer<double>("adamw", 0.1, 0.0, decay)->step(s.refs());
+      CHECK(s.p() == doctest::Approx(1.0 - 0.1 * decay).epsilon(1e-15));
+    }
+  }
 }
 
 TEST_SUITE("layers.lr_schedule") {

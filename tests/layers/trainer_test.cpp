@@ -548,6 +548,25 @@ TEST_SUITE("layers.trainer.metrics") {
     CHECK_THROWS_AS(train(g, o), std::invalid_argument);
   }
 
+  TEST_CASE("a preset's defaults follow the optimizer: SGD's rate for sgd, PyTorch's defaults for adam and adamw") {
+    const auto sgd = preset_defaults("mlp");
+    CHECK(sgd.optimizer == "sgd");
+    CHECK(sgd.lr == 0.1);
+    CHECK(sgd.momentum == 0.9);
+    CHECK(sgd.weight_decay == 0.0);
+    const auto adam = preset_defaults("mlp", "adam");
+    CHECK(adam.optimizer == "adam");
+    CHECK(adam.lr == 1e-3);  // SGD's 0.1 took mlp's loss to 51 within three steps
+    CHECK(adam.momentum == 0.0);
+    CHECK(adam.weight_decay == 0.0);
+    const auto adamw = preset_defaults("deep-mlp", "adamw");
+    CHECK(adamw.optimizer == "adamw");
+    CHECK(adamw.lr == 1e-3);
+    CHECK(adamw.weight_decay == 0.01);
+    CHECK(adamw.batch == preset_defaults("deep-mlp").batch);
+    CHECK(preset_defaults("mlp", "rmsprop").lr == 0.1);  // the name is check_options' to refuse
+  }
+
   TEST_CASE("--normalize: the batches and the test set are (x / 255 - mean) / std, and a checkpoint keeps it") {
     tiny_fashion_mnist data(64, 20);
     train_options o;
