@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// What nerve-train and nerve-pipeline share around the one trainer: the options that
-/// save and resume a run, the progress bar and the Ctrl-C / SIGTERM handling.
+/// save and resume a run, `--normalize`, the progress bar and the Ctrl-C / SIGTERM handling.
 /// Header-only; each app includes it once.
 
 #include <signal.h>
@@ -11,7 +11,9 @@
 #include <csignal>
 #include <cstdio>
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -19,6 +21,23 @@
 #include "layers/trainer.hpp"
 
 namespace nerve::apps {
+
+/// Declares `--normalize MEAN,STD` on `app` into `values` (two numbers, or none given).
+inline void add_normalize(CLI::App& app, std::vector<double>& values) {
+  app.add_option("--normalize", values,
+                 "Inputs as (x - MEAN) / STD after scaling to [0, 1], train and test sets alike (torchvision's "
+                 "Normalize; Fashion-MNIST's own: 0.2860,0.3530); default: [0, 1] only")
+      ->delimiter(',')
+      ->expected(2)
+      ->type_name("MEAN,STD")
+      ->transform(real_in(-1000, 1000));  // STD above 0: check_options
+}
+
+/// The normalisation `--normalize` asked for (none when it was not given).
+inline std::optional<data::normalization> normalization_of(const std::vector<double>& values) {
+  if (values.size() != 2) return std::nullopt;
+  return data::normalization{float(values[0]), float(values[1])};
+}
 
 /// The options of a run's state: checkpoints, resume, the training curves.
 struct run_state_options {

@@ -124,13 +124,7 @@ int main(int argc, char** argv) {
   nerve::apps::add_whole(app, "--seed", seed, "Seed for initialisation and shuffling");
   app.add_flag("--no-shuffle", no_shuffle, "Batches in file order");
   std::vector<double> normalize;
-  app.add_option("--normalize", normalize,
-                 "Inputs as (x - MEAN) / STD after scaling to [0, 1], train and test sets alike (torchvision's "
-                 "Normalize; Fashion-MNIST's own: 0.2860,0.3530); default: [0, 1] only")
-      ->delimiter(',')
-      ->expected(2)
-      ->type_name("MEAN,STD")
-      ->transform(nerve::apps::real_in(-1000, 1000));
+  nerve::apps::add_normalize(app, normalize);
   app.add_option("--data", data, "Directory with the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--init", init, "Start from these weights (safetensors)");
   app.add_option("--save", save, "Write the final weights here (safetensors, PyTorch names)");
@@ -174,8 +168,8 @@ int main(int argc, char** argv) {
       // The checkpoint's settings hold: a training option given beside --resume would be ignored.
       for (const char* opt : {"--model", "--stages", "--microbatches", "--schedule", "--chunks", "--credits",
                               "--replicas", "--partition", "--schedule-file", "--devices", "--epochs", "--steps",
-                              "--batch", "--lr", "--momentum", "--threads", "--seed", "--no-shuffle", "--normalize", "--data", "--init",
-                              "--no-eval", "--allow-nonfinite"})
+                              "--batch", "--lr", "--momentum", "--threads", "--seed", "--no-shuffle", "--normalize",
+                              "--data", "--init", "--no-eval", "--allow-nonfinite"})
         if (app.count(opt) > 0)
           throw std::invalid_argument(std::string(opt) + " cannot be given with --resume: the run goes on with the "
                                       "settings its checkpoint holds");
@@ -253,7 +247,7 @@ int main(int argc, char** argv) {
       if (app.count("--momentum")) o.momentum = momentum;
       o.seed = seed;
       o.shuffle = !no_shuffle;
-      if (!normalize.empty()) o.normalize = nerve::data::normalization{float(normalize[0]), float(normalize[1])};
+      o.normalize = nerve::apps::normalization_of(normalize);
       o.data = data;
       o.evaluate = !no_eval;
       o.allow_nonfinite = allow_nonfinite;

@@ -83,13 +83,7 @@ int main(int argc, char** argv) {
   nerve::apps::add_whole(app, "--seed", seed, "Seed for initialisation and shuffling");
   app.add_flag("--no-shuffle", no_shuffle, "Batches in file order");
   std::vector<double> normalize;
-  app.add_option("--normalize", normalize,
-                 "Inputs as (x - MEAN) / STD after scaling to [0, 1], train and test sets alike (torchvision's "
-                 "Normalize; Fashion-MNIST's own: 0.2860,0.3530); default: [0, 1] only")
-      ->delimiter(',')
-      ->expected(2)
-      ->type_name("MEAN,STD")
-      ->transform(nerve::apps::real_in(-1000, 1000));
+  nerve::apps::add_normalize(app, normalize);
   app.add_option("--data", data, "Directory with the Fashion-MNIST IDX files");
   app.add_option("--init", init, "Start from these weights (safetensors)");
   app.add_option("--save", save, "Write the final weights here (safetensors, PyTorch names)");
@@ -168,7 +162,7 @@ int main(int argc, char** argv) {
       o.spread = spread;
       o.seed = seed;
       o.shuffle = !no_shuffle;
-      if (!normalize.empty()) o.normalize = nerve::data::normalization{float(normalize[0]), float(normalize[1])};
+      o.normalize = nerve::apps::normalization_of(normalize);
       o.data = data;
       o.init = init;
       o.save = save;

@@ -32,6 +32,7 @@ struct engine_log {
   std::vector<std::int64_t> rows, eval_rows;
   int finished = 0;
   std::vector<double> losses;
+  tensor first_batch, first_test_chunk;  // what the loader and the evaluation handed over first
 };
 
 /// Wraps the cpu engine and writes down what the trainer asked of it.
@@ -43,6 +44,7 @@ struct recording_engine : train_engine {
     log.rates.push_back(lr);
     log.steps.push_back(step);
     log.rows.push_back(x.batch());
+    if (log.first_batch.empty()) log.first_batch = x.clone();
     auto r = inner->train_step(std::move(x), std::move(y), m, step, lr).get();
     log.losses.push_back(r.loss);
     std::promise<step_result> p;
@@ -51,12 +53,14 @@ struct recording_engine : train_engine {
   }
   std::future<step_result> evaluate(tensor x, targets y) override {
     log.eval_rows.push_back(x.batch());
+    if (log.first_test_chunk.empty()) log.first_test_chunk = x.clone();
     return inner->evaluate(std::move(x), std::move(y));
   }
   void finish() override {
     ++log.finished;
     inner->finish();
   }
+  optimizer_state optimizer_state_of() override { return inner->optimizer_state_of(); }  // for checkpoints
 };
 
 /// The cpu engine behind `recording_engine`, for `train`'s last argument.
@@ -577,28 +581,9 @@ TEST_SUITE("layers.trainer.metrics") {
     o.shuffle = false;  // the first batch is the file's first 16 images
     o.normalize = data::normalization{0.25f, 0.5f};
     o.checkpoint = data.dir / "ck.safetensors";
-    tensor first, tested;
-    struct capturing : train_engine {
-      std::unique_ptr<train_engine> inner;
-      tensor *first = nullptr, *tested = nullptr;
-      std::future<step_result> train_step(tensor x, targets y, std::size_t m, std::uint64_t step, double lr) override {
-        if (first->empty()) *first = x.clone();
-        return inner->train_step(std::move(x), std::move(y), m, step, lr);
-      }
-      std::future<step_result> evaluate(tensor x, targets y) override {
-        if (tested->empty()) *tested = x.clone();
-        return inner->evaluate(std::move(x), std::move(y));
-      }
-      void finish() override { inner->finish(); }
-      optimizer_state optimizer_state_of() override { return inner->optimizer_state_of(); }  // the checkpoint's
-    };
+    engine_log log;
     auto g = users_graph();
-    train(g, o, {}, {}, [&](actors::runtime& rt, graph& gg, const train_options& oo) {
-      auto e = std::make_unique<capturing>();
-      e->inner = make_network_engine(rt, gg, oo);
-      e->first = &first, e->tested = &tested;
-      return e;
-    });
+    train(g, o, {}, {}, recording(log));
     // The same float expression as torchvision's Normalize after ToTensor: bitwise.
     auto expect = [](const tensor& got, data::split which, const std::filesystem::path& dir) {
       const auto raw = data::load_fashion_mnist(dir, which);
@@ -609,8 +594,8 @@ TEST_SUITE("layers.trainer.metrics") {
         differ += got.data()[i] != (float(raw.pixels[i]) / 255.0f - 0.25f) / 0.5f;
       CHECK(differ == 0);
     };
-    expect(first, data::split::train, data.dir);
-    expect(tested, data::split::test, data.dir);
+    expect(log.first_batch, data::split::train, data.dir);
+    expect(log.first_test_chunk, data::split::test, data.dir);
     const auto resumed = resume_options(o.checkpoint);
     REQUIRE(resumed.normalize.has_value());
     CHECK(resumed.normalize->mean == 0.25f);
