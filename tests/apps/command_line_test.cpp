@@ -136,7 +136,7 @@ TEST_SUITE("apps.command_line") {
         {{"--microbatches", "-1"}, "--microbatches: '-1' is not a whole number from 0 to 2^64-1"},
         {{"--threads", "-1"}, "--threads: '-1' is not a whole number from 0 to 2^32-1"},
         {{"--bogus"}, "The following argument was not expected: --bogus"},
-        // More than a long long holds: CLI11 2.1 saturated it, and the run took batch 2^63-1.
+        // More than a long long holds: CLI11 2.1 would saturate it to 2^63-1 and run with that.
         {{"--batch", "99999999999999999999"}, "--batch: '99999999999999999999' is not a whole number from -2^63 to 2^63-1"},
         {{"--epochs", "2.5"}, "--epochs: '2.5' is not a whole number from -2^31 to 2^31-1"},
         {{"--normalize", "0.286,0"}, "--normalize MEAN,STD must be finite numbers with STD above 0 (got 0.286,0)"},
@@ -184,8 +184,8 @@ TEST_SUITE("apps.command_line") {
 
 #ifdef NERVE_BENCH_BIN
   TEST_CASE("nerve-bench refuses a value out of range before it runs anything") {
-    // Each of these ran before: -1 wrapped around to a count that never ends, a negative
-    // warm-up or minimum time was taken as none, a list item became CPU 4294967295.
+    // Unchecked, -1 wraps around to a count that never ends, a negative warm-up or minimum
+    // time reads as none, and a list item becomes CPU 4294967295.
     const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
         {{"messaging", "--count", "-1"}, "--count: '-1' is not a whole number from 1 to 10000000000"},
         {{"messaging", "--threads", "0"}, "--threads: '0' is not a whole number from 1 to 256"},

@@ -94,7 +94,7 @@ TEST_SUITE("layers.optimizer") {
     CHECK_THROWS_AS(make_optimizer<float>("rmsprop", 0.1), std::invalid_argument);
   }
   TEST_CASE("make_optimizer gives AdamW the weight decay asked for, 0 included") {
-    // A zero gradient leaves only the decay: w ← w·(1 − lr·λ). 0 used to become 0.01.
+    // A zero gradient leaves only the decay: w ← w·(1 − lr·λ). 0 is no decay, not AdamW's default.
     for (const double decay : {0.0, 0.1}) {
       CAPTURE(decay);
       scalar_param s;

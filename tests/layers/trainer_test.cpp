@@ -560,7 +560,7 @@ TEST_SUITE("layers.trainer.metrics") {
     CHECK(sgd.weight_decay == 0.0);
     const auto adam = preset_defaults("mlp", "adam");
     CHECK(adam.optimizer == "adam");
-    CHECK(adam.lr == 1e-3);  // SGD's 0.1: mlp's mean loss over three Adam steps was 66
+    CHECK(adam.lr == 1e-3);  // not SGD's 0.1, at which Adam diverges (docs/layers.md)
     CHECK(adam.momentum == 0.0);
     CHECK(adam.weight_decay == 0.0);
     const auto adamw = preset_defaults("deep-mlp", "adamw");
@@ -611,7 +611,7 @@ TEST_SUITE("layers.trainer.metrics") {
   }
 
   TEST_CASE("an output in a directory that is not there is refused before the run, not after it") {
-    // It used to train to the end and then fail to write: the run's work lost to a typo.
+    // Found only when the run writes, at its end, a typo would cost the run's work.
     tiny_fashion_mnist data(64, 10);
     const auto missing = data.dir / "no-such-dir";
     for (auto field : {&train_options::save, &train_options::trace, &train_options::checkpoint, &train_options::metrics}) {
