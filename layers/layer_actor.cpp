@@ -18,14 +18,21 @@ std::vector<Msg> take_held(std::map<std::int64_t, std::vector<Msg>>& held, std::
 }  // namespace
 
 template <class Msg>
-void layer_actor::emit_across(bus::signal<Msg>& sig, crossing c, Msg m, value Msg::*field) {
-  if (c == crossing::none) return sig.emit(std::move(m));
+void layer_actor::emit_across(bus::signal<Msg>& sig, crossing c, Msg m, value Msg::*field,
+                              std::function<void()> after) {
+  if (c == crossing::none) {
+    sig.emit(std::move(m));
+    if (after) after();
+    return;
+  }
   auto v = std::move(m.*field);
   auto held = std::make_shared<Msg>(std::move(m));  // std::function wants a copyable handler
-  kernels_->hand_over(*this, std::move(v), c == crossing::host, [&sig, held, field](value out) {
-    (*held).*field = std::move(out);
-    sig.emit(std::move(*held));
-  });
+  kernels_->hand_over(*this, std::move(v), c == crossing::host,
+                      [&sig, held, field, after = std::move(after)](value out) {
+                        (*held).*field = std::move(out);
+                        sig.emit(std::move(*held));
+                        if (after) after();
+                      });
 }
 
 layer_actor::layer_actor(graph::node_type& n, std::uint32_t index, const node_plan& plan,
@@ -112,7 +119,8 @@ void layer_actor::on_forward(forward_msg& m, bool admitted) {
   if (m.port >= n_in)
     throw std::invalid_argument("layer '" + node_.name + "': forward into port " + std::to_string(m.port) + " of " +
                                 std::to_string(n_in));
-  if (!admitted && (gating_.hold_forward & (input_mask{1} << m.port))) {  // the stage's gate says when
+  // The stage's gate says when a training forward runs; evaluation runs each as it comes.
+  if (!admitted && m.train && (gating_.hold_forward & (input_mask{1} << m.port))) {
     held_forward_[m.micro_batch].push_back(std::move(m));
     report(stage_op::forward, m.micro_batch, true);
     return;
@@ -164,8 +172,13 @@ void layer_actor::on_forward(forward_msg& m, bool admitted) {
       ++outstanding_[e];
       record_credits(e);
     }
+  std::function<void()> evaluated;  // in a stage, evaluation: tell the gate once it left
+  if (!m.train && gating_.gate)
+    evaluated = [this, mb = m.micro_batch] {
+      send(gating_.gate, layer_event{stage_op::forward, false, mb, gating_.piece, index_, bytes_ + pending_bytes_, true});
+    };
   emit_across(out_, gating_.output, forward_msg{m.micro_batch, m.step, 0, m.micro_batches, m.train, m.lr, std::move(out)},
-              &forward_msg::x);
+              &forward_msg::x, std::move(evaluated));
   if (m.train) report(stage_op::forward, m.micro_batch);
 }
 

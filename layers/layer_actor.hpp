@@ -39,6 +39,7 @@
 /// less those forwarded on the edge whose gradient has not come back.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <memory>
@@ -87,6 +88,9 @@ struct layer_event {
   std::int64_t micro_batch = 0;
   std::uint32_t piece = 0, node = 0;
   std::size_t stash_bytes = 0;
+  /// An evaluation forward left the actor (its output emitted, handed over where it
+  /// crosses): the gate answers an evaluation once its layers have sent all of theirs.
+  bool evaluated = false;
 };
 
 /// How a node's value leaves for another pipeline stage: as it is (a host tensor, or a
@@ -146,8 +150,9 @@ class layer_actor : public actors::actor {
   void report(stage_op op, std::int64_t mb, bool arrived = false);
   void record_credits(std::size_t edge);
   /// Emits `m` on `sig` once its value (`m.*field`) crossed toward the next stage as `c` says.
+  /// Then runs `after` (once emitted).
   template <class Msg>
-  void emit_across(bus::signal<Msg>& sig, crossing c, Msg m, value Msg::*field);
+  void emit_across(bus::signal<Msg>& sig, crossing c, Msg m, value Msg::*field, std::function<void()> after = {});
 
   graph::node_type& node_;
   std::uint32_t index_;

@@ -6,6 +6,7 @@
 /// every pipeline through it; nerve-train runs data-parallel replicas through it (one
 /// stage). Header-only; each app includes it once.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <future>
@@ -19,7 +20,6 @@
 #include "gpu/device.hpp"
 #include "gpu/layers/device_backend.hpp"
 #include "gpu/nccl.hpp"
-#include "layers/executor.hpp"
 #include "layers/gemm.hpp"
 #include "layers/pipeline/pipeline.hpp"
 #include "layers/trainer.hpp"
@@ -50,7 +50,7 @@ class pipeline_engine : public nl::train_engine {
   pipeline_engine(actors::runtime& rt, const std::vector<nl::graph*>& graphs, const np::partition& pieces,
                   const np::schedule& plan, const nl::train_options& o, np::pipeline_options po,
                   const std::vector<std::string>& devices, pipeline_outcome& out, bool announce)
-      : rt_(rt), g_(*graphs[0]), out_(out), threads_(o.threads) {
+      : rt_(rt), out_(out) {
     // Replicas start from replica 0's weights: the trainer loaded --init or --resume there.
     for (std::size_t r = 1; r < graphs.size(); ++r) {
       auto from = graphs[0]->parameters(), to = graphs[r]->parameters();
@@ -69,7 +69,6 @@ class pipeline_engine : public nl::train_engine {
     // ("cuda") takes its local rank's, modulo the devices it sees: one GPU per rank.
     const int me = po.link ? po.link->rank() : 0;
     link_ = po.link;
-    lead_ = me == 0;
     const auto replicas = std::uint32_t(graphs.size());
     const std::uint32_t entries = po.link && replicas > 1 ? stages * replicas : stages;
     for (std::uint32_t k = 0; k < entries && k % stages < devices.size(); ++k) {
@@ -99,7 +98,8 @@ class pipeline_engine : public nl::train_engine {
       out_.device_of[s] = devices[s] + " (" + dev->name() + (po.link ? ", rank " + std::to_string(me) : "") + ")";
       gpu::device_backend_options so;
       so.optimizer = gpu::device_optimizer{o.optimizer, o.lr, o.momentum, o.weight_decay, o.nesterov};
-      so.max_batch = std::max(so.max_batch, o.batch);  // the last stage's loss stages a batch's labels
+      // The last stage's loss stages a batch's labels: a training batch's, or an evaluation's.
+      so.max_batch = std::max({so.max_batch, o.batch, nl::evaluation_rows});
       po.backends.push_back([d = dev.get(), so](nl::graph& g, const std::vector<std::size_t>& nodes) mutable {
         so.nodes = nodes;
         return std::make_shared<gpu::device_backend>(*d, g, so);
@@ -151,25 +151,16 @@ class pipeline_engine : public nl::train_engine {
     return p.get_future();
   }
 
-  /// Evaluation runs the graph's layers directly once device stages have handed their
-  /// weights back: the stages are idle between steps. Across ranks every rank takes part
-  /// in the weights' exchange, and rank 0 evaluates (the others report nothing).
+  /// Evaluation runs on the pipeline's own layer actors, in evaluation mode, on the
+  /// stages' loops, devices and ranks (a collective across ranks).
   std::future<nl::step_result> evaluate(nl::tensor x, nl::targets y) override {
-    if (!downloaded_) pipe_->download();
-    downloaded_ = true;
-    if (!lead_) {
-      std::promise<nl::step_result> p;
-      nl::step_result none;
-      none.samples = x.batch();
-      p.set_value(none);
-      return p.get_future();
-    }
-    nl::set_gemm_threads(int(threads_));
-    nl::direct_executor exec(g_);
-    auto r = exec.evaluate(std::move(x), y, nl::cross_entropy{});
-    nl::set_gemm_threads(1);
     std::promise<nl::step_result> p;
-    p.set_value(r);
+    try {
+      p.set_value(pipe_->evaluate(std::move(x), y));
+    } catch (const std::exception& e) {
+      if (job_) job_->fail(app_, e.what());
+      p.set_exception(std::current_exception());
+    }
     return p.get_future();
   }
   std::size_t min_rows() const override { return min_rows_; }
@@ -197,15 +188,12 @@ class pipeline_engine : public nl::train_engine {
 
  private:
   actors::runtime& rt_;
-  nl::graph& g_;
   pipeline_outcome& out_;
-  unsigned threads_;
   // Devices open after the runtime and close before it: they post to its loops.
   std::map<std::pair<int, int>, std::unique_ptr<gpu::device>> opened_;
   std::unique_ptr<np::pipeline> pipe_;  // destroyed before the devices its stages use
   std::size_t min_rows_ = 1;
   bool downloaded_ = true;
-  bool lead_ = true;
   std::shared_ptr<np::rank_link> link_;  // across ranks (null in one process)
   const job* job_ = nullptr;            // set by `join` in a multi-rank job
   const char* app_ = "";

@@ -599,6 +599,39 @@ void pipeline::exchange(std::vector<stage_report>& reports, const std::vector<bo
   }
 }
 
+void pipeline::exchange_outputs(std::vector<stage_report>& reports, const std::vector<bool>& local) {
+  // Per output: its sample shape, then its rows (floats survive JSON's doubles exactly).
+  nlohmann::json mine = nlohmann::json::array();
+  for (std::size_t i = 0; i < reports.size(); ++i) {
+    if (!local[i] || reports[i].outputs.empty()) continue;
+    nlohmann::json outs = nlohmann::json::array();
+    for (const auto& o : reports[i].outputs)
+      outs.push_back({o.sample_shape().dims(), std::vector<float>(o.data(), o.data() + o.matrix().size())});
+    mine.push_back({i, std::move(outs)});
+  }
+  const auto all = options_.link->all_gather(to_wire(mine));
+  for (std::size_t k = 0; k < all.size(); ++k) {
+    if (int(k) == me_) continue;
+    for (const auto& r : from_wire(all[k], "a prediction")) {
+      const auto i = r.at(0).get<std::size_t>();
+      if (i >= reports.size() || local[i])
+        throw std::runtime_error("pipeline: rank " + std::to_string(k) + " sent the prediction of stage " +
+                                 std::to_string(i) + ", which is not its own");
+      auto& outs = reports[i].outputs;
+      outs.clear();
+      for (const auto& o : r.at(1)) {
+        const layers::shape sh(o.at(0).get<std::vector<std::int64_t>>());
+        const auto values = o.at(1).get<std::vector<float>>();
+        if (sh.numel() == 0 || values.size() % std::size_t(sh.numel()) != 0)
+          throw std::runtime_error("pipeline: rank " + std::to_string(k) + " sent a malformed prediction");
+        layers::tensor t(std::int64_t(values.size() / std::size_t(sh.numel())), sh);
+        std::copy(values.begin(), values.end(), t.data());
+        outs.push_back(std::move(t));
+      }
+    }
+  }
+}
+
 bool pipeline::stopped() const noexcept {
   for (auto* v : {&stages_, &layers_})
     for (auto& a : *v)
@@ -609,6 +642,107 @@ bool pipeline::stopped() const noexcept {
 void pipeline::reset_metrics() {
   metrics_.resize(plan_.stages);
   for (std::uint32_t s = 0; s < plan_.stages; ++s) metrics_[s] = stage_metrics{s};
+}
+
+std::vector<stage_report> pipeline::run_stages(std::vector<step_msg>& msgs, const std::vector<bool>& local) {
+  std::vector<std::future<stage_report>> futures(msgs.size());
+  // Last stage first: a stage's first message of the step is then usually its step_msg.
+  for (std::size_t i = msgs.size(); i-- > 0;)
+    if (local[i]) futures[i] = rt_.ask<stage_report>(stages_[i], std::move(msgs[i]), std::chrono::nanoseconds::max());
+  std::vector<stage_report> reports(msgs.size());
+  // A failing stage fails its request with its error and makes every other stage fail
+  // with `stage_aborted` (see abort_msg): rethrow the error itself.
+  std::exception_ptr first_error, aborted;
+  for (std::size_t i = 0; i < msgs.size(); ++i) {
+    if (!local[i]) continue;
+    try {
+      reports[i] = futures[i].get();
+    } catch (const stage_aborted&) {
+      if (!aborted) aborted = std::current_exception();
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  if (!first_error) first_error = aborted;
+  if (first_error) {
+    failed_ = true;
+    // Wait until the stops are handled and the stages let go of their requests, while the
+    // futures still hold the errors: the last reference to each is then on this thread,
+    // and every stage has stopped when the error reaches the caller.
+    stop_all();
+    std::rethrow_exception(first_error);
+  }
+  return reports;
+}
+
+layers::step_result pipeline::evaluate(layers::tensor input, const layers::targets& t) {
+  return forward_only(std::move(input), &t, nullptr);
+}
+
+layers::tensor pipeline::predict(layers::tensor input) {
+  layers::tensor out;
+  forward_only(std::move(input), nullptr, &out);
+  return out;
+}
+
+layers::step_result pipeline::forward_only(layers::tensor input, const layers::targets* t, layers::tensor* out) {
+  if (failed_) throw std::logic_error("pipeline: a previous step failed; the stages are stopped");
+  const std::int64_t n = input.batch();
+  if (n < 1) throw std::invalid_argument("pipeline: nothing to evaluate (a batch of 0 rows)");
+  if (t && t->size() != n)
+    throw std::invalid_argument("pipeline: " + std::to_string(t->size()) + " targets for a batch of " +
+                                std::to_string(n));
+  const std::uint32_t S = plan_.stages;
+  // As many replicas and micro-batches as the rows allow: a small last batch still runs.
+  const auto R = std::uint32_t(std::min<std::int64_t>(replicas_, n));
+  auto addrs = std::make_shared<const std::vector<actors::address>>(stages_);
+  std::vector<step_msg> msgs(std::size_t(S) * replicas_);
+  std::vector<bool> local(msgs.size());
+  for (std::size_t i = 0; i < msgs.size(); ++i) {
+    const auto r = std::uint32_t(i / S);
+    local[i] = r < R && here(r, std::uint32_t(i % S));
+    msgs[i] = {.stages = addrs, .replica = r, .train = false, .want_output = out != nullptr};
+  }
+  const auto parts = layers::split_micro_batches(n, R);
+  std::vector<std::int64_t> counts;  // per (replica, micro-batch), in row order
+  std::vector<std::size_t> last_of;  // the report index of each of those micro-batches
+  for (std::uint32_t r = 0; r < R; ++r) {
+    const auto M = std::uint32_t(std::min<std::int64_t>(plan_.micro_batches, parts[r].count));
+    const auto micro = layers::split_micro_batches(parts[r].count, M);
+    for (std::uint32_t m = 0; m < M; ++m) {
+      const std::int64_t first = parts[r].first + micro[m].first, count = micro[m].count;
+      for (std::uint32_t s = 0; s < S; ++s) ++msgs[r * S + s].evaluations;
+      if (local[r * S]) msgs[r * S].inputs.push_back(input.slice(first, count));
+      if (local[r * S + S - 1]) msgs[r * S + S - 1].targets.push_back(t ? t->slice(first, count) : layers::targets{});
+      counts.push_back(count);
+      last_of.push_back(r * S + S - 1);
+    }
+  }
+  auto reports = run_stages(msgs, local);
+  if (options_.link) {
+    exchange(reports, local);
+    if (out) exchange_outputs(reports, local);
+  }
+  layers::step_result result;
+  result.samples = n;
+  std::vector<std::size_t> next(reports.size(), 0);  // the next micro-batch of each last stage
+  std::vector<const layers::tensor*> rows;
+  for (std::size_t k = 0; k < counts.size(); ++k) {
+    const auto& last = reports[last_of[k]];
+    const auto m = next[last_of[k]]++;
+    result.loss += double(counts[k]) / double(n) * last.losses.at(m);
+    result.correct += last.correct.at(m);
+    if (out) rows.push_back(&last.outputs.at(m));
+  }
+  if (out) {
+    *out = layers::tensor(n, rows.front()->sample_shape());
+    std::int64_t at = 0;
+    for (const auto* r : rows) {
+      out->matrix().middleRows(at, r->batch()) = r->matrix();
+      at += r->batch();
+    }
+  }
+  return result;
 }
 
 layers::step_result pipeline::train_step(layers::tensor input, const layers::targets& t, std::uint64_t step, double lr) {
@@ -650,36 +784,8 @@ layers::step_result pipeline::train_step(layers::tensor input, const layers::tar
     }
   }
   const auto t0 = rt_.trace().now();
-  std::vector<std::future<stage_report>> futures(msgs.size());
-  // Last stage first: a stage's first message of the step is then usually its step_msg.
-  for (std::size_t i = msgs.size(); i-- > 0;) {
-    if (!local[i]) continue;
-    msgs[i].t0_ns = t0;
-    futures[i] = rt_.ask<stage_report>(stages_[i], std::move(msgs[i]), std::chrono::nanoseconds::max());
-  }
-  std::vector<stage_report> reports(msgs.size());
-  // A failing stage fails its request with its error and makes every other stage fail
-  // with `stage_aborted` (see abort_msg): rethrow the error itself.
-  std::exception_ptr first_error, aborted;
-  for (std::size_t i = 0; i < msgs.size(); ++i) {
-    if (!local[i]) continue;
-    try {
-      reports[i] = futures[i].get();
-    } catch (const stage_aborted&) {
-      if (!aborted) aborted = std::current_exception();
-    } catch (...) {
-      if (!first_error) first_error = std::current_exception();
-    }
-  }
-  if (!first_error) first_error = aborted;
-  if (first_error) {
-    failed_ = true;
-    // Wait until the stops are handled and the stages let go of their requests, while the
-    // futures still hold the errors: the last reference to each is then on this thread,
-    // and every stage has stopped when the error reaches the caller.
-    stop_all();
-    std::rethrow_exception(first_error);
-  }
+  for (auto& m : msgs) m.t0_ns = t0;
+  auto reports = run_stages(msgs, local);
   const auto t1 = rt_.trace().now();
   const double wall = double(t1 - t0) * 1e-9;
   if (options_.link) exchange(reports, local);

@@ -62,6 +62,7 @@ namespace nerve::pipeline {
 
 namespace detail {
 struct stage_report;
+struct step_msg;
 }
 
 /// Figures of one stage, summed over the steps since construction or `reset_metrics`.
@@ -157,6 +158,15 @@ class pipeline {
   layers::step_result train_step(layers::tensor input, const layers::targets& t, std::uint64_t step = 0,
                                  double lr = -1);
 
+  /// Loss and correct count of a batch in evaluation mode (no update, nothing stashed):
+  /// the batch is split over the replicas and each part into the plan's micro-batches (as
+  /// a step's), and they run through the same layer actors, on the same loops, devices and
+  /// ranks, with no schedule. Layers such as BatchNorm and Dropout run as in evaluation.
+  /// Across ranks a collective; every rank returns the figures. Throws as `train_step`.
+  layers::step_result evaluate(layers::tensor input, const layers::targets& t);
+  /// The network's output for a batch, in evaluation mode (as `evaluate`, rows in order).
+  layers::tensor predict(layers::tensor input);
+
   const schedule& plan() const noexcept { return plan_; }
   const partition& pieces() const noexcept { return pieces_; }
   /// Per-stage figures since construction or `reset_metrics` (of replica 0).
@@ -202,6 +212,8 @@ class pipeline {
   bool here(std::uint32_t r, std::uint32_t s) const noexcept { return rank_of(r, s) == me_; }
   /// Across ranks: every stage's report from the local ones (a collective).
   void exchange(std::vector<detail::stage_report>& reports, const std::vector<bool>& local);
+  /// The same for the outputs of a prediction (the reports' `outputs`).
+  void exchange_outputs(std::vector<detail::stage_report>& reports, const std::vector<bool>& local);
   /// The backend factory of replica r's stage s (null: the CPU), the same on every rank.
   const stage_backend_factory* factory_of(std::uint32_t r, std::uint32_t s) const;
   /// Across ranks, replicas one per rank: for each stage on devices whose replicas are
@@ -212,6 +224,11 @@ class pipeline {
   void spawn_groups(const std::vector<layers::graph*>& replicas, std::shared_ptr<const layers::loss> criterion,
                     const layers::optimizer_factory& make_optimizer);
   void stop_all();
+  /// Asks this rank's stages for `msgs` (replica r's stage s at r * S + s, `local` ones
+  /// only) and waits for their reports; rethrows the first stage's error after stopping all.
+  std::vector<detail::stage_report> run_stages(std::vector<detail::step_msg>& msgs, const std::vector<bool>& local);
+  /// `evaluate` and `predict`: figures, and the outputs when `out` is given.
+  layers::step_result forward_only(layers::tensor input, const layers::targets* t, layers::tensor* out);
 
   actors::runtime& rt_;
   layers::graph* graph_ = nullptr;  // replica 0's

@@ -91,6 +91,7 @@ std::int64_t stage_gate::now() { return system().trace().now(); }
 void stage_gate::on_step(detail::step_msg& m) {
   reply_ = defer_reply<detail::stage_report>();
   req_ = std::move(m);
+  if (!req_.train) return on_evaluate();
   const std::uint32_t M = c_.plan->micro_batches;
   rep_ = {.losses = std::vector<double>(M), .correct = std::vector<std::int64_t>(M), .begin_ns = now()};
   cursor_ = held_ = nodes_done_ = 0;
@@ -101,6 +102,10 @@ void stage_gate::on_step(detail::step_msg& m) {
 }
 
 void stage_gate::on_event(const layers::layer_event& e) {
+  if (e.evaluated) {
+    ++evaluated_;
+    return finish_evaluation();
+  }
   bytes_ = bytes_ + e.stash_bytes - layer_bytes_[e.node];
   layer_bytes_[e.node] = e.stash_bytes;
   rep_.peak_bytes = std::max(rep_.peak_bytes, bytes_);
@@ -132,7 +137,65 @@ void stage_gate::finish_step() {
   if (reply_) reply_.deliver(std::move(rep_));
 }
 
+void stage_gate::on_evaluate() {
+  const auto n = std::max(req_.inputs.size(), req_.targets.size());
+  rep_ = {.losses = std::vector<double>(n), .correct = std::vector<std::int64_t>(n), .begin_ns = now()};
+  rep_.outputs.resize(req_.want_output ? n : 0);
+  evaluating_ = true;
+  evaluations_due_ = members_.size() * req_.evaluations;
+  outputs_due_ = std::uint32_t(req_.targets.size());  // the last stage's: one per micro-batch
+  loss_reports_due_ = 0;
+  // Every micro-batch at once: evaluation keeps no stash, so nothing bounds what is in flight.
+  for (std::size_t k = 0; k < req_.inputs.size(); ++k)
+    input_.emit(layers::forward_msg{std::int64_t(k), req_.step, 0, std::uint32_t(req_.inputs.size()), false, -1,
+                                    std::move(req_.inputs[k])});
+  finish_evaluation();
+}
+
+void stage_gate::on_evaluated(layers::forward_msg& m) {
+  const auto mb = std::size_t(m.micro_batch);
+  if (!evaluating_ || mb >= req_.targets.size())
+    throw std::logic_error("stage " + std::to_string(c_.stage) + ": an evaluation output of micro-batch " +
+                           std::to_string(mb) + " that no evaluation asked for");
+  --outputs_due_;
+  const auto& t = req_.targets[mb];
+  const bool scored = !t.labels.empty() || !t.values.empty();  // prediction: no targets
+  if (c_.loss_backend) {  // on the device, as in training; the figures come back with the stream
+    std::int64_t first = 0;
+    for (std::size_t k = 0; k < mb; ++k) first += req_.targets[k].size();
+    ++loss_reports_due_;
+    c_.loss_backend->loss(*this, *c_.criterion, std::move(m.x), t, first, req_.step, 1.0, false, req_.want_output,
+                          [](layers::value) {},
+                          [this, mb](layers::loss_figures& f) {
+                            rep_.losses[mb] = f.loss;
+                            rep_.correct[mb] = f.correct;
+                            if (req_.want_output) rep_.outputs[mb] = std::move(f.output);
+                            --loss_reports_due_;
+                            finish_evaluation();
+                          });
+    return;
+  }
+  if (scored) {
+    auto r = c_.criterion->forward(m.x.host, t);
+    rep_.losses[mb] = r.loss;
+    rep_.correct[mb] = r.correct;
+  }
+  if (req_.want_output) rep_.outputs[mb] = std::move(m.x.host);
+  finish_evaluation();
+}
+
+void stage_gate::finish_evaluation() {
+  if (!evaluating_ || outputs_due_ > 0 || loss_reports_due_ > 0 || evaluated_ < evaluations_due_) return;
+  evaluating_ = false;
+  evaluated_ -= evaluations_due_;
+  rep_.end_ns = now();
+  req_.inputs.clear();
+  req_.targets.clear();
+  if (reply_) reply_.deliver(std::move(rep_));
+}
+
 void stage_gate::on_output(layers::forward_msg& m) {
+  if (!m.train) return on_evaluated(m);
   // The loss of the last piece, part of its F; the gradient waits for that micro-batch's B.
   const auto mb = std::size_t(m.micro_batch);
   if (c_.loss_backend) {  // on the device; the figures come back with the stream

@@ -27,6 +27,14 @@
 /// `pipeline` and its gates talk in `detail::step_msg` (a step request per stage), the
 /// stage's `detail::stage_report`, and `detail::abort_msg`, which ends a failed step everywhere.
 ///
+/// **Evaluation and prediction** (`step_msg::train` false) take the same layer actors, in
+/// evaluation mode, with no schedule: the gate of piece 0 feeds every micro-batch at once,
+/// the layers run each forward as it comes (nothing is held, stashed or reported), and
+/// the gate of the last piece computes each micro-batch's loss (on its device, for a
+/// device stage) and answers once all are in. Every gate answers once each of its layers
+/// sent on every micro-batch's output: across ranks the values are then with the transport
+/// before the ranks exchange their figures.
+///
 /// Thread safety: an actor; `wire` and the signals' wiring before messages flow.
 
 #include <cstdint>
@@ -60,6 +68,11 @@ struct step_msg {
   std::vector<layers::tensor> inputs;    ///< stage 0: one per micro-batch
   std::vector<layers::targets> targets;  ///< the last stage: one per micro-batch
   std::vector<double> shares;            ///< the last stage: nᵢ/N per micro-batch (N: all replicas' samples)
+  /// False: evaluation (no update); the last stage then answers with the micro-batches'
+  /// figures, and with their outputs when `want_output` (prediction).
+  bool train = true;
+  bool want_output = false;
+  std::uint32_t evaluations = 0;  ///< evaluation: this replica's micro-batches (every stage's)
 };
 
 /// Another stage failed with `what`: end the step and stop. Carries text, not the
@@ -84,6 +97,7 @@ struct stage_report {
   std::int64_t busy_ns = 0, input_wait_ns = 0, backpressure_ns = 0, optimizer_ns = 0;
   std::size_t peak_stashed = 0, peak_bytes = 0;
   std::vector<timed_action> actions;  // seconds from the step's t0
+  std::vector<layers::tensor> outputs;  // evaluation with `want_output`: per micro-batch
 };
 
 }  // namespace detail
@@ -124,6 +138,9 @@ class stage_gate : public actors::actor {
   void guarded(F&& f);
   void fail(std::exception_ptr e, bool aborted);
   void on_step(detail::step_msg& m);
+  void on_evaluate();
+  void on_evaluated(layers::forward_msg& m);
+  void finish_evaluation();
   void on_event(const layers::layer_event& e);
   void on_output(layers::forward_msg& m);
   bool ready(const action& a) const;
@@ -153,6 +170,11 @@ class stage_gate : public actors::actor {
   std::uint64_t arrivals_ = 0, seen_ = 0;
   std::map<std::int64_t, layers::value> loss_grads_;
   std::uint32_t loss_reports_due_ = 0;  // device losses whose figures have not come back
+  std::uint32_t outputs_due_ = 0;       // evaluation: micro-batches whose output has not come
+  // Evaluation forwards the stage's layers sent on (counted before the request may have
+  // come), and how many the evaluation running needs: its micro-batches by the layers.
+  std::size_t evaluated_ = 0, evaluations_due_ = 0;
+  bool evaluating_ = false;
   // The action running, and where the list is.
   std::size_t cursor_ = 0;
   action cur_;

@@ -281,6 +281,45 @@ TEST_SUITE("gpu.pipeline") {
     }
   }
 
+  TEST_CASE("evaluation and prediction on device stages run on their streams, with one device stage's bits") {
+    const auto plan2 = pl::make_schedule("1f1b", 2, 3), plan1 = pl::make_schedule("1f1b", 1, 3);
+    auto g2 = chain(), g1 = chain();
+    actors::runtime rt(actors::runtime_options{.loops = 2, .record = true});
+    auto o = gpu::test::layers_suite_options();
+    o.recorder = &rt.trace();  // opened after the runtime: the recorder outlives it
+    gpu::device dev(o);
+    auto sgd = [] { return layers::make_optimizer<float>("sgd", lr, momentum); };
+    auto criterion = std::make_shared<layers::cross_entropy>();
+    pl::pipeline p2(rt, g2, pl::partition_by_parameters(g2, 2), plan2, criterion, sgd, device_stages(dev, {true, true}));
+    pl::pipeline p1(rt, g1, pl::partition_by_parameters(g1, 1), plan1, criterion, sgd, device_stages(dev, {true}));
+    for (std::uint64_t s = 0; s < 2; ++s) {
+      auto b = make_batch(24, 100 + s);
+      p2.train_step(b.x.clone(), b.t, s);
+      p1.train_step(std::move(b.x), b.t, s);
+    }
+    auto gpu_spans = [&] {
+      rt.synchronize();
+      std::size_t n = 0;
+      for (const auto& r : rt.trace().snapshot())
+        n += r.kind == actors::record_kind::span && r.cat && std::string(r.cat) == "gpu";
+      return n;
+    };
+    const auto before = gpu_spans();
+    auto b = make_batch(37, 7);
+    const auto e2 = p2.evaluate(b.x.clone(), b.t), e1 = p1.evaluate(b.x.clone(), b.t);
+    CHECK(gpu_spans() > before);  // the evaluation's work went to the streams
+    CHECK(e2.samples == 37);
+    CHECK(e2.correct == e1.correct);
+    CHECK(e2.loss == e1.loss);
+    const auto y2 = p2.predict(b.x.clone()), y1 = p1.predict(std::move(b.x));
+    REQUIRE(y2.size() == y1.size());
+    CHECK(std::memcmp(y2.data(), y1.data(), std::size_t(y1.size()) * sizeof(float)) == 0);
+    // The weights on the device did not move: a download after evaluation is the trained one.
+    p2.download();
+    p1.download();
+    check_bitwise(g2, g1);
+  }
+
   TEST_CASE("one step of M micro-batches over E edges of a stand-in 2-stage pipeline delivers exactly E·M forwards and E·M gradients through bus signals") {
     for (const std::vector<bool>& on_device : {std::vector<bool>{true, true}, std::vector<bool>{false, true}}) {
       for (std::uint32_t M : {1u, 4u}) {

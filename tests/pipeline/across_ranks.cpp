@@ -193,6 +193,20 @@ void check_across(const std::string& name, const schedule& plan, std::uint32_t r
   CHECK(total(t.backward) == want);
   // Every rank sees every stage's figures.
   for (const auto& m : across.metrics()) CHECK(m.actions > 0);
+  // Evaluation and prediction run on the ranks' own stages: every rank gets the figures
+  // and the outputs of the same stages in one process.
+  auto e = make_batch(spread[0], 29, 500);
+  const auto ea = across.evaluate(e.x.clone(), e.t), eb = reference.evaluate(e.x.clone(), e.t);
+  CHECK(ea.samples == 29);
+  CHECK(ea.correct == eb.correct);
+  if (bitwise) CHECK(ea.loss == eb.loss);
+  else CHECK(ea.loss == doctest::Approx(eb.loss).epsilon(1e-5));
+  const auto ya = across.predict(e.x.clone()), yb = reference.predict(std::move(e.x));
+  REQUIRE(ya.size() == yb.size());
+  for (std::int64_t i = 0; i < ya.size(); ++i) {
+    if (bitwise) CHECK(ya.data()[i] == yb.data()[i]);
+    else CHECK(ya.data()[i] == doctest::Approx(yb.data()[i]).epsilon(1e-4));
+  }
   world->barrier();
 }
 
