@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <ctime>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -23,6 +24,7 @@
 #include "layers/data/batcher.hpp"
 #include "layers/data/dataset.hpp"
 #include "layers/data/detail/file_bytes.hpp"
+#include "layers/detail/resume_check.hpp"
 #include "layers/gemm.hpp"
 #include "layers/layer_actor.hpp"
 #include "layers/lr_schedule.hpp"
@@ -281,9 +283,14 @@ nlohmann::json read_state(const checkpoint::state_dict& d, const std::filesystem
 }
 
 /// Loads the checkpoint's weights into `g` and returns its optimizer state and position.
-std::pair<optimizer_state, run_position> read_train_state(const std::filesystem::path& path, graph& g) {
+/// Its weights and optimizer buffers must be finite unless the run allows otherwise, as
+/// `--init` refuses them: one NaN hidden by a ReLU would reach `--save`.
+std::pair<optimizer_state, run_position> read_train_state(const std::filesystem::path& path, graph& g,
+                                                          bool allow_nonfinite) {
   const auto d = checkpoint::load_checkpoint(path);
   const auto j = read_state(d, path);
+  if (!allow_nonfinite) d.check_finite("a run started with --allow-nonfinite goes on through them");
+  detail::check_state_json(j, path.string());
   try {
     auto names = weight_names(g);
     optimizer_state opt;
@@ -352,11 +359,13 @@ train_options resume_options(const std::filesystem::path& path) {
   const auto j = read_state(d, path);
   try {
     const auto& s = j.at("settings");
+    detail::check_settings_json(s, path.string());
     auto o = s.get<train_options>();
     o.app_settings = s.at("app");
     if (s.contains("normalize")) o.normalize = data::normalization{s["normalize"].at(0), s["normalize"].at(1)};
     o.resume = path;
     o.checkpoint = path;  // a resumed run goes on saving its state where it was
+    detail::check_restored_settings(o, path.string());
     return o;
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument("--resume " + path.string() + ": unreadable settings: " + e.what());
@@ -424,7 +433,7 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
   optimizer_state resumed_opt;
   run_position pos;
   if (!o.resume.empty())
-    std::tie(resumed_opt, pos) = read_train_state(o.resume, g);
+    std::tie(resumed_opt, pos) = read_train_state(o.resume, g, o.allow_nonfinite);
   else if (!o.init.empty())
     load_weights(g, o.init, o.allow_nonfinite);
   const data::load_options loading{o.normalize};
@@ -472,6 +481,16 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
     if (o.schedule == "cosine") return cosine_lr{o.lr, std::max<std::int64_t>(1, total_steps)}(t);
     throw std::invalid_argument("unknown --schedule '" + o.schedule + "' (none, step, cosine)");
   };
+
+  if (!o.resume.empty()) {
+    std::int64_t steps_done = 0;
+    for (const auto& e : pos.done)  // saturating: a forged count must not overflow before it is refused
+      steps_done = e.steps > std::numeric_limits<std::int64_t>::max() - steps_done ? std::numeric_limits<std::int64_t>::max()
+                                                                                    : steps_done + e.steps;
+    detail::check_resumed_position({pos.step, pos.epoch, pos.batch, pos.loss_sum, pos.correct, pos.seen,
+                                    pos.epoch_steps, pos.done.size(), steps_done},
+                                   resumed_opt.counters, o, {total_steps, batches});
+  }
 
   train_report report;
   report.parameters = g.parameter_count();

@@ -37,6 +37,7 @@
 #include "layers/pipeline/pipeline.hpp"
 #include "layers/presets.hpp"
 #include "layers/trainer.hpp"
+#include "apps/common/app_settings.hpp"
 #include "apps/common/job.hpp"
 #include "apps/common/options.hpp"
 #include "apps/common/pipeline_engine.hpp"
@@ -164,38 +165,49 @@ int main(int argc, char** argv) {
     if (app.count("--threads")) threads = count_in_range("--threads", threads_in, 1, loops, ": one event loop each");
     nl::train_options resumed;
     std::string resumed_plan;
+    np::schedule plan;
     if (!resume.empty()) {
       // The checkpoint's settings hold: a training option given beside --resume would be ignored.
+      // Where the data lies and how many loops run the stages may change (a run moved to
+      // another machine): neither changes the bits.
       for (const char* opt : {"--model", "--stages", "--microbatches", "--schedule", "--chunks", "--credits",
                               "--replicas", "--partition", "--schedule-file", "--devices", "--epochs", "--steps",
-                              "--batch", "--lr", "--momentum", "--threads", "--seed", "--no-shuffle", "--normalize",
-                              "--data", "--init", "--no-eval", "--allow-nonfinite"})
+                              "--batch", "--lr", "--momentum", "--seed", "--no-shuffle", "--normalize",
+                              "--init", "--no-eval", "--allow-nonfinite"})
         if (app.count(opt) > 0)
           throw std::invalid_argument(std::string(opt) + " cannot be given with --resume: the run goes on with the "
                                       "settings its checkpoint holds");
       resumed = nl::resume_options(resume);
-      const auto a = nlohmann::json::parse(resumed.app_settings.empty() ? "null" : resumed.app_settings);
-      if (!a.is_object() || !a.contains("plan"))
-        throw std::invalid_argument("--resume " + resume + ": not a nerve-pipeline checkpoint");
+      // Each as its option would be checked: a number out of range is refused naming the field.
+      const nerve::apps::resumed_app_settings a(resumed);
+      a.expect_writer("nerve-pipeline", false);
       model = resumed.model;
-      schedule_name = a.at("schedule");
-      resumed_plan = a.at("plan");
-      replicas = a.at("replicas");
-      credits = a.at("credits");
-      devices = a.at("devices");
-      partition = a.at("cut");
-      threads = resumed.threads;
+      schedule_name = a.text("schedule");
+      resumed_plan = a.text("plan");
+      replicas = a.whole("replicas", 1, loops);
+      credits = a.whole("credits", 0, std::numeric_limits<std::uint32_t>::max());
+      devices = a.text("devices");
+      partition = a.text("cut");
+      if (!app.count("--threads")) threads = resumed.threads;
+      if (app.count("--data")) resumed.data = data;
       seed = resumed.seed;
+      try {
+        plan = np::parse_schedule(resumed_plan);
+        np::validate(plan);
+      } catch (const std::exception& e) {
+        throw std::invalid_argument(a.where() + "setting 'plan' is refused: " + e.what());
+      }
+      if (plan.stages < 1 || std::uint64_t(plan.stages) * replicas > nl::max_threads)
+        throw std::invalid_argument(a.where() + "setting 'plan' has " + std::to_string(plan.stages) +
+                                    " stages for " + std::to_string(replicas) + " replicas: stages x replicas must "
+                                    "be 1 to " + std::to_string(nl::max_threads) + per_loop);
     }
     const bool emergent = schedule_name == "emergent";
     // Options the chosen schedule does not read: say so rather than drop them unseen.
     auto ignored = [&](const char* option, const std::string& by) {
       if (app.count(option)) std::fprintf(stderr, "nerve-pipeline: warning: %s is ignored by %s\n", option, by.c_str());
     };
-    np::schedule plan;
-    if (!resumed_plan.empty()) {
-      plan = np::parse_schedule(resumed_plan);
-      np::validate(plan);
+    if (!resume.empty()) {  // the checkpoint's plan, checked above
       stages = plan.stages;
       micro = plan.micro_batches;
       chunks = plan.chunks;
@@ -289,17 +301,20 @@ int main(int argc, char** argv) {
     else if (partition == "cost")
       pieces = np::partition_by_cost(g, np::profile_layers(g, std::int64_t(o.batch / micro / replicas), 3, seed),
                                      n_pieces);
-    else {
+    else try {
       pieces = np::partition_at(g, split_list(partition));
       if (pieces.size() != n_pieces)
         throw std::invalid_argument("--partition '" + partition + "' makes " + std::to_string(pieces.size()) +
                                     " pieces; the schedule needs " + std::to_string(n_pieces));
+    } catch (const std::exception& e) {
+      if (resume.empty()) throw;  // a resume cuts where its checkpoint says: name that
+      throw std::invalid_argument("--resume " + resume + ": the checkpoint's setting 'cut' is refused: " + e.what());
     }
 
     std::string cut;      // the first layer of each piece after the first: how a resume cuts again
     for (std::size_t k = 1; k < pieces.size(); ++k) cut += (k > 1 ? "," : "") + g.nodes()[pieces[k][0]].name;
-    o.app_settings = nlohmann::json{{"schedule", schedule_name}, {"plan", np::to_text(plan)}, {"replicas", replicas},
-                                    {"credits", credits}, {"devices", devices}, {"cut", cut}}
+    o.app_settings = nlohmann::json{{"app", "nerve-pipeline"}, {"schedule", schedule_name}, {"plan", np::to_text(plan)},
+                                    {"replicas", replicas}, {"credits", credits}, {"devices", devices}, {"cut", cut}}
                          .dump();
 
     if (!json && speak)
@@ -318,7 +333,8 @@ int main(int argc, char** argv) {
     if (!devices.empty()) {
       device_list = split_list(devices);
       if (device_list.size() != stages)
-        throw std::invalid_argument("--devices names " + std::to_string(device_list.size()) + " devices for " +
+        throw std::invalid_argument((resume.empty() ? "--devices" : "--resume " + resume + ": the checkpoint's setting 'devices'") +
+                                    " names " + std::to_string(device_list.size()) + " devices for " +
                                     std::to_string(stages) + " stages");
     }
     pipeline_outcome outcome;

@@ -26,6 +26,7 @@
 #include "gpu/layers/train.hpp"
 #include "layers/presets.hpp"
 #include "layers/trainer.hpp"
+#include "apps/common/app_settings.hpp"
 #include "apps/common/job.hpp"
 #include "apps/common/options.hpp"
 #include "apps/common/pipeline_engine.hpp"
@@ -118,9 +119,11 @@ int main(int argc, char** argv) {
     auto replicas = std::uint32_t(replicas_in);
     if (!state.resume.empty()) {
       // The checkpoint's settings hold: a training option given beside --resume would be ignored.
+      // Where the data lies may change (a run moved to another machine), and so may the
+      // loops of replicas (checked below).
       for (const char* opt : {"--model", "--epochs", "--steps", "--batch", "--microbatches", "--lr", "--optimizer",
-                              "--momentum", "--nesterov", "--weight-decay", "--schedule", "--threads", "--spread",
-                              "--seed", "--no-shuffle", "--normalize", "--data", "--init", "--device", "--no-eval", "--allow-nonfinite"})
+                              "--momentum", "--nesterov", "--weight-decay", "--schedule", "--spread",
+                              "--seed", "--no-shuffle", "--normalize", "--init", "--device", "--no-eval", "--allow-nonfinite"})
         if (app.count(opt) > 0)
           throw std::invalid_argument(std::string(opt) + " cannot be given with --resume: the run goes on with the "
                                       "settings its checkpoint holds");
@@ -129,7 +132,19 @@ int main(int argc, char** argv) {
       if (app.count("--replicas"))
         throw std::invalid_argument("--replicas cannot be given with --resume: the run goes on with the settings its "
                                     "checkpoint holds");
-      if (!o.app_settings.empty()) replicas = nlohmann::json::parse(o.app_settings).value("replicas", 1u);
+      const nerve::apps::resumed_app_settings a(o);
+      a.expect_writer("nerve-train", true);
+      replicas = a.whole("replicas", 1, max_threads, 1);
+      if (app.count("--data")) o.data = data;
+      // Replicas run their products on one thread each (pipeline_engine): their loops change
+      // no bit. One replica's threads also cut every matrix product into blocks, and blocks
+      // of another size round differently (layers/gemm.cpp): another run, not this one's.
+      if (app.count("--threads") && threads != o.threads && replicas == 1)
+        throw std::invalid_argument("--threads " + std::to_string(threads) + " cannot replace the checkpoint's " +
+                                    std::to_string(o.threads) + " for one replica: its threads also cut each matrix "
+                                    "product, and another cut rounds differently (the run would not end as it "
+                                    "would have); give --threads " + std::to_string(o.threads) + " or none");
+      if (app.count("--threads")) o.threads = threads;
       device = o.device;
       o.save = save;
       o.trace = trace;
@@ -186,8 +201,8 @@ int main(int argc, char** argv) {
                                     " micro-batches");
       // One loop per replica in this process (unless --threads says), one per rank across ranks.
       if (!app.count("--threads") && state.resume.empty()) o.threads = ranks->size() > 1 ? 1 : replicas;
-      o.app_settings = nlohmann::json{{"replicas", replicas}}.dump();
     }
+    o.app_settings = nlohmann::json{{"app", "nerve-train"}, {"replicas", replicas}}.dump();
     o.lead = speak;
     check_options(o);  // before the banner and the data: a bad value costs nothing
 

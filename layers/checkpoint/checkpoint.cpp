@@ -95,14 +95,14 @@ void state_dict::check_names(std::span<const std::string> expected) const {
   throw std::runtime_error(msg);
 }
 
-void state_dict::check_finite() const {
+void state_dict::check_finite(std::string_view remedy) const {
   for (const auto& [name, t] : tensors_) {
     auto bad = std::find_if(t.floats.begin(), t.floats.end(), [](float v) { return !std::isfinite(v); });
     if (bad == t.floats.end()) continue;
     throw std::runtime_error((source.empty() ? "state_dict" : source) + ": tensor '" + name + "' holds " +
                              (std::isnan(*bad) ? "nan" : *bad > 0 ? "inf" : "-inf") + " at element " +
                              std::to_string(bad - t.floats.begin()) + " of " + std::to_string(t.floats.size()) +
-                             ": refusing non-finite weights (--allow-nonfinite loads them)");
+                             ": refusing non-finite weights (" + std::string(remedy) + ")");
   }
 }
 

@@ -64,7 +64,8 @@ class state_dict {
 
   /// Throws `std::runtime_error` naming the source, the tensor, the element and its value
   /// for the first NaN or Inf among the float tensors (weights that would poison a run).
-  void check_finite() const;
+  /// `remedy` ends the message: how to load them after all.
+  void check_finite(std::string_view remedy = "--allow-nonfinite loads them") const;
 
   /// Free-form `__metadata__` strings (e.g. the model preset, the step).
   checkpoint::metadata metadata;

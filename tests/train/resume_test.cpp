@@ -1,6 +1,6 @@
 // nerve-train killed with SIGKILL at random points (some inside a checkpoint write),
-// resumed from its checkpoint until done: the final weights are bitwise those of one
-// uninterrupted run.
+// resumed from its checkpoint until done, with the same or another --threads and --data:
+// the final weights are bitwise those of one uninterrupted run.
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
@@ -198,5 +198,63 @@ TEST_SUITE("train.resume") {
       CHECK(bytes_of(out) == bytes_of(want));
     }
     CHECK(resumed == 6);
+  }
+
+  TEST_CASE("a run resumed with another --threads and another --data directory ends with the uninterrupted run's bits") {
+    // The machine a run moves to may have other cores and keep the data elsewhere: the
+    // path and the loops of stages and replicas change nothing of the arithmetic. (One
+    // replica of nerve-train cuts its products by its threads: that change is refused,
+    // resume_refusals_test.cpp.)
+    nerve::testing::tiny_fashion_mnist data(320, 40);
+    const fs::path dir = data.dir, moved = dir / "moved";
+    fs::create_directory(moved);
+    for (const char* name : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                             "t10k-labels-idx1-ubyte"})
+      fs::copy_file(dir / name, moved / name);
+    struct variant {
+      std::string name, bin;
+      std::vector<std::string> args;
+      std::string threads_before, threads_after;
+    };
+    const std::vector<std::string> train = {"--model", "mlp", "--batch", "32", "--lr", "0.05", "--schedule", "cosine",
+                                            "--microbatches", "2"};
+    const std::vector<std::string> pipeline = {"--model", "deep-mlp", "--stages", "2", "--microbatches", "4",
+                                               "--batch", "32"};
+    auto plus = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+      a.insert(a.end(), b.begin(), b.end());
+      return a;
+    };
+    const std::vector<variant> variants = {
+        {"nerve-train, 3 loops, resumed on 3", NERVE_TRAIN_BIN, train, "3", "3"},
+        {"nerve-train --replicas 2, 2 loops, resumed on 1", NERVE_TRAIN_BIN, plus(train, {"--replicas", "2"}), "2", "1"},
+        {"nerve-pipeline, 2 loops, resumed on 1", NERVE_PIPELINE_BIN, pipeline, "2", "1"},
+        {"nerve-pipeline --replicas 2, 4 loops, resumed on 3", NERVE_PIPELINE_BIN,
+         plus(pipeline, {"--replicas", "2", "--schedule", "zb-h1"}), "4", "3"},
+    };
+    std::mt19937 rng(13);
+    for (const auto& v : variants) {
+      CAPTURE(v.name);
+      const auto run = plus(v.args, {"--data", dir.string(), "--epochs", "2", "--threads", v.threads_before, "--quiet"});
+      const fs::path want = dir / "want", ck = dir / "ck", out = dir / "out";
+      fs::remove(ck);
+      fs::remove(out);
+      REQUIRE(wait_for(start(plus(run, {"--save", want.string()}), v.bin)) == 0);
+      const int watch = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+      REQUIRE(watch >= 0);
+      REQUIRE(::inotify_add_watch(watch, dir.c_str(), IN_CREATE) >= 0);
+      const pid_t pid = start(plus(run, {"--checkpoint", ck.string(), "--checkpoint-every", "1"}), v.bin);
+      // 10 steps an epoch, a checkpoint after each: stopped in either epoch.
+      const int k = std::uniform_int_distribution<int>(3, 17)(rng);
+      const bool in_time = wait_for_create(watch, "." + ck.filename().string() + ".tmp-", k, pid);
+      ::close(watch);
+      REQUIRE(in_time);
+      ::kill(pid, SIGKILL);
+      REQUIRE(wait_for(pid) == -SIGKILL);
+      REQUIRE(fs::exists(ck));
+      REQUIRE(wait_for(start({"--resume", ck.string(), "--threads", v.threads_after, "--data", moved.string(), "--save",
+                              out.string(), "--quiet"},
+                             v.bin)) == 0);
+      CHECK(bytes_of(out) == bytes_of(want));
+    }
   }
 }
