@@ -1,4 +1,5 @@
 #include "layers/trainer.hpp"
+#include "layers/devices.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -160,12 +161,18 @@ void load_weights(graph& g, const std::filesystem::path& path, bool allow_nonfin
 
 namespace {
 
-/// The `cpu` engine: the graph's layer actors on the runtime's loops.
+/// The graph's layer actors as a `network`: their kernels the CPU's (`cpu`), or a device
+/// backend's on one stream (any other `train_options::device`).
 class network_engine : public train_engine {
  public:
-  network_engine(actors::runtime& rt, graph& g, const train_options& o)
-      : net_(rt, g, std::make_shared<cross_entropy>(), make_optimizer_factory(o), network_options{.spread = o.spread}) {
-    if (o.allow_nonfinite)
+  network_engine(actors::runtime& rt, graph& g, const train_options& o, std::unique_ptr<device_handle> dev)
+      : rt_(rt),
+        dev_(std::move(dev)),
+        backend_(dev_ ? dev_->make_backend(g, {}, optimizer_settings_of(o), std::max(o.batch, evaluation_rows))
+                      : nullptr),
+        net_(rt, g, std::make_shared<cross_entropy>(), dev_ ? optimizer_factory{} : make_optimizer_factory(o),
+             network_options{.spread = o.spread, .backend = backend_}) {
+    if (o.allow_nonfinite && !dev_)
       for (auto& a : net_.layer_actors()) rt.send(a, allow_nonfinite_gradients{});
   }
   std::future<step_result> train_step(tensor x, targets y, std::size_t micro_batches, std::uint64_t step,
@@ -173,43 +180,48 @@ class network_engine : public train_engine {
     return net_.train_step(std::move(x), std::move(y), micro_batches, step, lr);
   }
   std::future<step_result> evaluate(tensor x, targets y) override { return net_.evaluate(std::move(x), std::move(y)); }
-  void finish() override { net_.system().synchronize(); }
-  optimizer_state optimizer_state_of() override { return net_.optimizer_state_of(); }
-  void load_optimizer_state(const optimizer_state& state) override { net_.load_optimizer_state(state); }
+  std::size_t steps_in_flight() const override { return net_.steps_in_flight(); }
+  void finish() override {
+    rt_.synchronize();  // a device's completions are counted work (`device_request::rt`)
+    if (backend_) backend_->download();
+  }
+  optimizer_state optimizer_state_of() override {
+    return backend_ ? backend_->save_optimizer_state() : net_.optimizer_state_of();
+  }
+  void load_optimizer_state(const optimizer_state& state) override {
+    if (backend_) backend_->load_optimizer_state(state);
+    else net_.load_optimizer_state(state);
+  }
+  void sync_weights() override {
+    if (backend_) backend_->download();
+  }
+  void trace_metadata(nlohmann::json& extra) const override {
+    if (dev_) dev_->trace_metadata(extra);
+  }
 
  private:
+  actors::runtime& rt_;
+  std::unique_ptr<device_handle> dev_;  // destroyed last: the backend waits for its stream
+  std::shared_ptr<backend> backend_;    // null: the CPU
   network net_;
 };
 
-struct engine_registry {
-  std::mutex mu;
-  std::map<std::string, engine_factory, std::less<>> by_name{{"cpu", make_network_engine}};
-};
-engine_registry& engines() {
-  static engine_registry r;
-  return r;
-}
-
 }  // namespace
 
-std::unique_ptr<train_engine> make_network_engine(actors::runtime& rt, graph& g, const train_options& o) {
-  return std::make_unique<network_engine>(rt, g, o);
+optimizer_settings optimizer_settings_of(const train_options& o) {
+  return {o.optimizer, o.lr, o.momentum, o.weight_decay, o.nesterov};
 }
 
-void register_engine(const std::string& name, engine_factory make) {
-  auto& r = engines();
-  std::lock_guard lk(r.mu);
-  r.by_name[name] = std::move(make);
+std::unique_ptr<train_engine> make_network_engine(actors::runtime& rt, graph& g, const train_options& o) {
+  return std::make_unique<network_engine>(rt, g, o, nullptr);
 }
 
 engine_factory engine_for(const std::string& device) {
-  auto& r = engines();
-  std::lock_guard lk(r.mu);
-  const auto name = device.substr(0, device.find(':'));
-  if (auto it = r.by_name.find(name); it != r.by_name.end()) return it->second;
-  std::string names;
-  for (auto& [n, f] : r.by_name) names += (names.empty() ? "" : ", ") + n;
-  throw std::invalid_argument("unknown --device '" + device + "' (this build has: " + names + ")");
+  const auto spec = parse_device(device);
+  if (spec.cpu()) return make_network_engine;
+  return [spec](actors::runtime& rt, graph& g, const train_options& o) -> std::unique_ptr<train_engine> {
+    return std::make_unique<network_engine>(rt, g, o, open_device(spec, device_request{.rt = &rt}));
+  };
 }
 
 optimizer_state train_engine::optimizer_state_of() {

@@ -12,10 +12,10 @@
 ///        ◄────────────────────────────── future<step_result> ◄──┘
 /// ```
 /// What differs by device or parallelism is the *engine* (`train_engine`): the layer
-/// actors of a `network` on the CPU (built in), a device network (`gpu::register_engines`
-/// adds `cuda` and `standin`), a pipeline (nerve-pipeline hands its own). Engines are
-/// chosen by `train_options::device` through a small registry, so this file names no
-/// device.
+/// actors of a `network`, their kernels the CPU's or a device's (`train_options::device`,
+/// a name of the one device registry, layers/devices.hpp), or a pipeline's stages
+/// (`pipeline::pipeline_engine`, which nerve-pipeline and `nerve-train --replicas` hand
+/// in). This file names no device.
 
 #include <atomic>
 #include <cstdint>
@@ -29,6 +29,7 @@
 
 #include "actors/runtime.hpp"
 #include "layers/data/dataset.hpp"
+#include "layers/devices.hpp"
 #include "layers/graph.hpp"
 #include "layers/network.hpp"
 #include "layers/optimizer.hpp"
@@ -59,7 +60,7 @@ struct train_options {
   bool nesterov = false;
   double weight_decay = 0.0;
   std::string schedule = "none";    ///< none, step (÷10 every third of the run), cosine
-  std::string device = "cpu";       ///< the engine (`register_engine`): cpu, cuda, cuda:N, standin
+  std::string device = "cpu";       ///< where the layers' kernels run (layers/devices.hpp): cpu, cuda, cuda:N, standin
   unsigned threads = 1;             ///< event loops, and threads per matrix product
   bool spread = false;              ///< spread layers over the loops (else all on loop 0)
   std::uint64_t seed = 0;
@@ -190,15 +191,17 @@ class train_engine {
 using engine_factory =
     std::function<std::unique_ptr<train_engine>(actors::runtime& rt, graph& g, const train_options& options)>;
 
-/// Registers the engine for `--device` values `name` and `name:N` (later registrations of
-/// a name replace earlier ones). `cpu` (layer actors on the runtime's loops) is built in.
-void register_engine(const std::string& name, engine_factory make);
-/// The engine factory for a `--device` value; throws `std::invalid_argument` listing the
-/// registered names when there is none.
+/// The engine for a `--device` value (layers/devices.hpp): the layer actors of a
+/// `network` with the CPU's kernels for `cpu`, or with a backend of the device it names
+/// (opened when the factory is called). Throws `std::invalid_argument` naming the value and
+/// the device kinds of this build when it names none.
 engine_factory engine_for(const std::string& device);
 
-/// The layer actors of a `network` on the runtime's loops: the `cpu` engine.
+/// The layer actors of a `network` on the runtime's loops, the CPU's kernels: the `cpu` engine.
 std::unique_ptr<train_engine> make_network_engine(actors::runtime& rt, graph& g, const train_options& options);
+
+/// The optimizer settings of `options`, for a device backend's own optimizer.
+optimizer_settings optimizer_settings_of(const train_options& options);
 
 /// Trains `g` (a user's own graph, or a preset) with `engine` (default: the one
 /// `options.device` names) on Fashion-MNIST-shaped IDX data. `on_progress` is called

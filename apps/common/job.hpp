@@ -21,6 +21,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "actors/runtime.hpp"
+#include "layers/pipeline/engine.hpp"
 #include "layers/pipeline/ranks.hpp"
 #if NERVE_HAS_MPI
 #include "bus/mpi/transport.hpp"
@@ -76,6 +77,17 @@ class job {
 #if NERVE_HAS_MPI
     pipeline::write_merged_trace(link, rt, path, extra);
 #endif
+  }
+
+  /// How a pipeline engine takes part in this job (`app` names it in errors): in a
+  /// multi-rank job a failed step ends the rank at once (`fail`) and the trace is the
+  /// job's merged one; in one process, nothing.
+  pipeline::engine_job for_engine(const char* app) const {
+    if (size_ <= 1) return {};
+    return {[this, app](const std::string& what) { fail(app, what); },
+            [this](actors::runtime& rt, pipeline::rank_link& link, const std::string& path, const nlohmann::json& extra) {
+              write_trace(link, rt, path, extra);
+            }};
   }
 
   /// Reports `what` (rank-qualified in a multi-rank job) and, in a multi-rank job, leaves

@@ -29,8 +29,6 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "gpu/device.hpp"
-#include "gpu/layers/device_backend.hpp"
 #include "gpu/layers/train.hpp"
 #include "layers/executor.hpp"
 #include "layers/gemm.hpp"
@@ -40,7 +38,7 @@
 #include "apps/common/app_settings.hpp"
 #include "apps/common/job.hpp"
 #include "apps/common/options.hpp"
-#include "apps/common/pipeline_engine.hpp"
+#include "layers/pipeline/engine.hpp"
 #include "apps/common/run_control.hpp"
 
 using namespace nerve;
@@ -48,8 +46,6 @@ namespace np = nerve::pipeline;
 namespace nl = nerve::layers;
 
 using nerve::apps::install_stop_handlers;
-using nerve::apps::pipeline_engine;
-using nerve::apps::pipeline_outcome;
 using nerve::apps::progress_bar;
 using nerve::apps::stop_requested;
 using nerve::apps::stop_signal;
@@ -337,15 +333,18 @@ int main(int argc, char** argv) {
                                     " names " + std::to_string(device_list.size()) + " devices for " +
                                     std::to_string(stages) + " stages");
     }
-    pipeline_outcome outcome;
+    nerve::gpu::register_devices();  // cuda, cuda:N, standin beside the built-in cpu
+    for (const auto& d : device_list) (void)nl::parse_device(d, "--devices");  // before the data: a typo costs nothing
+    np::engine_outcome outcome;
     auto make_engine = [&](actors::runtime& rt, nl::graph&, const nl::train_options& opts) {
       // Across ranks: the link's poller on this rank's stage loop.
       // (A copy: the link lives no longer than the engine, on whose runtime its poller runs.)
       auto here = po;
       if (ranks->size() > 1) here.link = ranks->link_on(rt, po.loops[std::size_t(ranks->rank())]);
-      auto e = std::make_unique<pipeline_engine>(rt, replica_graphs, pieces, plan, opts, here, device_list, outcome,
-                                                 !json && speak && !devices.empty());
-      e->join(*ranks, "nerve-pipeline");
+      auto e = std::make_unique<np::pipeline_engine>(rt, replica_graphs, pieces, plan, opts, here, device_list, outcome,
+                                                     ranks->for_engine("nerve-pipeline"));
+      if (!json && speak && !devices.empty())
+        for (std::uint32_t s = 0; s < stages; ++s) std::printf("stage %u on %s\n", s, outcome.device_of[s].c_str());
       return e;
     };
     progress_bar bar(quiet || json || !speak);

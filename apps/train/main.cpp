@@ -29,7 +29,7 @@
 #include "apps/common/app_settings.hpp"
 #include "apps/common/job.hpp"
 #include "apps/common/options.hpp"
-#include "apps/common/pipeline_engine.hpp"
+#include "layers/pipeline/engine.hpp"
 #include "apps/common/run_control.hpp"
 
 using namespace nerve::layers;
@@ -219,13 +219,13 @@ int main(int argc, char** argv) {
       std::printf("%u replicas%s\n", replicas, ranks->size() > 1 ? ", one per rank" : " in this process");
     progress_bar bar(quiet || !speak);
     install_stop_handlers();
-    nerve::gpu::register_engines();  // --device cuda, cuda:N, standin beside the built-in cpu
+    nerve::gpu::register_devices();  // --device cuda, cuda:N, standin beside the built-in cpu
     // Data parallelism: the replicas are a one-stage pipeline each (nerve-pipeline's engine).
     std::vector<graph> graphs;
     for (std::uint32_t r = 0; r < replicas; ++r) graphs.push_back(make_preset(o.model, o.seed));
     std::vector<graph*> replica_graphs;
     for (auto& rg : graphs) replica_graphs.push_back(&rg);
-    nerve::apps::pipeline_outcome outcome;
+    nerve::pipeline::engine_outcome outcome;
     engine_factory make_engine;
     if (data_parallel)
       make_engine = [&](nerve::actors::runtime& rt, graph& g0, const train_options& opts) {
@@ -239,11 +239,9 @@ int main(int argc, char** argv) {
         // --device cuda or standin: in one process every replica on that device, each on a
         // stream of its own, their gradients summed there; across ranks each rank's replica
         // on its own device, summed among the ranks (layers/pipeline: replicas of device stages).
-        auto e = std::make_unique<nerve::apps::pipeline_engine>(
-            rt, replica_graphs, np::partition_by_parameters(g0, 1), plan, inner, po, std::vector<std::string>{device},
-            outcome, false);
-        e->join(*ranks, "nerve-train");
-        return e;
+        return std::make_unique<np::pipeline_engine>(rt, replica_graphs, np::partition_by_parameters(g0, 1), plan,
+                                                     inner, po, std::vector<std::string>{device}, outcome,
+                                                     ranks->for_engine("nerve-train"));
       };
     auto report = train(
         graphs[0], o, [&](const train_progress& p) { bar(p); },

@@ -1,105 +1,93 @@
 #include "gpu/layers/train.hpp"
 
+#include "actors/runtime.hpp"
 #include "gpu/device.hpp"
 #include "gpu/layers/device_backend.hpp"
-#include "layers/network.hpp"
-#include "layers/trainer.hpp"
-
-#include "actors/runtime.hpp"
+#include "gpu/nccl.hpp"
+#include "layers/devices.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <future>
+#include <cstdlib>
+#include <initializer_list>
 #include <stdexcept>
+#include <string>
 
 namespace nerve::gpu {
 
-bool parse_device(const std::string& spec, int& backend, int& ordinal) {
-  ordinal = 0;
-  if (spec == "cpu") return false;
-  if (spec == "standin") {
-    backend = int(backend_kind::standin);
-    return true;
-  }
-  if (spec == "cuda" || spec.rfind("cuda:", 0) == 0) {
-    backend = int(backend_kind::cuda);
-    if (spec.size() > 5) {
-      std::size_t used = 0;
-      try {
-        ordinal = std::stoi(spec.substr(5), &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != spec.size() - 5 || ordinal < 0)
-        throw std::invalid_argument("--device '" + spec + "': expected cuda:N with N a device number");
-    }
-    return true;
-  }
-  throw std::invalid_argument("unknown --device '" + spec + "' (cpu, cuda, cuda:N, standin)");
-}
-
 namespace {
 
-/// The layer actors of a `network`, their kernels on one stream of a device.
-class device_engine : public layers::train_engine {
- public:
-  device_engine(actors::runtime& rt, layers::graph& g, const layers::train_options& o, device_options d)
-      : rt_(rt), dev_(with_runtime(d, rt)),
-        backend_(std::make_shared<device_backend>(
-            dev_, g,
-            device_backend_options{.optimizer = {o.optimizer, o.lr, o.momentum, o.weight_decay, o.nesterov},
-                                   .max_batch = std::max(o.batch, layers::evaluation_rows)})),
-        net_(rt, g, std::make_shared<layers::cross_entropy>(), {}, layers::network_options{.backend = backend_}) {}
+/// This process's place among the ranks on its machine, and how many there are, as the
+/// launcher says (Open MPI's or MPICH's variables; 0 of 1 without them).
+int env_int(std::initializer_list<const char*> names, int otherwise) noexcept {
+  for (auto* n : names)
+    if (const char* v = std::getenv(n)) return std::atoi(v);
+  return otherwise;
+}
 
-  std::future<layers::step_result> train_step(layers::tensor x, layers::targets y, std::size_t micro_batches,
-                                              std::uint64_t step, double lr) override {
-    return net_.train_step(std::move(x), std::move(y), micro_batches, step, lr);
+/// The CUDA device of this rank when none is named: its local rank's, modulo the devices
+/// it sees. Replicas across ranks sum with NCCL where it is built, which refuses two ranks
+/// on one GPU: with more ranks on this machine than GPUs, say so before starting.
+int cuda_ordinal_of_rank(bool replicas_across_ranks) {
+  const int count = device::cuda_device_count();
+  const int local = env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"}, 0);
+  const int here = env_int({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}, 1);
+  if (count == 0) return 0;  // opening it says there is none
+  if (replicas_across_ranks && here > count && nccl_comms::available())
+    throw std::invalid_argument(std::to_string(here) + " ranks on this machine share its " + std::to_string(count) +
+                                " CUDA device(s): replicas across ranks sum with NCCL, which takes one GPU per rank "
+                                "(start at most " + std::to_string(count) + " ranks per machine)");
+  return local % count;
+}
+
+/// A `gpu::device` behind the registry's handle: backends are `device_backend`s on it.
+class opened_device final : public layers::device_handle {
+ public:
+  explicit opened_device(const device_options& d) : dev_(d) {}
+  std::string name() const override { return dev_.name(); }
+  std::shared_ptr<layers::backend> make_backend(layers::graph& g, const std::vector<std::size_t>& nodes,
+                                                const layers::optimizer_settings& o, std::size_t max_batch) override {
+    device_backend_options so;
+    so.optimizer = device_optimizer{o.name, o.lr, o.momentum, o.weight_decay, o.nesterov};
+    so.max_batch = max_batch;
+    so.nodes = nodes;
+    return std::make_shared<device_backend>(dev_, g, so);
   }
-  std::future<layers::step_result> evaluate(layers::tensor x, layers::targets y) override {
-    return net_.evaluate(std::move(x), std::move(y));
-  }
-  std::size_t steps_in_flight() const override { return net_.steps_in_flight(); }
-  void finish() override {
-    rt_.synchronize();  // the completions are counted work (with_runtime)
-    backend_->download();
-  }
-  layers::optimizer_state optimizer_state_of() override { return backend_->save_optimizer_state(); }
-  void load_optimizer_state(const layers::optimizer_state& state) override { backend_->load_optimizer_state(state); }
-  void sync_weights() override { backend_->download(); }
   void trace_metadata(nlohmann::json& extra) const override {
     extra["device"] = {{"name", dev_.name()}, {"ordinal", dev_.ordinal()}};
   }
 
  private:
-  static device_options with_runtime(device_options d, actors::runtime& rt) {
+  device dev_;
+};
+
+std::unique_ptr<layers::device_handle> open(backend_kind kind, const layers::device_spec& spec,
+                                            const layers::device_request& r) {
+  device_options d;
+  d.backend = kind;
+  d.ordinal = spec.ordinal >= 0 ? spec.ordinal
+                                : kind == backend_kind::cuda && r.ranked ? cuda_ordinal_of_rank(r.replicas_across_ranks)
+                                                                         : 0;
+  if (r.rt) {
     // --trace: every wait is a span on the stream's track, with arrows from the enqueuing
     // handler to it and from it to the completion's run.
-    if (rt.trace().enabled()) d.recorder = &rt.trace();
+    if (r.rt->trace().enabled()) d.recorder = &r.rt->trace();
     // The runtime's synchronize waits for the completions in flight too.
-    d.counter = {[&rt] { rt.begin_work(); }, [&rt] { rt.end_work(); }};
-    return d;
+    d.counter = {[rt = r.rt] { rt->begin_work(); }, [rt = r.rt] { rt->end_work(); }};
   }
-
-  actors::runtime& rt_;
-  device dev_;  // destroyed last: the backend waits for its stream
-  std::shared_ptr<device_backend> backend_;
-  layers::network net_;
-};
+  return std::make_unique<opened_device>(d);
+}
 
 }  // namespace
 
-void register_engines() {
-  auto make = [](actors::runtime& rt, layers::graph& g, const layers::train_options& o) -> std::unique_ptr<layers::train_engine> {
-    int backend = 0, ordinal = 0;
-    if (!parse_device(o.device, backend, ordinal)) return layers::make_network_engine(rt, g, o);
-    device_options d;
-    d.backend = backend_kind(backend);
-    d.ordinal = ordinal;
-    return std::make_unique<device_engine>(rt, g, o, d);
-  };
-  layers::register_engine("cuda", make);
-  layers::register_engine("standin", make);
+void register_devices() {
+  layers::register_device("cuda", [](const layers::device_spec& s, const layers::device_request& r) {
+    return open(backend_kind::cuda, s, r);
+  });
+  layers::register_device("standin", [](const layers::device_spec& s, const layers::device_request& r) {
+    return open(backend_kind::standin, s, r);
+  });
 }
 
 }  // namespace nerve::gpu

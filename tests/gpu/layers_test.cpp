@@ -523,7 +523,7 @@ TEST_SUITE("gpu.layers") {
 #endif
 
   TEST_CASE("--trace of a device run: a track per layer with a forward and a backward run per micro-batch") {
-    gpu::register_engines();
+    gpu::register_devices();
     nerve::testing::tiny_fashion_mnist data(32, 8);
     layers::train_options o;
     o.model = "mlp";
@@ -576,7 +576,7 @@ TEST_SUITE("gpu.layers") {
     o.evaluate = false;
     o.data = data;
     const std::string spec = suite_device();
-    gpu::register_engines();
+    gpu::register_devices();
     auto cpu = layers::train(o);
     o.device = spec;
     auto dev = layers::train(o);
@@ -588,7 +588,7 @@ TEST_SUITE("gpu.layers") {
 
   TEST_CASE("a device run stopped mid-epoch and resumed from its checkpoint ends with the uninterrupted run's bits") {
     const std::string spec = suite_device();
-    gpu::register_engines();
+    gpu::register_devices();
     nerve::testing::tiny_fashion_mnist data(160, 20);
     for (std::string opt : {"sgd", "adam"}) {
       CAPTURE(opt);
@@ -644,15 +644,30 @@ TEST_SUITE("gpu.layers") {
     }
   }
 
-  TEST_CASE("--device values") {
-    int backend = -1, ordinal = -1;
-    CHECK_FALSE(gpu::parse_device("cpu", backend, ordinal));
-    CHECK(gpu::parse_device("cuda", backend, ordinal));
-    CHECK(ordinal == 0);
-    CHECK(gpu::parse_device("cuda:3", backend, ordinal));
-    CHECK(ordinal == 3);
-    CHECK(backend == int(gpu::backend_kind::cuda));
-    CHECK_THROWS_AS(gpu::parse_device("cuda:x", backend, ordinal), std::invalid_argument);
-    CHECK_THROWS_AS(gpu::parse_device("tpu", backend, ordinal), std::invalid_argument);
+  TEST_CASE("--device values: one parser over the one registry, which this build's devices join") {
+    gpu::register_devices();
+    const auto kinds = layers::device_kinds();
+    CHECK(kinds == std::vector<std::string>{"cpu", "cuda", "standin"});
+    auto d = layers::parse_device("cpu");
+    CHECK(d.cpu());
+    d = layers::parse_device("cuda");
+    CHECK(d.kind == "cuda");
+    CHECK(d.ordinal == -1);  // the process's own: its local rank's under mpirun, else 0
+    d = layers::parse_device("cuda:3");
+    CHECK(d.ordinal == 3);
+    CHECK(layers::parse_device("standin").kind == "standin");
+    CHECK_THROWS_WITH_AS(layers::parse_device("cuda:x"), "--device 'cuda:x': expected cuda:N with N a device number",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(layers::parse_device("cpu:1", "--devices"), "--devices 'cpu:1': expected cpu, with no number",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(layers::parse_device("tpu"), doctest::Contains("unknown --device 'tpu' (this build has: cpu, cuda, standin"),
+                         std::invalid_argument);
+    // The stand-in opens from its name and makes backends for a graph's layers.
+    actors::runtime rt(actors::runtime_options{.loops = 1});
+    auto dev = layers::open_device(layers::parse_device("standin"), layers::device_request{.rt = &rt});
+    CHECK(dev->name().find("stand") != std::string::npos);
+    auto g = layers::make_preset("mlp", 0);
+    CHECK(dev->make_backend(g, {}, layers::optimizer_settings{}, 64)->on_device());
   }
+
 }

@@ -191,7 +191,7 @@ TEST_SUITE("layers.trainer") {
     CHECK(copy.layer<linear>("fc2").parameters()[0].value->data()[0] == g.layer<linear>("fc2").parameters()[0].value->data()[0]);
   }
 
-  TEST_CASE("an unknown device names the engines this build has") {
+  TEST_CASE("an unknown device names the device kinds this build has") {
     CHECK_THROWS_WITH_AS(engine_for("tpu:1"), doctest::Contains("unknown --device 'tpu:1' (this build has: cpu"),
                          std::invalid_argument);
     CHECK(engine_for("cpu"));

@@ -12,7 +12,11 @@
 #include "layers/linear.hpp"
 #include "layers/network.hpp"
 #include "layers/norm.hpp"
+#include "layers/pipeline/engine.hpp"
 #include "layers/pipeline/pipeline.hpp"
+#include "layers/flatten.hpp"
+#include "layers/trainer.hpp"
+#include "tests/layers/tiny_fashion_mnist.hpp"
 #include "tests/pipeline/chain.hpp"
 
 using namespace nerve;
@@ -164,5 +168,59 @@ TEST_SUITE("pipeline.evaluate") {
     p.train_step(b.x.clone(), b.t, 0);
     CHECK_THROWS_WITH(p.evaluate(std::move(b.x), b.t), doctest::Contains("boom: evaluation"));
     CHECK(p.stopped());
+  }
+
+  TEST_CASE("the trainer's pipeline engine evaluates on the stages: a network's accuracy, and nothing moves") {
+    // [1, 28, 28] → flatten → fc1 → bn1 → relu1 → fc2 [10], cut after bn1; two epochs.
+    auto make = [] {
+      layers::graph_builder b;
+      b.input("input", layers::shape{1, 28, 28});
+      b.add("flat", layers::flatten(), {"input"});
+      b.add("fc1", layers::linear(784, 24), {"flat"});
+      b.add("bn1", layers::batch_norm(24), {"fc1"});
+      b.add("relu1", layers::relu(), {"bn1"});
+      b.add("fc2", layers::linear(24, 10), {"relu1"});
+      return b.build(9);
+    };
+    nerve::testing::tiny_fashion_mnist data(96, 40);
+    layers::train_options o;
+    o.data = data.dir;
+    o.epochs = 2;
+    o.batch = 32;
+    o.lr = 0.05;
+    o.threads = 1;  // one product thread in both: the network's products then give the pipeline's bits
+    o.shuffle = false;
+    auto piped = [&](layers::graph& g, bool evaluate) {
+      auto opts = o;
+      opts.evaluate = evaluate;
+      engine_outcome out;
+      std::vector<layers::graph*> replicas{&g};
+      return layers::train(g, opts, {}, {},
+                           [&](actors::runtime& rt, layers::graph&, const layers::train_options& oo) {
+                             return std::make_unique<pipeline_engine>(rt, replicas, partition_at(g, {"relu1"}),
+                                                                      make_schedule("1f1b", 2, 2), oo, pipeline_options{},
+                                                                      std::vector<std::string>{"cpu", "cpu"}, out);
+                           });
+    };
+    auto g1 = make(), g2 = make(), g3 = make();
+    const auto with_eval = piped(g1, true);
+    const auto without = piped(g2, false);
+    // Evaluation changed nothing: the weights and BatchNorm's running statistics of a run
+    // without it, bitwise (in training mode it would have moved the running statistics).
+    CHECK(state_of(g1) == state_of(g2));
+    // The figures of a network evaluating the same graph: train the same micro-batches
+    // through a network (bitwise the pipeline's weights), evaluate with it.
+    auto net_opts = o;
+    net_opts.micro_batches = 2;
+    const auto by_network = layers::train(g3, net_opts);
+    CHECK(state_of(g3) == state_of(g1));
+    REQUIRE(with_eval.epochs.size() == 2);
+    REQUIRE(by_network.epochs.size() == 2);
+    for (std::size_t e = 0; e < 2; ++e) {
+      CAPTURE(e);
+      CHECK(with_eval.epochs[e].test_accuracy == by_network.epochs[e].test_accuracy);
+      CHECK(with_eval.epochs[e].test_loss == doctest::Approx(by_network.epochs[e].test_loss).epsilon(1e-6));
+      CHECK(without.epochs[e].train_loss == with_eval.epochs[e].train_loss);
+    }
   }
 }
