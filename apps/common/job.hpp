@@ -13,6 +13,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <initializer_list>
 #include <memory>
 #include <stdexcept>
@@ -21,7 +22,10 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "actors/runtime.hpp"
+#include "apps/common/file_digest.hpp"
+#include "layers/data/dataset.hpp"
 #include "layers/pipeline/ranks.hpp"
+#include "layers/trainer.hpp"
 #if NERVE_HAS_MPI
 #include "bus/mpi/transport.hpp"
 #include "layers/pipeline/mpi_ranks.hpp"
@@ -50,6 +54,32 @@ class job {
     (void)argv;
     throw std::runtime_error("started by mpirun with " + std::string(size) +
                              " ranks, but this build has no MPI (configure with NERVE_ENABLE_MPI=ON)");
+#endif
+  }
+
+  /// Checks that every rank reads the same bytes where the run reads files: the data
+  /// files (`--data`: the training pair, and the test pair when the run evaluates) and the
+  /// checkpoint it resumes from (`--resume`). With per-host disks each rank reads its own
+  /// copy, and one that differs (another seed's checkpoint, one further on, shifted
+  /// labels) would train apart from the others, or wait for ever for a step they never
+  /// take. A rank's size and FNV-1a hash of each file (`file_digest`) against rank 0's;
+  /// throws `std::invalid_argument` naming the file, the option and each rank that
+  /// differs, with both digests. A collective before the run's link exists; nothing in one
+  /// process.
+  void agree_inputs(const layers::train_options& o) const {
+#if NERVE_HAS_MPI
+    if (size_ <= 1) return;
+    const std::string remedy = "each rank reads its own copy: give every rank the same files";
+    if (!o.resume.empty())
+      session_->agree("the checkpoint --resume '" + o.resume.string() + "' (size and hash)", file_digest(o.resume),
+                      remedy);
+    for (const auto which : {data::split::train, data::split::test}) {
+      if (which == data::split::test && !o.evaluate) continue;
+      for (const auto& file : data::fashion_mnist_files(o.data, which))
+        session_->agree("the data file '" + file.string() + "' (--data; size and hash)", file_digest(file), remedy);
+    }
+#else
+    (void)o;
 #endif
   }
 
