@@ -24,6 +24,7 @@
 #include "layers/pipeline/pipeline.hpp"
 #include "layers/trainer.hpp"
 #include "apps/common/job.hpp"
+#include "apps/common/run_control.hpp"
 
 namespace nerve::apps {
 
@@ -130,6 +131,25 @@ class pipeline_engine : public nl::train_engine {
   /// as `app`), and the trace is the job's merged one. `j` outlives the engine.
   void join(const job& j, const char* app) {
     if (j.size() > 1) job_ = &j, app_ = app;
+  }
+
+  /// Across ranks a stop is the job's: before every step the ranks gather their requests
+  /// (the signal each got, 0 for none) over the link, as a checkpoint gathers the optimizer
+  /// state, and all stop when any asked. Every rank then ends as the asking rank would:
+  /// the same epoch figures, the checkpoint gathered and written by rank 0, 128 + that
+  /// rank's signal (`stop_signal`, `stop_rank`).
+  bool agree_stop(bool local) override {
+    if (!job_) return local;
+    const int mine = local ? (stop_signal ? int(stop_signal) : SIGINT) : 0;
+    const auto all = link_->all_gather(std::to_string(mine));
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      const int signal = std::stoi(all[r]);
+      if (signal == 0) continue;
+      stop_rank = int(r);
+      stop_signal = signal;
+      return true;
+    }
+    return false;
   }
 
   std::future<nl::step_result> train_step(nl::tensor x, nl::targets y, std::size_t, std::uint64_t step,
