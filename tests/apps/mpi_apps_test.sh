@@ -33,7 +33,7 @@ small=(--model deep-mlp --steps 3 --batch 48 --no-eval --quiet)
 pid_of_rank() {
   local d
   for d in /proc/[0-9]*; do
-    [ "$(readlink "$d/exe" 2>/dev/null)" = "$(readlink -f "$1")" ] || continue
+    [ "$d/exe" -ef "$1" ] 2>/dev/null || continue
     grep -qz "^OMPI_COMM_WORLD_RANK=$2\$" "$d/environ" 2>/dev/null && { echo "${d#/proc/}"; return; }
   done
 }
@@ -67,12 +67,12 @@ term_round() {
   local job=$!
   # Rank 0 writes the run line once both ranks are up: their processes are found before the
   # first step, so the signal follows step 1 closely.
-  timeout 60 tail -f "$d/metrics" | grep -m1 -q '"kind":"run"' || { kill "$job"; fail "$name: no run line within 60 s"; }
+  timeout 60 tail -n +1 -f "$d/metrics" | grep -m1 -q '"kind":"run"' || { kill "$job"; fail "$name: no run line within 60 s"; }
   local vp op
   vp=$(pid_of_rank "$prog" "$victim")
   op=$(pid_of_rank "$prog" "$other")
   [ -n "$vp" ] && [ -n "$op" ] || { kill "$job"; fail "$name: the ranks' processes not found"; }
-  timeout 60 tail -f "$d/metrics" | grep -m1 -q '"kind":"step","step":1,' ||
+  timeout 60 tail -n +1 -f "$d/metrics" | grep -m1 -q '"kind":"step","step":1,' ||
     { kill "$job"; fail "$name: no step 1 within 60 s"; }
   kill -STOP "$op"
   kill -TERM "$vp"
@@ -88,7 +88,7 @@ term_round() {
   wait "$job"
   rc=$?
   ms=$(( ($(date +%s%N) - start) / 1000000 ))
-  grep -v '^$' "$d/out" | head -8
+  grep "interrupted by\|rank [01]" "$d/out"
   echo "$name: exit $rc after $ms ms"
   [ $rc -eq 143 ] || fail "$name: the job exited $rc, not 143"
   [ $ms -lt 10000 ] || fail "$name: the job took $ms ms to stop (limit 10 s)"
