@@ -25,8 +25,9 @@ inline std::uint64_t fnv1a(const unsigned char* bytes, std::size_t n,
 
 /// `<size> bytes, FNV-1a <16 hex digits>` of the file at `path`, read whole (symlinks
 /// followed), or `no such file` when there is none: the same text on two ranks means the
-/// same bytes, barring a collision no one made on purpose. Throws `std::system_error`
-/// naming the file when it exists but cannot be read. Any thread.
+/// same bytes but for an accidental collision (FNV-1a is a checksum, not a defence
+/// against a file crafted to collide). Throws `std::system_error` naming the file when it
+/// exists but cannot be read. Any thread.
 inline std::string file_digest(const std::filesystem::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {

@@ -64,8 +64,8 @@ class job {
   /// labels) would train apart from the others, or wait for ever for a step they never
   /// take. A rank's size and FNV-1a hash of each file (`file_digest`) against rank 0's;
   /// throws `std::invalid_argument` naming the file, the option and each rank that
-  /// differs, with both digests. A collective before the run's link exists; nothing in one
-  /// process.
+  /// differs, with both digests. A collective, from the thread that made the job, before
+  /// the run's link exists; nothing in one process.
   void agree_inputs(const layers::train_options& o) const {
 #if NERVE_HAS_MPI
     if (size_ <= 1) return;

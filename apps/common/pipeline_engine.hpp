@@ -137,7 +137,7 @@ class pipeline_engine : public nl::train_engine {
   /// (the signal each got, 0 for none) over the link, as a checkpoint gathers the optimizer
   /// state, and all stop when any asked. Every rank then ends as the asking rank would:
   /// the same epoch figures, the checkpoint gathered and written by rank 0, 128 + that
-  /// rank's signal (`stop_signal`, `stop_rank`).
+  /// rank's signal (`stop_signal`, `stop_rank`). The trainer's thread, between steps.
   bool agree_stop(bool local) override {
     if (!job_) return local;
     const int mine = local ? (stop_signal ? int(stop_signal) : SIGINT) : 0;
