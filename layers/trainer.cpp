@@ -524,7 +524,8 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
     if (!o.resume.empty()) run["resume"] = {{"step", pos.step}, {"epoch", pos.epoch + 1}};
     metrics->write(run);
   }
-  auto stop_requested = [&] { return o.stop && o.stop->load(std::memory_order_relaxed); };
+  // Asked on every rank at the same points (the engine agrees across ranks).
+  auto stop_requested = [&] { return engine->agree_stop(o.stop && o.stop->load(std::memory_order_relaxed)); };
   for (int epoch = pos.epoch; epoch < o.epochs && step < total_steps && !report.interrupted; ++epoch) {
     const auto t0 = std::chrono::steady_clock::now();
     const bool resumed = epoch == pos.epoch;  // a checkpoint's epoch goes on where it stood

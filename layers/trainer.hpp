@@ -177,6 +177,13 @@ class train_engine {
   virtual void load_optimizer_state(const optimizer_state& state);
   /// Brings the weights into the graph without ending the run (checkpoints). Between steps.
   virtual void sync_weights() {}
+  /// Whether the run stops before its next step, given this process's request `local`
+  /// (`train_options::stop`). The trainer asks before every step and once after an epoch's
+  /// last, between steps. An engine across ranks combines every rank's request (a
+  /// collective: every rank asks at the same points), so all stop before the same step; a
+  /// rank that stopped alone would leave the others waiting in that step for ever. The
+  /// default: `local`.
+  virtual bool agree_stop(bool local) { return local; }
   /// Adds what the trace's `nerve` metadata should say besides the runtime's (device,
   /// stages, schedule) to the object `extra`.
   virtual void trace_metadata(nlohmann::json& /*extra*/) const {}

@@ -13,6 +13,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <initializer_list>
 #include <memory>
 #include <stdexcept>
@@ -21,8 +22,12 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "actors/runtime.hpp"
+#include "apps/common/file_digest.hpp"
+#include "apps/common/run_control.hpp"
+#include "layers/data/dataset.hpp"
 #include "layers/pipeline/engine.hpp"
 #include "layers/pipeline/ranks.hpp"
+#include "layers/trainer.hpp"
 #if NERVE_HAS_MPI
 #include "bus/mpi/transport.hpp"
 #include "layers/pipeline/mpi_ranks.hpp"
@@ -51,6 +56,32 @@ class job {
     (void)argv;
     throw std::runtime_error("started by mpirun with " + std::string(size) +
                              " ranks, but this build has no MPI (configure with NERVE_ENABLE_MPI=ON)");
+#endif
+  }
+
+  /// Checks that every rank reads the same bytes where the run reads files: the data
+  /// files (`--data`: the training pair, and the test pair when the run evaluates) and the
+  /// checkpoint it resumes from (`--resume`). With per-host disks each rank reads its own
+  /// copy, and one that differs (another seed's checkpoint, one further on, shifted
+  /// labels) would train apart from the others, or wait for ever for a step they never
+  /// take. A rank's size and FNV-1a hash of each file (`file_digest`) against rank 0's;
+  /// throws `std::invalid_argument` naming the file, the option and each rank that
+  /// differs, with both digests. A collective, from the thread that made the job, before
+  /// the run's link exists; nothing in one process.
+  void agree_inputs(const layers::train_options& o) const {
+#if NERVE_HAS_MPI
+    if (size_ <= 1) return;
+    const std::string remedy = "each rank reads its own copy: give every rank the same files";
+    if (!o.resume.empty())
+      session_->agree("the checkpoint --resume '" + o.resume.string() + "' (size and hash)", file_digest(o.resume),
+                      remedy);
+    for (const auto which : {data::split::train, data::split::test}) {
+      if (which == data::split::test && !o.evaluate) continue;
+      for (const auto& file : data::fashion_mnist_files(o.data, which))
+        session_->agree("the data file '" + file.string() + "' (--data; size and hash)", file_digest(file), remedy);
+    }
+#else
+    (void)o;
 #endif
   }
 
@@ -87,6 +118,14 @@ class job {
     return {[this, app](const std::string& what) { fail(app, what); },
             [this](actors::runtime& rt, pipeline::rank_link& link, const std::string& path, const nlohmann::json& extra) {
               write_trace(link, rt, path, extra);
+            },
+            // A stop is the job's (`pipeline_engine::agree_stop`): this rank asks with the
+            // signal it got, and every rank then ends as the lowest asking rank would,
+            // with its signal (`stop_signal`, `stop_rank`).
+            [] { return stop_signal ? int(stop_signal) : SIGINT; },
+            [](int rank, int signal) {
+              stop_rank = rank;
+              stop_signal = signal;
             }};
   }
 

@@ -100,6 +100,19 @@ inline std::atomic<bool> stop_requested{false};
 inline volatile std::sig_atomic_t stop_signal = 0;
 static_assert(std::atomic<bool>::is_always_lock_free, "the signal handler needs a lock-free flag");
 
+/// In a multi-rank job, the rank whose signal stopped the run (the lowest one, when several
+/// asked); -1 in one process. Set on the trainer's thread when the ranks agree to stop
+/// (`pipeline_engine::agree_stop`), which also sets `stop_signal` on the ranks that got none.
+inline int stop_rank = -1;
+
+/// What stopped the run, for the app's last line: `SIGTERM`, or `SIGTERM to rank 1` in a
+/// multi-rank job.
+inline std::string stop_cause() {
+  std::string cause = stop_signal == SIGTERM ? "SIGTERM" : "SIGINT";
+  if (stop_rank >= 0) cause += " to rank " + std::to_string(stop_rank);
+  return cause;
+}
+
 extern "C" inline void on_stop_signal(int sig) {
   stop_signal = sig;
   stop_requested.store(true);

@@ -281,6 +281,7 @@ int main(int argc, char** argv) {
     o.stop = &stop_requested;
     o.lead = speak;
     nl::check_options(o);  // before the replicas, the partition and the data
+    ranks->agree_inputs(o);  // across ranks: the same data and checkpoint bytes on every rank
 
     std::vector<nl::graph> graphs;
     for (std::uint32_t r = 0; r < replicas; ++r) {
@@ -435,9 +436,10 @@ int main(int argc, char** argv) {
       if (!metrics_file.empty()) std::printf("metrics written to %s\n", metrics_file.c_str());
     }
     if (report.interrupted) {
-      std::fprintf(stderr, "nerve-pipeline: interrupted by %s after %lld steps%s\n",
-                   stop_signal == SIGTERM ? "SIGTERM" : "SIGINT", static_cast<long long>(step),
-                   save.empty() ? "" : "; the weights were not saved (--save is for a finished run)");
+      if (speak)  // every rank stopped at the same step; rank 0 speaks for the job
+        std::fprintf(stderr, "nerve-pipeline: interrupted by %s after %lld steps%s\n",
+                     nerve::apps::stop_cause().c_str(), static_cast<long long>(step),
+                     save.empty() ? "" : "; the weights were not saved (--save is for a finished run)");
       return 128 + (stop_signal ? int(stop_signal) : SIGINT);
     }
   } catch (const std::exception& e) {

@@ -205,6 +205,7 @@ int main(int argc, char** argv) {
     o.app_settings = nlohmann::json{{"app", "nerve-train"}, {"replicas", replicas}}.dump();
     o.lead = speak;
     check_options(o);  // before the banner and the data: a bad value costs nothing
+    ranks->agree_inputs(o);  // across ranks: the same data and checkpoint bytes on every rank
 
     if (!json && speak) {
       const std::string knobs = (o.momentum > 0 && o.optimizer == "sgd" ? " momentum " + fmt_g(o.momentum) : "") +
@@ -289,9 +290,10 @@ int main(int argc, char** argv) {
       if (!o.metrics.empty()) std::printf("metrics written to %s\n", o.metrics.c_str());
     }
     if (report.interrupted) {
-      std::fprintf(stderr, "nerve-train: interrupted by %s after %lld steps%s\n",
-                   stop_signal == SIGTERM ? "SIGTERM" : "SIGINT", static_cast<long long>(report.steps),
-                   o.save.empty() ? "" : "; the weights were not saved (--save is for a finished run)");
+      if (speak)  // every rank stopped at the same step; rank 0 speaks for the job
+        std::fprintf(stderr, "nerve-train: interrupted by %s after %lld steps%s\n",
+                     nerve::apps::stop_cause().c_str(), static_cast<long long>(report.steps),
+                     o.save.empty() ? "" : "; the weights were not saved (--save is for a finished run)");
       return 128 + (stop_signal ? int(stop_signal) : SIGINT);
     }
   } catch (const std::exception& e) {

@@ -410,10 +410,10 @@ session::~session() {
   if (owns_) MPI_Finalize();
 }
 
-void session::agree(const std::string& what, const std::string& mine) {
+void session::agree(const std::string& what, const std::string& mine, const std::string& remedy) {
   if (live_transports.load() != 0)
     throw std::logic_error("bus::mpi::session::agree: a transport is polling; use its agree()");
-  check_agreement(what, gather_everyone(MPI_COMM_WORLD, mine));
+  check_agreement(what, gather_everyone(MPI_COMM_WORLD, mine), remedy);
 }
 
 void session::barrier() {
@@ -597,13 +597,13 @@ std::vector<std::string> transport::gather(const std::string& mine, int root) {
   });
 }
 
-void check_agreement(const std::string& what, const std::vector<std::string>& all) {
+void check_agreement(const std::string& what, const std::vector<std::string>& all, const std::string& remedy) {
   std::string diff;
   for (std::size_t r = 1; r < all.size(); ++r)
     if (all[r] != all[0]) diff += (diff.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " has '" + all[r] + "'";
   if (!diff.empty())
     throw std::invalid_argument("the ranks disagree on " + what + ": rank 0 has '" + all[0] + "', " + diff +
-                                " (start every rank with the same arguments)");
+                                " (" + remedy + ")");
 }
 
 void transport::agree(const std::string& what, const std::string& mine) { check_agreement(what, all_gather(mine)); }

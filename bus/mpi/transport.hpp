@@ -145,7 +145,8 @@ class session {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   /// `transport::agree` before any transport: from this thread, while none exists.
-  void agree(const std::string& what, const std::string& mine);
+  void agree(const std::string& what, const std::string& mine,
+             const std::string& remedy = "start every rank with the same arguments");
   /// A barrier that waits asleep (tests the request every 200 µs), so the ranks that wait
   /// leave the cores to one that works (benchmarks' phases). While no transport exists.
   void barrier();
@@ -156,8 +157,9 @@ class session {
 };
 
 /// Throws `std::invalid_argument` naming `what` and each rank whose value in `all` (indexed
-/// by rank) differs from rank 0's, with both values.
-void check_agreement(const std::string& what, const std::vector<std::string>& all);
+/// by rank) differs from rank 0's, with both values, and then what to do (`remedy`).
+void check_agreement(const std::string& what, const std::vector<std::string>& all,
+                     const std::string& remedy = "start every rank with the same arguments");
 
 class transport {
  public:

@@ -102,10 +102,13 @@ std::filesystem::path pick(const std::filesystem::path& dir, const std::string& 
 }
 }  // namespace
 
-dataset load_fashion_mnist(const std::filesystem::path& dir, split which, const load_options& options) {
+std::array<std::filesystem::path, 2> fashion_mnist_files(const std::filesystem::path& dir, split which) {
   const std::string prefix = which == split::train ? "train" : "t10k";
-  auto images = pick(dir, prefix + "-images-idx3-ubyte");
-  auto labels = pick(dir, prefix + "-labels-idx1-ubyte");
+  return {pick(dir, prefix + "-images-idx3-ubyte"), pick(dir, prefix + "-labels-idx1-ubyte")};
+}
+
+dataset load_fashion_mnist(const std::filesystem::path& dir, split which, const load_options& options) {
+  const auto [images, labels] = fashion_mnist_files(dir, which);
   dataset ds = load_idx_pair(images, labels, options, 10);
   if (ds.sample_shape != std::vector<std::size_t>{1, 28, 28}) throw format_error(images.string(), 8, "Fashion-MNIST images are 28x28");
   return ds;

@@ -72,6 +72,11 @@ enum class split { train, test };
 /// Where Debian's `dataset-fashion-mnist` installs the files.
 inline constexpr std::string_view fashion_mnist_default_dir = "/usr/share/datasets/fashion-mnist";
 
+/// The image and label files `load_fashion_mnist` reads for a split from `dir`: each the
+/// `.gz` one where it exists, else the plain one where that exists, else the `.gz` name
+/// (which reading then reports missing).
+std::array<std::filesystem::path, 2> fashion_mnist_files(const std::filesystem::path& dir, split which);
+
 /// Loads a split of Fashion-MNIST from `dir` (files `{train,t10k}-{images-idx3,labels-idx1}-ubyte`
 /// with or without `.gz`). Checks the shape (N×28×28) and the 10 classes.
 dataset load_fashion_mnist(const std::filesystem::path& dir, split which, const load_options& options = {});

@@ -127,6 +127,19 @@ bool pipeline_engine::write_trace(actors::runtime& rt, const std::string& path, 
   return true;
 }
 
+bool pipeline_engine::agree_stop(bool local) {
+  if (!link_) return local;
+  const int mine = local ? (job_.stop_code ? job_.stop_code() : 1) : 0;
+  const auto all = link_->all_gather(std::to_string(mine));
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const int code = std::stoi(all[r]);
+    if (code == 0) continue;
+    if (job_.stopped_by) job_.stopped_by(int(r), code);
+    return true;
+  }
+  return false;
+}
+
 layers::optimizer_state pipeline_engine::optimizer_state_of() { return pipe_->optimizer_state_of(); }
 void pipeline_engine::load_optimizer_state(const layers::optimizer_state& state) { pipe_->load_optimizer_state(state); }
 

@@ -46,6 +46,10 @@ struct engine_job {
   std::function<void(const std::string&)> fail;
   /// Writes the job's one trace, merged from every rank's (every rank calls it).
   std::function<void(actors::runtime&, rank_link&, const std::string&, const nlohmann::json&)> write_trace;
+  /// This rank's request to stop as a number above 0 (the apps: the signal it got); null: 1.
+  std::function<int()> stop_code;
+  /// Told which rank asked to stop first (the lowest) and its number, on every rank.
+  std::function<void(int rank, int code)> stopped_by;
 };
 
 class pipeline_engine : public layers::train_engine {
@@ -70,6 +74,11 @@ class pipeline_engine : public layers::train_engine {
   layers::optimizer_state optimizer_state_of() override;
   void load_optimizer_state(const layers::optimizer_state& state) override;
   void sync_weights() override;
+  /// Across ranks a stop is the job's: before every step the ranks gather their requests
+  /// over the link (as a checkpoint gathers the optimizer state) and all stop when any
+  /// asked, so none is left waiting in a step the others never start. The trainer's
+  /// thread, between steps; in one process, `local`.
+  bool agree_stop(bool local) override;
 
   /// The pipeline itself (its stages, metrics, backends).
   pipeline& stages() noexcept { return *pipe_; }
