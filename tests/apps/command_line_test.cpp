@@ -364,6 +364,47 @@ TEST_SUITE("apps.replicas") {
     }
   }
 
+  TEST_CASE("nerve-pipeline --devices standin,standin evaluates on the stand-in's streams, as one stand-in stage does") {
+    tiny_fashion_mnist data(128, 96);
+    const auto dir = data.dir;
+    const std::vector<std::string> common{"--model", "mlp", "--epochs", "2", "--batch", "32", "--microbatches", "2",
+                                          "--lr", "0.05", "--data", dir.string(), "--json", "--quiet"};
+    std::map<std::string, nlohmann::json> got;
+    for (const std::string stages : {"1", "2"}) {
+      std::vector<std::string> a{pipeline_bin, "--stages", stages, "--devices", stages == "1" ? "standin" : "standin,standin"};
+      a.insert(a.end(), common.begin(), common.end());
+      const auto trace = (dir / ("trace-" + stages + ".json")).string();
+      a.insert(a.end(), {"--trace", trace});
+      const auto r = run(a);
+      INFO(r.err);
+      REQUIRE(r.exit_code == 0);
+      got[stages] = nlohmann::json::parse(r.out);
+      // The evaluation's forwards ran on the stand-in's streams: more gpu spans than the
+      // training steps alone make (the same run with --no-eval).
+      auto count_gpu = [](const std::string& file) {
+        std::ifstream in(file);
+        std::size_t n = 0;
+        for (const auto& e : nlohmann::json::parse(in).at("traceEvents")) n += e.value("cat", "") == "gpu";
+        return n;
+      };
+      auto b = a;
+      b.back() = (dir / ("trace-noeval-" + stages + ".json")).string();
+      b.push_back("--no-eval");
+      const auto r2 = run(b);
+      REQUIRE(r2.exit_code == 0);
+      CHECK(count_gpu(trace) > count_gpu(b[b.size() - 2]));
+    }
+    const auto& one = got["1"].at("epochs");
+    const auto& two = got["2"].at("epochs");
+    REQUIRE(one.size() == 2);
+    REQUIRE(two.size() == 2);
+    for (std::size_t e = 0; e < 2; ++e) {
+      CAPTURE(e);
+      CHECK(two[e].at("test_accuracy").get<double>() == one[e].at("test_accuracy").get<double>());
+      CHECK(two[e].at("test_loss").get<double>() == one[e].at("test_loss").get<double>());
+    }
+  }
+
   TEST_CASE("nerve-pipeline with --replicas takes one device per stage, for every replica") {
     // --devices names one device per stage for every replica: nothing to refuse there; a
     // device stage across ranks with replicas is refused by the engine (apps/common).

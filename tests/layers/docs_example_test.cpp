@@ -2,11 +2,12 @@
 #include <doctest/doctest.h>
 
 // [docs-example]
+#include "actors/runtime.hpp"
 #include "layers/activation.hpp"
-#include "layers/executor.hpp"
 #include "layers/join.hpp"
 #include "layers/linear.hpp"
 #include "layers/loss.hpp"
+#include "layers/network.hpp"
 #include "layers/optimizer.hpp"
 
 namespace nl = nerve::layers;
@@ -27,13 +28,15 @@ nl::graph make_network(std::uint64_t seed) {
 }
 
 double train_a_little(nl::graph& g, const nl::tensor& images, const nl::targets& labels) {
-  nl::direct_executor run(g);
-  nl::cross_entropy loss;
-  nl::sgd opt({.lr = 0.1, .momentum = 0.9});
+  nerve::actors::runtime rt({.loops = 2});  // two event loops
+  // One layer actor per node, spread over the loops: fc2..fc3 and the skip run at once.
+  nl::network net(rt, g, std::make_shared<nl::cross_entropy>(),
+                  [] { return nl::make_optimizer<float>("sgd", 0.1, 0.9); },  // one optimizer per layer
+                  {.spread = true});
   double last = 0;
   for (std::uint64_t step = 0; step < 20; ++step) {
-    // 4 micro-batches, gradients accumulated, one optimizer step.
-    auto r = run.train_step(images.clone(), labels, loss, opt, /*micro_batches=*/4, step);
+    // 4 micro-batches, gradients accumulated, one optimizer step; a future of its figures.
+    auto r = net.train_step(images.clone(), labels.clone(), /*micro_batches=*/4, step).get();
     last = r.loss;
   }
   return last;

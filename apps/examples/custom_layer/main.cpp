@@ -5,18 +5,19 @@
 //
 // `basic_activation<Scalar, Op>` turns a struct with `kind`, `f(x)` and `f'(x)` into a
 // layer (forward, backward, shape inference); a layer with parameters derives from
-// `basic_layer` itself (docs/layers.md, "Adding a layer"). The graph runs on the calling
-// thread with the direct executor: the hook runs right after silu1's forward.
+// `basic_layer` itself (docs/layers.md, "Adding a layer"). The graph runs as a network of
+// layer actors on an event loop: the hook runs on silu1's loop, right after its forward.
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
 #include <string_view>
 
+#include "actors/runtime.hpp"
 #include "layers/activation.hpp"
-#include "layers/executor.hpp"
 #include "layers/linear.hpp"
 #include "layers/loss.hpp"
+#include "layers/network.hpp"
 #include "layers/optimizer.hpp"
 
 namespace nl = nerve::layers;
@@ -63,12 +64,12 @@ int main() {
     for (int j = 0; j < 16; ++j) x.row(i)[j] = noise(rng) + (j == i % 3 ? 2.5f : 0.0f);
   }
 
-  nl::direct_executor run(g);
-  nl::cross_entropy loss;
-  nl::sgd opt({.lr = 0.1, .momentum = 0.9});
+  nerve::actors::runtime rt({.loops = 1});
+  nl::network net(rt, g, std::make_shared<nl::cross_entropy>(),
+                  [] { return nl::make_optimizer<float>("sgd", 0.1, 0.9); });
   double first = 0, last = 0;
   for (std::uint64_t step = 0; step < 8; ++step) {
-    auto r = run.train_step(x.clone(), y, loss, opt, /*micro_batches=*/2, step);
+    auto r = net.train_step(x.clone(), y.clone(), /*micro_batches=*/2, step).get();
     std::printf("step %llu  loss %.4f\n", static_cast<unsigned long long>(step), r.loss);
     (step == 0 ? first : last) = r.loss;
   }
