@@ -123,7 +123,7 @@ TEST_SUITE("layers.run_files") {
     const auto weights = contents(d / "w.st");
     std::string message;
     fs::path kept;  // the file that must come through untouched
-    SUBCASE("--init and --metrics (the metrics used to truncate the weights)") {
+    SUBCASE("--init and --metrics (the metrics would truncate the weights)") {
       o.init = d / "w.st";
       o.metrics = d / "w.st";
       message = "--metrics '" + (d / "w.st").string() + "' is the file --init names: give each its own file";
@@ -294,7 +294,7 @@ TEST_SUITE("layers.run_files") {
     auto g = small_net();
     train(g, o);
     const auto before = whole_lines(o.metrics);
-    // What a full disk left of a line (an older nerve wrote no more of it).
+    // What a full disk left of a line, never finished.
     std::ofstream(o.metrics, std::ios::binary | std::ios::app) << R"({"kind":"step","step":2,"ep)";
     auto resumed = resume_options(o.checkpoint);
     resumed.metrics = o.metrics;

@@ -75,7 +75,7 @@ printf '{"kind":"run"}\n{"kind":"step","step":0,"epoch":1,"loss":1,"accuracy":0.
 expect 1 'cut.jsonl: line 3: error: not a JSON object: syntax error' -- "$tool" curves cut.jsonl -o cut.html
 expect 1 'cut.jsonl has errors (see above); no page written' -- "$tool" curves cut.jsonl -o cut.html
 [ -e cut.html ] && { echo "FAIL: curves wrote a page for a file with errors"; failures=$((failures + 1)); }
-# A torn line (a full disk cut it short, and an older trainer's resumed run appended its
+# A torn line (a full disk cut it short, and a writer that went on appended its
 # run line to it; the last line cut short too) is a warning: the rest is drawn.
 {
   printf '{"kind":"run"}\n{"kind":"step","step":0,"epoch":1,"loss":1,"accuracy":0.5,"lr":0.1}\n'

@@ -113,7 +113,7 @@ TEST_SUITE("trace.curves") {
   }
 
   TEST_CASE("a torn line is skipped with a warning naming it, and a record written straight after it is read") {
-    // A full disk cut a line short; an older trainer's resumed run then wrote its run line
+    // A full disk cut a line short; a writer that went on appending wrote its run line
     // straight after the fragment; the file ends with another line cut short.
     diagnostics d;
     std::string text = run_line + step_line(0, 1) + step_line(1, 1);
