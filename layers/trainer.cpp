@@ -30,6 +30,7 @@
 #include "layers/layer_actor.hpp"
 #include "layers/lr_schedule.hpp"
 #include "layers/presets.hpp"
+#include "layers/run_files.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -326,14 +327,17 @@ std::pair<optimizer_state, run_position> read_train_state(const std::filesystem:
 
 /// `train_options::metrics`: one JSON object a line. Each line goes out in one write(2)
 /// on an O_APPEND descriptor, unbuffered: `tail -f` sees it at once, and a process killed
-/// between two steps leaves only whole lines (no stdio buffer to lose or cut).
+/// between two steps leaves only whole lines (no stdio buffer to lose or cut). A write
+/// cut short (a full disk) is cut back off, and a resumed run first cuts a torn last
+/// line (`end_at_last_line`), so its lines never continue a fragment.
 class metrics_log {
  public:
   /// Opens `path` (its symlinks followed, a non-regular file refused), emptied unless `append`.
   metrics_log(const std::filesystem::path& path, bool append) : path_(path) {
     const auto target = checkpoint::replace_target(path);
-    fd_ = ::open(target.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC), 0666);
+    fd_ = ::open(target.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC), 0666);
     if (fd_ < 0) throw std::system_error(errno, std::generic_category(), "--metrics " + path.string() + ": cannot open it");
+    if (append) end_at_last_line(fd_, "--metrics " + path.string());  // its next line starts a line
   }
   metrics_log(const metrics_log&) = delete;
   metrics_log& operator=(const metrics_log&) = delete;
@@ -341,7 +345,7 @@ class metrics_log {
   /// Writes `record` (ordered: `kind` first, for a reader of the raw file) as one line.
   void write(const nlohmann::ordered_json& record) {
     const auto line = record.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
-    if (!data::detail::write_all(fd_, std::as_bytes(std::span(line))))
+    if (!append_whole_line(fd_, std::as_bytes(std::span(line))))
       throw std::system_error(errno, std::generic_category(), "--metrics " + path_.string() + ": cannot write");
   }
 
@@ -417,29 +421,17 @@ void check_options(const train_options& o) {
   if (!o.lead) return;  // the files are the lead's, on its machine
   // Before a long run, not after it: a FIFO, a device or a directory that is not there is
   // refused (atomic_file).
-  for (const auto* target : {&o.save, &o.trace, &o.checkpoint})
+  for (const auto* target : {&o.save, &o.trace, &o.checkpoint, &o.metrics})
     if (!target->empty()) checkpoint::replace_target(*target);
-  if (!o.metrics.empty()) {
-    const auto target = checkpoint::replace_target(o.metrics);
-    // Appending lines to a checkpoint or a trace would corrupt it (and renaming it over the
-    // metrics would lose them).
-    auto same = [&](const std::filesystem::path& other) {
-      if (other.empty()) return false;
-      std::error_code e1, e2;
-      const auto a = std::filesystem::weakly_canonical(target, e1);
-      const auto b = std::filesystem::weakly_canonical(checkpoint::replace_target(other), e2);
-      return !e1 && !e2 && a == b;
-    };
-    for (const auto& [flag, other] : {std::pair{"--save", &o.save}, {"--trace", &o.trace},
-                                      {"--checkpoint", &o.checkpoint}, {"--resume", &o.resume}})
-      if (same(*other))
-        refuse("--metrics '" + o.metrics.string() + "' is the file " + flag + " names: give each its own file");
-  }
+  // Before anything is written: one file under two options would be overwritten by one.
+  check_distinct_files(o);
 }
 
 train_report train(graph& g, const train_options& o, const std::function<void(const train_progress&)>& on_progress,
                    const std::function<void(const epoch_stats&)>& on_epoch, engine_factory make_engine) {
   check_options(o);
+  // Held to the end of the run: a second run given the same checkpoint or metrics is refused.
+  const run_files claimed(o);
   if (!make_engine) make_engine = engine_for(o.device);
 
   optimizer_state resumed_opt;

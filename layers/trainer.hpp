@@ -109,7 +109,7 @@ struct train_options {
 /// more, a known optimizer and schedule, 1 to `max_threads` threads, a finite `normalize`
 /// with its std above 0, and `save`, `trace`,
 /// `checkpoint` and `metrics` naming regular files (or none yet) in directories that take
-/// new files, `metrics` none of the others. Any thread.
+/// new files, and no two of the run's files one file (`check_distinct_files`). Any thread.
 void check_options(const train_options& options);
 
 /// Rows per evaluation call (the test set goes through in chunks of this size).
@@ -213,8 +213,9 @@ optimizer_settings optimizer_settings_of(const train_options& options);
 /// Trains `g` (a user's own graph, or a preset) with `engine` (default: the one
 /// `options.device` names) on Fashion-MNIST-shaped IDX data. `on_progress` is called
 /// from the calling thread after each step; `on_epoch` after each epoch. Writes the trace
-/// and the weights when asked. Throws on bad options, bad data files, and failures of
-/// the run (a layer's exception, named).
+/// and the weights when asked. Holds its checkpoint and metrics files for the run
+/// (`run_files`: a second run given either is refused). Throws on bad options, bad data
+/// files, files in use by another run, and failures of the run (a layer's exception, named).
 train_report train(graph& g, const train_options& options,
                    const std::function<void(const train_progress&)>& on_progress = {},
                    const std::function<void(const epoch_stats&)>& on_epoch = {}, engine_factory engine = {});

@@ -272,7 +272,7 @@ int main(int argc, char** argv) {
     // One loop per stage here: across ranks, a rank runs one.
     if (threads == 0) threads = ranks->size() > 1 ? 1 : stages * replicas;
     o.model = model;
-    o.init.clear();  // loaded below into every replica, not by the trainer
+    o.init = init;  // for check_options to compare with the outputs; loaded below, not by the trainer
     o.save = save;
     o.trace = trace;
     o.trace_exact = trace_exact;
@@ -281,6 +281,7 @@ int main(int argc, char** argv) {
     o.stop = &stop_requested;
     o.lead = speak;
     nl::check_options(o);  // before the replicas, the partition and the data
+    o.init.clear();
     ranks->agree_inputs(o);  // across ranks: the same data and checkpoint bytes on every rank
 
     std::vector<nl::graph> graphs;

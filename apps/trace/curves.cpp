@@ -88,21 +88,21 @@ class metrics_reader {
     }
     json j;
     try {
-      j = json::parse(text.begin(), text.end(), [](int depth, json::parse_event_t ev, json&) {
-        if ((ev == json::parse_event_t::object_start || ev == json::parse_event_t::array_start) &&
-            depth >= max_metrics_depth)
-          throw refused{"JSON nested deeper than " + std::to_string(max_metrics_depth) + " levels"};
-        return true;
-      });
+      j = parse(text);
     } catch (const refused& r) {
       error(line, r.what);
       return;
     } catch (const json::out_of_range& e) {  // the lexer's "number overflow" (1e400)
       error(line, "a number too large for a double: " + clipped(plain(e.what()), 120));
       return;
+    } catch (const json::parse_error& e) {
+      if (!torn(text, e, line, last, j)) {
+        error(line, "not a JSON object: " + clipped(plain(e.what()), 160));
+        return;
+      }
+      if (j.is_discarded()) return;
     } catch (const json::exception& e) {
-      error(line, "not a JSON object: " + clipped(plain(e.what()), 160) +
-                      (last ? " (the last line, with no newline: cut short while it was written?)" : ""));
+      error(line, "not a JSON object: " + clipped(plain(e.what()), 160));
       return;
     }
     try {
@@ -110,6 +110,57 @@ class metrics_reader {
     } catch (const refused& r) {
       error(line, r.what);
     }
+  }
+
+  static json parse(std::string_view text) {
+    return json::parse(text.begin(), text.end(), [](int depth, json::parse_event_t ev, json&) {
+      if ((ev == json::parse_event_t::object_start || ev == json::parse_event_t::array_start) &&
+          depth >= max_metrics_depth)
+        throw refused{"JSON nested deeper than " + std::to_string(max_metrics_depth) + " levels"};
+      return true;
+    });
+  }
+
+  // The start of a JSON object that ends too soon: the parser ran out of text (its error
+  // is past the last byte), rather than meeting a character it refuses.
+  static bool cut_short(std::string_view text, const json::parse_error& e) {
+    return !text.empty() && text.front() == '{' && e.byte > text.size();
+  }
+
+  // A torn line: a write cut short (a full disk, a crash) and never finished. Either the
+  // whole line is that fragment, or the next record was written straight after it (a
+  // writer that went on appending): then the record is read (into `j`) and the fragment
+  // skipped. Both are warnings: the other lines still draw. False: not torn, an error.
+  bool torn(std::string_view text, const json::parse_error& e, std::int64_t line, bool last, json& j) {
+    const std::string at_end = last ? " (the last line, with no newline)" : "";
+    if (cut_short(text, e)) {
+      warning(line, "a torn line of " + std::to_string(text.size()) +
+                        " bytes, cut short while it was written (a full disk or a crash?), skipped" + at_end);
+      j = json(json::value_t::discarded);
+      return true;
+    }
+    // The trainer's lines open with this: the first whole record after the fragment.
+    constexpr std::string_view opening = R"({"kind":)";
+    for (auto k = text.find(opening, 1); k != std::string_view::npos; k = text.find(opening, k + 1)) {
+      try {
+        (void)parse(text.substr(0, k));
+        return false;  // a whole object before it: not a fragment
+      } catch (const json::parse_error& before) {
+        if (!cut_short(text.substr(0, k), before)) return false;
+      } catch (...) {  // refused, or a number out of range: no fragment of the trainer's
+        return false;
+      }
+      try {
+        j = parse(text.substr(k));
+      } catch (...) {
+        continue;  // an opening inside the fragment's strings: look further on
+      }
+      warning(line, "a torn line: its first " + std::to_string(k) +
+                        " bytes were cut short while they were written (a full disk or a crash?) and the next "
+                        "record was written after them; those bytes are skipped, the record is read" + at_end);
+      return true;
+    }
+    return false;
   }
 
   static const json& field(const json& j, const char* key) {

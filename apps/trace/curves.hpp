@@ -56,8 +56,10 @@ struct training_curves {
 
 /// Reads metrics lines from `in` (`name` names it in diagnostics). Every problem is a
 /// diagnostic naming the line: not JSON, not an object, a missing or mistyped field, a
-/// number out of range; an unknown `kind` is a warning (and skipped). Never throws on bad
-/// input.
+/// number out of range; an unknown `kind` is a warning (and skipped), and so is a torn
+/// line: the start of a record cut short while it was written (a full disk, a crash),
+/// alone or with the next record written straight after it (which is read). Never throws
+/// on bad input.
 training_curves read_metrics(std::istream& in, const std::string& name, diagnostics& diags);
 /// Reads the file at `path`; a file that cannot be read is a diagnostic too.
 training_curves read_metrics_file(const std::filesystem::path& path, diagnostics& diags);

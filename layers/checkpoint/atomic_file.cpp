@@ -8,9 +8,12 @@
 #include <stdexcept>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 #include <system_error>
+#include <vector>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -66,6 +69,52 @@ std::filesystem::path replace_target(const std::filesystem::path& path) {
     const auto link = std::filesystem::read_symlink(at);
     at = link.is_absolute() ? link : at.parent_path() / link;
   }
+}
+
+namespace {
+/// The writer's PID in `name` when it is a temporary of `prefix` (`.<name>.tmp-`): a
+/// PID, then one or two `-<number>` (the trace writer's counter; atomic_file's counter and
+/// random number); 0 for any other name.
+pid_t temporary_writer(std::string_view name, std::string_view prefix) {
+  if (!name.starts_with(prefix)) return 0;
+  name.remove_prefix(prefix.size());
+  std::vector<std::string_view> parts;
+  for (std::size_t from = 0;;) {
+    const auto dash = name.find('-', from);
+    parts.push_back(name.substr(from, dash == std::string_view::npos ? std::string_view::npos : dash - from));
+    if (dash == std::string_view::npos) break;
+    from = dash + 1;
+  }
+  if (parts.size() < 2 || parts.size() > 3) return 0;
+  for (auto p : parts)
+    if (p.empty() || p.size() > 20 || p.find_first_not_of("0123456789") != std::string_view::npos) return 0;
+  if (parts[0].size() > 9) return 0;  // more than any pid_t
+  const long pid = std::strtol(std::string(parts[0]).c_str(), nullptr, 10);
+  return pid > 0 ? pid_t(pid) : 0;
+}
+}  // namespace
+
+std::size_t remove_orphaned_temporaries(const std::filesystem::path& target) {
+  std::filesystem::path file;
+  try {
+    file = replace_target(target);
+  } catch (const std::exception&) {
+    return 0;  // check_options names what is wrong with the target
+  }
+  std::filesystem::path dir = file.parent_path();
+  if (dir.empty()) dir = ".";
+  const std::string prefix = "." + file.filename().string() + ".tmp-";
+  std::size_t removed = 0;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    const pid_t pid = temporary_writer(name, prefix);
+    if (pid == 0 || pid == ::getpid()) continue;
+    // EPERM: alive, another user's. Only ESRCH says no such process.
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    if (::unlink(it->path().c_str()) == 0) ++removed;
+  }
+  return removed;
 }
 
 atomic_file::atomic_file(std::filesystem::path target) : target_(replace_target(target)) {

@@ -415,3 +415,75 @@ TEST_SUITE("apps.replicas") {
     CHECK(r.err.find("--devices names 1 devices for 2 stages") != std::string::npos);
   }
 }
+
+namespace {
+
+std::string file_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+}  // namespace
+
+TEST_SUITE("apps.run_files") {
+  TEST_CASE("nerve-train and nerve-pipeline refuse --init and --metrics naming one file, and leave the weights whole") {
+    tiny_fashion_mnist data(64, 10);
+    const auto w = (data.dir / "w.safetensors").string();
+    const std::vector<std::string> common{"--model", "mlp", "--data", data.dir.string(), "--batch", "32", "--steps", "1",
+                                          "--no-eval", "--quiet"};
+    auto with = [&](std::vector<std::string> args, const std::vector<std::string>& more) {
+      args.insert(args.end(), common.begin(), common.end());
+      args.insert(args.end(), more.begin(), more.end());
+      return args;
+    };
+    REQUIRE(run(with({train_bin}, {"--save", w})).exit_code == 0);
+    const auto weights = file_text(w);
+    for (const auto& app : {train_bin, pipeline_bin}) {
+      CAPTURE(app);
+      auto args = app == train_bin ? with({app}, {"--init", w, "--metrics", w}) : with({app, "--stages", "2"}, {"--init", w, "--metrics", w});
+      const auto r = run(args);
+      CAPTURE(r.err);
+      CHECK(r.exit_code == 1);
+      CHECK(r.err.find("--metrics '" + w + "' is the file --init names: give each its own file") != std::string::npos);
+      CHECK(file_text(w) == weights);
+    }
+  }
+
+  TEST_CASE("a second run given the checkpoint or the metrics of a run under way is refused, naming the first's PID") {
+    tiny_fashion_mnist data(64, 10);
+    const auto ck = (data.dir / "ck.safetensors").string(), m = (data.dir / "m.jsonl").string();
+    const std::vector<std::string> common{"--model", "mlp", "--data", data.dir.string(), "--batch", "16", "--no-eval"};
+    // A run far longer than any test: only the signal ends it.
+    std::vector<std::string> first{train_bin, "--epochs", "1000000", "--checkpoint", ck, "--metrics", m};
+    first.insert(first.end(), common.begin(), common.end());
+    run_result same_checkpoint, same_metrics;
+    pid_t first_pid = 0;
+    run(first, [&](pid_t pid, const std::string& err) {
+      // The first progress line: the run is under way, its files held.
+      if (first_pid != 0 || err.find("epoch 1:") == std::string::npos) return;
+      first_pid = pid;
+      std::vector<std::string> second{train_bin, "--steps", "1", "--quiet", "--checkpoint", ck};
+      second.insert(second.end(), common.begin(), common.end());
+      same_checkpoint = run(second);
+      std::vector<std::string> third{pipeline_bin, "--stages", "2", "--steps", "1", "--quiet", "--metrics", m};
+      third.insert(third.end(), common.begin(), common.end());
+      same_metrics = run(third);
+      ::kill(pid, SIGTERM);
+    });
+    REQUIRE(first_pid != 0);
+    const auto pid = std::to_string(first_pid);
+    CAPTURE(same_checkpoint.err);
+    CAPTURE(same_metrics.err);
+    CHECK(same_checkpoint.exit_code == 1);
+    CHECK(same_checkpoint.err.find("nerve-train: --checkpoint '" + ck + "' is in use by another run (PID " + pid + ", lock file '") !=
+          std::string::npos);
+    CHECK(same_metrics.exit_code == 1);
+    CHECK(same_metrics.err.find("nerve-pipeline: --metrics '" + m + "' is in use by another run (PID " + pid + ", lock file '") !=
+          std::string::npos);
+    // The curves are the first run's alone: one run line.
+    const auto text = file_text(m);
+    std::size_t runs = 0;
+    for (std::size_t at = text.find("{\"kind\":\"run\""); at != std::string::npos; at = text.find("{\"kind\":\"run\"", at + 1)) ++runs;
+    CHECK(runs == 1);
+  }
+}

@@ -71,10 +71,20 @@ printf '{"traceEvents":[{"name":"a","ph":"X","pid":0,"tid":1,"ts":5,"dur":1e308}
 expect 1 'long.json: event 0: error: ph "X" name "a": "dur" 1e+308 ends the event after 4e+15' -- "$tool" summary long.json
 
 # --- metrics files (nerve-trace curves): every bad line named by its number, no page written
-printf '{"kind":"run"}\n{"kind":"step","step":0,"epoch":1,"loss":1,"accuracy":0.5,"lr":0.1}\n{"kind":"step","step":1,\n' >cut.jsonl
+printf '{"kind":"run"}\n{"kind":"step","step":0,"epoch":1,"loss":1,"accuracy":0.5,"lr":0.1}\n{"kind":"step","step":1,]\n' >cut.jsonl
 expect 1 'cut.jsonl: line 3: error: not a JSON object: syntax error' -- "$tool" curves cut.jsonl -o cut.html
 expect 1 'cut.jsonl has errors (see above); no page written' -- "$tool" curves cut.jsonl -o cut.html
 [ -e cut.html ] && { echo "FAIL: curves wrote a page for a file with errors"; failures=$((failures + 1)); }
+# A torn line (a full disk cut it short, and a writer that went on appended its
+# run line to it; the last line cut short too) is a warning: the rest is drawn.
+{
+  printf '{"kind":"run"}\n{"kind":"step","step":0,"epoch":1,"loss":1,"accuracy":0.5,"lr":0.1}\n'
+  printf '{"kind":"step","step":1,"ep{"kind":"run","resume":{"step":1,"epoch":1}}\n'
+  printf '{"kind":"step","step":1,"epoch":1,"loss":0.5,"accuracy":0.5,"lr":0.1}\n{"kind":"step","step":2,"epoch":1,"lo'
+} >torn.jsonl
+expect 0 'torn.jsonl: line 3: warning: a torn line: its first 27 bytes were cut short' -- "$tool" curves torn.jsonl -o torn.html
+expect 0 'torn.jsonl: line 5: warning: a torn line of 37 bytes' -- "$tool" curves torn.jsonl -o torn.html
+grep -qF '2 steps, 0 epochs, 2 run(s)' out.txt || { echo "FAIL: curves of torn.jsonl: $(cat out.txt)"; failures=$((failures + 1)); }
 printf '{"kind":"step","step":0,"epoch":1,"loss":1e400,"accuracy":0.5,"lr":0.1}\n' >big.jsonl
 expect 1 'big.jsonl: line 1: error: a number too large for a double' -- "$tool" curves big.jsonl -o big.html
 printf '{"kind":"step","step":0,"epoch":1,"loss":1,"accuracy":2,"lr":0.1}\n' >acc.jsonl

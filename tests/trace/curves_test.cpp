@@ -80,7 +80,7 @@ TEST_SUITE("trace.curves") {
   TEST_CASE("every malformed line is an error naming its line, and reading goes on") {
     diagnostics d;
     std::string text = run_line;
-    text += "{\"kind\":\"step\",\"step\":1,\n";                                                        // 2
+    text += "{\"kind\":\"step\",\"step\":1,]\n";                                                       // 2
     text += "[1,2]\n";                                                                                 // 3
     text += R"({"step":1})" "\n";                                                                      // 4
     text += R"({"kind":"step","epoch":1,"loss":1,"accuracy":0.5,"lr":0.1})" "\n";                   // 5
@@ -92,7 +92,7 @@ TEST_SUITE("trace.curves") {
     text += R"({"kind":"mystery"})" "\n";                                                              // 11
     text += std::string(70, '[') + std::string(70, ']') + "\n";                                       // 12
     text += step_line(3, 1);                                                                           // 13
-    text += R"({"kind":"step","step":4,"epoch":1,"lo)";                                                // 14, cut short
+    text += R"({"kind":"step","step":4,"epoch":1,"loss":1,"accuracy":0.5,"lr":0.1}x)";              // 14, no newline
     auto c = read(text, d);
     CHECK(d.mentions("m.jsonl: line 2: error: not a JSON object: syntax error"));
     CHECK(d.mentions("m.jsonl: line 3: error: not a JSON object: a metrics line is one object"));
@@ -105,11 +105,51 @@ TEST_SUITE("trace.curves") {
     CHECK(d.mentions("m.jsonl: line 10: error: \"train_loss\": \"low\" is not a finite number (or null)"));
     CHECK(d.mentions("m.jsonl: line 11: warning: unknown kind \"mystery\", skipped"));
     CHECK(d.mentions("m.jsonl: line 12: error: JSON nested deeper than 64 levels"));
-    CHECK(d.mentions("m.jsonl: line 14: error: not a JSON object"));
-    CHECK(d.mentions("(the last line, with no newline: cut short while it was written?)"));
+    CHECK(d.mentions("m.jsonl: line 14: error: not a JSON object: syntax error"));
     CHECK(d.error_count() == 11);
+    CHECK(d.warning_count() == 1);
     REQUIRE(c.steps.size() == 1);  // the good line still reads
     CHECK(c.steps[0].step == 3);
+  }
+
+  TEST_CASE("a torn line is skipped with a warning naming it, and a record written straight after it is read") {
+    // A full disk cut a line short; a writer that went on appending wrote its run line
+    // straight after the fragment; the file ends with another line cut short.
+    diagnostics d;
+    std::string text = run_line + step_line(0, 1) + step_line(1, 1);
+    text += R"({"kind":"step","step":2,"epoch":1,"lo)";                                                // 4: torn, then a run line
+    text += R"({"kind":"run","resume":{"step":2,"epoch":1}})" "\n";
+    text += R"({"kind":"step","step":2,"epo)" "\n";                                                   // 5: torn alone
+    text += step_line(2, 1, "0.25");                                                                   // 6
+    text += R"({"kind":"step","step":3,"epoch":1,"loss":0.)";                                          // 7: torn, the last
+    auto c = read(text, d);
+    CHECK(d.error_count() == 0);
+    CHECK(d.mentions("m.jsonl: line 4: warning: a torn line: its first 37 bytes were cut short while they were written"));
+    CHECK(d.mentions("those bytes are skipped, the record is read"));
+    CHECK(d.mentions("m.jsonl: line 5: warning: a torn line of 28 bytes, cut short while it was written"));
+    CHECK(d.mentions("m.jsonl: line 7: warning: a torn line of 43 bytes, cut short while it was written (a full disk or a "
+                     "crash?), skipped (the last line, with no newline)"));
+    CHECK(d.warning_count() == 3);
+    REQUIRE(c.runs.size() == 2);
+    CHECK(c.runs[1].resume_step == 2);  // the record after the fragment was read
+    REQUIRE(c.steps.size() == 3);
+    CHECK(c.steps[2].loss == 0.25);
+    // A cut inside a string, a number or a literal is torn as well; garbage after a whole
+    // object, or a character the parser refuses, is not.
+    for (const std::string cut : {R"({"kind":"st)", R"({"kind":"step","loss":0.)", R"({"kind":"step","ok":tr)", "{"}) {
+      CAPTURE(cut);
+      diagnostics one;
+      read(cut + "\n", one);
+      CHECK(one.error_count() == 0);
+      CHECK(one.mentions("a torn line of"));
+    }
+    for (const std::string bad : {R"({"kind":"run"} x)", R"({"kind":"run",])", R"({"kind":"run","resume":{"step":1)" "}]"}) {
+      CAPTURE(bad);
+      diagnostics one;
+      read(bad + "\n", one);
+      CHECK(one.error_count() == 1);
+      CHECK(one.warning_count() == 0);
+    }
   }
 
   TEST_CASE("the page needs nothing from the network and its title cannot end the script") {

@@ -142,6 +142,7 @@ TEST_SUITE("train.resume") {
       REQUIRE(wait_for(start(have ? std::vector<std::string>{"--resume", ck.string(), "--save", out.string(), "--quiet"}
                                   : with({"--checkpoint", ck.string(), "--save", out.string()}))) == 0);
       CHECK(bytes_of(out) == want);
+      CHECK(leftovers(ck) == 0);  // the killed writer's temporary, removed by the run after it
     }
     MESSAGE(killed << " runs killed, " << in_write << " of them inside a checkpoint write, " << resumes
                    << " resumed from a checkpoint");
