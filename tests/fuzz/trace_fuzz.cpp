@@ -1,4 +1,4 @@
-// libFuzzer harness for the trace reader (apps/trace/reader.cpp): any input must read
+// libFuzzer harness for the trace reader (apps/trace/reader.cpp, detail/reader*.cpp): any input must read
 // without throwing and without a sanitizer report, whatever it holds; what it cannot
 // use is a diagnostic. A file that reads without errors must also go through every
 // later step (the summary in both forms, the page, the merge writer), and what the
