@@ -285,6 +285,8 @@ class actor {
   // another loop; true when it moved (the actor is then scheduled on the new loop).
   [[gnu::noinline]] bool consider_move(detail::loop_state* here, std::int64_t timed_from, std::uint64_t sent_before, std::uint32_t taken);
   [[gnu::noinline, gnu::cold]] bool decide_move(detail::loop_state* here);
+  /// A request of this actor's awaits its answer (its timeout timer is bound to this loop).
+  bool awaiting_answers() const noexcept;
   detail::loop_state* home() const noexcept { return loop_.load(std::memory_order_relaxed); }
   // The drain's loop, made twice (drain picks): recording when the drain began, with each
   // run's recording inlined (record_run), or not, as lean as with no recorder.

@@ -1,3 +1,6 @@
+// One file: every MPI call the transport makes after MPI_Init is here, and every one of
+// them runs on its poller, one at a time (MPI_THREAD_SERIALIZED): the file to read to see
+// that the rule holds. The frame codecs it carries are in layers/wire/.
 #include "bus/mpi/transport.hpp"
 
 #include <mpi.h>
