@@ -1,6 +1,7 @@
 #include "actors/runtime.hpp"
 
 #include <algorithm>
+#include <array>
 #include <fstream>
 #include <thread>
 
@@ -128,21 +129,27 @@ void runtime::destroy_actors() noexcept {
   for (auto& l : loops_)
     while (l->ready.pop()) {
     }
-  std::vector<detail::actor_cell*> cells;
+  // The list is walked through its own links, not copied: a runtime that ran out of
+  // memory must still be able to destroy its actors. Once every owner is cleared (under
+  // the lock) no unlink touches the links, and the retains keep every cell of the list.
+  detail::actor_cell* all;
   {
     std::lock_guard lk(table_mu_);
     for (auto* c = cells_; c; c = c->next) {
       detail::retain(c);  // so no cell goes while the actors below release their addresses
       c->owner.store(nullptr, std::memory_order_relaxed);
-      cells.push_back(c);
     }
-    for (auto* c : cells) c->prev = c->next = nullptr;
-    cells_ = nullptr;
+    all = std::exchange(cells_, nullptr);
   }
-  for (auto* c : cells) {
+  for (auto* c = all; c; c = c->next) {
     if (actor* a = c->self.exchange(nullptr, std::memory_order_acq_rel)) detail::destroy_actor(a);
   }
-  for (auto* c : cells) detail::release(c);
+  for (auto* c = all; c;) {
+    auto* next = c->next;
+    c->prev = c->next = nullptr;
+    detail::release(c);
+    c = next;
+  }
 }
 
 void runtime::check_spawn(const spawn_options& opts) const {
@@ -155,6 +162,7 @@ void runtime::check_spawn(const spawn_options& opts) const {
 address runtime::start(actor* raw, std::size_t arena_bytes, const spawn_options& opts) {
   raw->rt_ = this;
   raw->arena_bytes_ = static_cast<std::uint32_t>(arena_bytes);
+  // From here on a throw destroys the actor: `addr` holds its only reference.
   address addr(raw);
   raw->capacity_ = std::min(opts.capacity ? opts.capacity : opts_.mailbox_capacity, actor::max_capacity);
   raw->batch_ = opts.batch ? opts.batch : opts_.batch;
@@ -164,6 +172,16 @@ address runtime::start(actor* raw, std::size_t arena_bytes, const spawn_options&
     // Placement, id, registry and the list of cells under one lock: no atomic per spawn
     // (the per-loop counts used to share a cache line with the loop's own counters).
     std::lock_guard lk(table_mu_);
+    // What allocates comes first (the name, the registry's next segments): a spawn that
+    // runs out of memory throws std::bad_alloc before the registry changes, so no actor is
+    // ever half registered (in live_ without its info_, or counted on a loop it never
+    // joined). The commit below allocates nothing.
+    const auto id = static_cast<actor_id>(live_.size() + 1);
+    std::string name = raw->name_.empty() ? "actor-" + std::to_string(id) : std::string{};
+    actor_info info{name.empty() ? raw->name_ : name, 0};
+    live_.reserve_next();
+    info_.reserve_next();
+
     unsigned loop;
     auto* spawner = detail::current_loop;
     if (opts.loop) {
@@ -183,10 +201,11 @@ address runtime::start(actor* raw, std::size_t arena_bytes, const spawn_options&
       raw->pinned_.store(true, std::memory_order_relaxed);  // (an actor may also have pinned itself in its constructor)
     raw->window_target_ = std::max(1u, std::min(opts_.migration.first_window, opts_.migration.window));
     raw->loop_.store(loops_[loop].get(), std::memory_order_relaxed);  // before stop_all (any thread) can find it in live_
-    raw->id_ = static_cast<actor_id>(live_.size() + 1);
-    if (raw->name_.empty()) raw->name_ = "actor-" + std::to_string(raw->id_);
+    raw->id_ = id;
+    if (!name.empty()) raw->name_ = std::move(name);
+    info.loop = loop;
     live_.push_back(addr);
-    info_.push_back(actor_info{raw->name_, loop});
+    info_.push_back(std::move(info));
     auto* c = detail::cell_of(raw);
     c->next = cells_;
     if (cells_) cells_->prev = c;
@@ -334,7 +353,9 @@ void runtime::report_failure(actor& who, std::exception_ptr error) {
   failed_.store(true, std::memory_order_release);
   if (first) {
     if (on_failure_) on_failure_(error);
-    stop_all(true);  // the run ends with this error: everything stops, queued work is dropped
+    // The run ends with this error: everything stops, queued work is dropped. A stop that
+    // finds no memory is left to shutdown, which then stops the loops where they are.
+    (void)stop_all();
   }
 }
 
@@ -348,21 +369,31 @@ std::exception_ptr runtime::error() const {
   return error_;
 }
 
-void runtime::stop_all(bool cancel) {
-  std::vector<address> all;
-  {
-    std::lock_guard lk(table_mu_);
-    for (std::size_t i = 0; i < live_.size(); ++i)
-      if (live_[i]) all.push_back(live_[i]);
-  }
-  for (auto& a : all) {
-    actor* p = a.get();
-    // Urgent lane: runs before the queued normal messages, which are then dropped.
-    (void)p->try_tell(closure{[p, cancel] {
-                        if (cancel) p->stop();
-                        else p->stop();
-                      }},
-                      lane::urgent, 0);
+std::exception_ptr runtime::stop_all() noexcept {
+  // Sends a stop to every live actor, allocating nothing but the stops' envelopes: the
+  // registry is copied a chunk at a time onto the stack, not into a vector as long as the
+  // registry, which a runtime that ran out of memory spawning could not allocate.
+  std::exception_ptr lost;
+  std::array<address, 64> chunk;
+  std::size_t next = 0;
+  for (;;) {
+    std::size_t n = 0;
+    {
+      std::lock_guard lk(table_mu_);
+      for (; next < live_.size() && n < chunk.size(); ++next)
+        if (live_[next]) chunk[n++] = live_[next];
+    }
+    if (n == 0) return lost;
+    for (std::size_t i = 0; i < n; ++i) {
+      actor* p = chunk[i].get();
+      try {
+        // Urgent lane: runs before the queued normal messages, which are then dropped.
+        (void)p->try_tell(closure{[p] { p->stop(); }}, lane::urgent, 0);
+      } catch (...) {  // std::bad_alloc: no envelope for this stop (or no wake-up for its loop)
+        if (!lost) lost = std::current_exception();
+      }
+      chunk[i] = address{};  // outside the lock: a release may delete an actor
+    }
   }
 }
 
@@ -376,8 +407,14 @@ void runtime::shutdown(shutdown_mode mode) {
       // The failure stays available through error(); shutdown goes on.
     }
   }
-  stop_all(true);
-  if (opts_.manual) {
+  if (auto lost = stop_all()) {
+    // Memory ran out: an actor that no stop reached would keep the run from ever going
+    // quiet. The loops stop where they are instead, and the teardown destroys every actor
+    // with what it still has queued (without its on_stop), allocating nothing.
+    std::lock_guard lk(error_mu_);
+    if (!error_) error_ = lost;
+    failed_.store(true, std::memory_order_release);
+  } else if (opts_.manual) {
     run_until_idle();
   } else {
     std::unique_lock lk(sync_mu_);

@@ -124,7 +124,9 @@ class runtime {
   runtime(const runtime&) = delete;
   runtime& operator=(const runtime&) = delete;
 
-  /// Constructs an `A` (derived from `actor`) from `args` and starts it.
+  /// Constructs an `A` (derived from `actor`) from `args` and starts it. Out of memory
+  /// (`std::bad_alloc` from any of its allocations), it throws and leaves the runtime as
+  /// it was: nothing of the failed actor is registered or left alive.
   template <class A, class... Args>
   address spawn(Args&&... args) {
     return spawn_with<A>(spawn_options{}, std::forward<Args>(args)...);
@@ -193,6 +195,9 @@ class runtime {
   bool idle() const noexcept;
 
   /// Ends the run. See `shutdown_mode`. Idempotent. Rethrows nothing; see `error()`.
+  /// Allocates only the stops' messages: when memory runs out for them, the loops stop
+  /// where they are, the actors are destroyed with the runtime (without `on_stop`), and
+  /// `error()` holds the `std::bad_alloc`.
   void shutdown(shutdown_mode mode = shutdown_mode::drain);
 
   /// The first failure of the run (a handler's exception, wrapped), or null.
@@ -260,7 +265,9 @@ class runtime {
   void notify_progress();
   void notify_progress_fenced();  // notify_progress after the caller's own full fence
   bool quiescent() const noexcept;
-  void stop_all(bool cancel);
+  /// Sends every live actor a stop (urgent lane). Returns what kept a stop from being sent
+  /// (std::bad_alloc), null when every actor got one.
+  std::exception_ptr stop_all() noexcept;
   [[noreturn]] void throw_send_error(send_status s, const address& to) const;
   void check_not_loop_thread(const char* what) const;
   boost::asio::io_context& timer_context();

@@ -50,7 +50,7 @@ class actor_arena {
   actor_arena(const actor_arena&) = delete;
   actor_arena& operator=(const actor_arena&) = delete;
   ~actor_arena() {
-    for (void* b : blocks_) std::free(b);
+    for (std::size_t i = 0; i < blocks_.size(); ++i) ::operator delete(blocks_[i], alignment_of_block(i));
   }
 
   /// Any thread: storage for an object of `n` bytes, aligned to `granule`. Throws `std::bad_alloc`.
@@ -117,21 +117,27 @@ class actor_arena {
   void grow() {
     // The first block is small (most runtimes spawn a handful of actors); the next ones are
     // huge pages. What is left of the old block is not used.
+    // From operator new, like every other allocation of a spawn: out of memory is
+    // std::bad_alloc (and tests that make the Nth allocation fail reach this one too).
     const std::size_t bytes = blocks_.empty() ? first_block : block;
-    void* b = std::aligned_alloc(bytes == block ? block : granule, bytes);
-    if (!b) throw std::bad_alloc();
+    void* b = ::operator new(bytes, alignment_of_block(blocks_.size()));
 #ifdef MADV_HUGEPAGE
     if (bytes == block) (void)madvise(b, bytes, MADV_HUGEPAGE);  // advice: without THP it is a no-op
 #endif
     try {
       blocks_.push_back(b);
     } catch (...) {
-      std::free(b);
+      ::operator delete(b, alignment_of_block(blocks_.size()));
       throw;
     }
     cursor_ = static_cast<char*>(b);
     limit_ = cursor_ + bytes;
     NERVE_ARENA_POISON(b, bytes);
+  }
+
+  /// Block `i`'s alignment: the first block is small, the next ones huge pages.
+  static std::align_val_t alignment_of_block(std::size_t i) noexcept {
+    return std::align_val_t{i == 0 ? granule : block};
   }
 
   mutable std::mutex mu_;

@@ -99,8 +99,16 @@ struct loop_state {
     ready.push(l);
     if (current_loop == this) return;  // the loop thread itself is awake
     full_fence();  // pairs with the fence in the loop's sleep path
-    if (sleeping.load(std::memory_order_relaxed) && sleeping.exchange(false, std::memory_order_acq_rel))
-      boost::asio::post(io, [] {});  // run_one() returns; the loop goes back to `ready`
+    if (sleeping.load(std::memory_order_relaxed) && sleeping.exchange(false, std::memory_order_acq_rel)) {
+      try {
+        boost::asio::post(io, [] {});  // run_one() returns; the loop goes back to `ready`
+      } catch (...) {
+        // No memory for the wake-up (std::bad_alloc): the loop still sleeps, and says so,
+        // so the next schedule (or a shutdown's stop) wakes it.
+        sleeping.store(true, std::memory_order_relaxed);
+        throw;
+      }
+    }
   }
 
   /// Loop thread: runs up to `max` ready entries; returns how many ran.

@@ -22,10 +22,18 @@ class segmented_vector {
   T& operator[](std::size_t i) noexcept { return segments_[i >> SegmentBits][i & (segment - 1)]; }
   const T& operator[](std::size_t i) const noexcept { return segments_[i >> SegmentBits][i & (segment - 1)]; }
 
+  /// Makes room for the next `push_back` (a new segment, when the last one is full), so
+  /// that it allocates nothing: a caller that must not fail halfway allocates first.
+  /// Throws `std::bad_alloc`, leaving the contents as they were.
+  void reserve_next() {
+    if ((size_ >> SegmentBits) == segments_.size()) segments_.push_back(std::make_unique<T[]>(segment));
+  }
+
   /// Appends `v`; a new segment (default-constructed elements) every `segment` elements.
+  /// After `reserve_next`, it throws only what assigning `v` to an element throws.
   template <class V>
   T& push_back(V&& v) {
-    if ((size_ >> SegmentBits) == segments_.size()) segments_.push_back(std::make_unique<T[]>(segment));
+    reserve_next();
     T& slot = (*this)[size_];
     slot = std::forward<V>(v);
     ++size_;

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -254,6 +255,7 @@ nlohmann::json run_job(const messaging_options& o, const job& jb, unsigned threa
   p.record_exact = o.record_timing == "exact";
   if (jb.workload == "fan" && o.work_us > 0) p.work_iters = static_cast<std::uint64_t>(std::llround(o.work_us * burn_iters_per_us()));
   const bool in_child = jb.workload == "many";
+  p.timeout_s = in_child ? 0 : o.timeout_s;  // the child is killed by its alarm instead
   const bool compare_record = o.record;
 
   auto once = [&](bool record) -> std::optional<sample> {
@@ -366,6 +368,36 @@ void print_text(const nlohmann::json& j) {
   std::printf("  (median of %u)\n", j["repeats"].get<unsigned>());
 }
 
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
+  return buf;
+}
+
+/// Refuses a `many` count whose actors cannot fit in what this process may use: the
+/// machine's memory, and the address space `ulimit -v` (RLIMIT_AS) leaves it. Each actor
+/// takes at least `backend().bytes_per_actor`; a count that passes may still run out
+/// (the bound is low), and then ends with an error, not a crash.
+void check_many_fits(std::uint64_t count) {
+  const std::uint64_t each = backend().bytes_per_actor;
+  if (each == 0) return;
+  const long double need = static_cast<long double>(count) * each;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  const std::string what = "--count " + std::to_string(count) + ": 'many' needs at least " +
+                           gib(static_cast<double>(need)) + " for " + std::to_string(count) + " actors (" +
+                           std::to_string(each) + " bytes each)";
+  if (pages > 0 && page > 0 && need > static_cast<long double>(pages) * page)
+    throw std::invalid_argument(what + ", more than this machine's memory (" + gib(static_cast<double>(pages) * page) + ")");
+  rlimit as{};
+  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
+    const double used = proc_status_mib("VmSize") * 1024 * 1024;
+    const double left = std::max(0.0, static_cast<double>(as.rlim_cur) - used);
+    if (need > left)
+      throw std::invalid_argument(what + ", more than the address space left under ulimit -v (" + gib(left) + " of " +
+                                  gib(static_cast<double>(as.rlim_cur)) + ")");
+  }
+}
+
 void run_messaging(const messaging_options& o) {
   const auto& be = backend();
   if (o.record && !be.supports_record)
@@ -381,6 +413,7 @@ void run_messaging(const messaging_options& o) {
       n = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(std::llround(o.scale * 1e6 / (fan_width * o.work_us))));
     if (w == "chain") n = std::max<std::uint64_t>(n - n % chain_length, std::uint64_t{chain_length} * inflight);
     n = std::max<std::uint64_t>(n, inflight);
+    if (w == "many") check_many_fits(n);
     jobs.push_back({w, inflight, n});
   };
   if (o.workload == "all") {
@@ -429,8 +462,10 @@ void add_messaging(CLI::App& app) {
   for (auto& w : workload_names()) names += ", " + w;
   sub->add_option("--workload,-w", opts->workload, "Workload: " + names)->capture_default_str();
   sub->add_option("--inflight", opts->inflight,
-                  "chain: tokens circulating; fan: rounds in flight (default: chain 64, fan 1; 'all' runs chain at 1 and 64)")
-      ->transform(nerve::apps::whole_in(1u, 1u << 20));
+                  "chain: tokens circulating; fan: rounds in flight (default: chain 64, fan 1; 'all' runs chain at 1 and "
+                  "64). At most " + std::to_string(max_inflight) +
+                      ": every token can wait in one link's mailbox, every round in one worker's")
+      ->transform(nerve::apps::whole_in(1u, max_inflight, std::to_string(max_inflight) + " (a mailbox's capacity)"));
   sub->add_option("--threads,-t", opts->threads, "Worker threads / event loops (default: hardware threads)")
       ->transform(nerve::apps::whole_in(1u, 256u));
   sub->add_option("--repeats,-r", opts->repeats, "Repeats; the median is reported")
@@ -439,7 +474,9 @@ void add_messaging(CLI::App& app) {
   sub->add_option("--scale", opts->scale, "Multiply every workload's default size (quick runs: 0.1)")
       ->capture_default_str()
       ->transform(nerve::apps::real_in(0.001, 1000));
-  sub->add_option("--count", opts->count, "Exact size: round trips, messages, deliveries, rounds or actors (overrides --scale)")
+  sub->add_option("--count", opts->count,
+                  "Exact size: round trips, messages, deliveries, rounds or actors (overrides --scale); many: refused "
+                  "when that many actors cannot fit in the machine's memory or under ulimit -v")
       ->transform(nerve::apps::whole_in<std::uint64_t>(1, 10'000'000'000));
   const auto& be = backend();
   if (be.placements.size() > 1) {
@@ -454,7 +491,9 @@ void add_messaging(CLI::App& app) {
                   "fan: microseconds of real work (a calibrated compute loop) per message in each worker (default 0); "
                   "the default size becomes about 1 s of work on one loop")
       ->transform(nerve::apps::real_in(0, 1e6, " µs"));
-  sub->add_option("--timeout", opts->timeout_s, "many: a repeat running longer is killed and reported as timed out (0: never)")
+  sub->add_option("--timeout", opts->timeout_s,
+                  "Seconds a repeat may run (0: never): many's child process is then killed and the repeat reported "
+                  "as timed out; any other workload is stopped and ends with an error naming it")
       ->capture_default_str()
       ->transform(nerve::apps::whole_in(0u, 86400u, "86400 (a day)"));
   sub->add_flag("--json", opts->json, "Print one JSON object (with 'all': an object holding the list 'results')");

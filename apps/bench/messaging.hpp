@@ -32,6 +32,10 @@ inline constexpr std::size_t payload_floats = 64 * 1024 / sizeof(float);
 /// Actors in the chain; workers in the fan.
 inline constexpr unsigned chain_length = 8;
 inline constexpr unsigned fan_width = 8;
+/// The most tokens (chain) or rounds (fan) in flight: a nerve mailbox's default capacity
+/// (`actors::runtime_options::mailbox_capacity`). Every token can end up queued at one
+/// link, every round's work at one worker; one more and a send finds the mailbox full.
+inline constexpr unsigned max_inflight = 1024;
 
 /// One repeat of one workload.
 struct run_params {
@@ -43,6 +47,7 @@ struct run_params {
   bool record_exact = false;   ///< nerve: recorder::timing::exact (a clock read after every run)
   std::string placement;       ///< nerve: "auto" (the runtime's default), "spread" or "packed"
   std::uint64_t work_iters = 0;  ///< fan: iterations of `burn` each worker runs per message (--work-us)
+  unsigned timeout_s = 0;        ///< a repeat not finished after this many seconds throws (0: never)
 };
 
 /// Real work for the heavy fan: a dependent chain of multiply-adds the compiler cannot
@@ -71,6 +76,10 @@ struct messaging_backend {
   bool supports_record;            ///< has a message recorder whose cost `--record` measures
   std::vector<std::string> placements;  ///< accepted `--placement` values; first is the default
   sample (*run)(const run_params& p);
+  /// `many`: a lower bound of the memory one of its actors takes (the actor, its share of
+  /// the registry, its message); 0: unknown. A count whose actors cannot fit in the
+  /// memory the process may use is refused before anything is spawned.
+  std::uint64_t bytes_per_actor = 0;
 };
 const messaging_backend& backend();
 

@@ -1,9 +1,13 @@
 // The messaging workloads on the nerve runtime. Each repeat builds a fresh runtime, wires
 // its actors, times only the message phase, validates exact counts after shutdown (when
 // every loop thread has been joined, so plain counters are safe to read) and throws on
-// any mismatch.
+// any mismatch. A run that fails, or does not finish within its timeout, ends with an
+// error: the thread that waits for it never waits forever.
 #include <chrono>
-#include <future>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <new>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -31,6 +35,48 @@ void check(bool ok, const std::string& what) {
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
+
+static_assert(max_inflight <= na::runtime_options{}.mailbox_capacity,
+              "--inflight is capped at what a mailbox of the default capacity holds");
+
+/// The end of a repeat's timed phase: the workload's last actor reaches it, or the run's
+/// first failure does (an actor that throws stops every actor, and the last one would
+/// never report). Declared before the runtime, so that it outlives every actor that
+/// holds it.
+class finish_line {
+ public:
+  /// Any thread: the workload completed.
+  void reach() { set(done_); }
+  /// Sends the runtime's first failure here. Before anything is spawned.
+  void watch(na::runtime& rt) {
+    rt.on_failure([this](std::exception_ptr) { set(failed_); });
+  }
+  /// Waits for the workload or a failure (then the caller's shutdown rethrows it); throws
+  /// when `p.timeout_s` passes first, naming the workload.
+  void wait(const run_params& p) {
+    std::unique_lock lk(mu_);
+    const auto over = [this] { return done_ || failed_; };
+    if (p.timeout_s == 0) {
+      cv_.wait(lk, over);
+    } else if (!cv_.wait_for(lk, std::chrono::seconds(p.timeout_s), over)) {
+      std::string what = p.workload;
+      if (p.workload == "chain" || p.workload == "fan") what += " inflight=" + std::to_string(p.inflight);
+      throw std::runtime_error(what + " threads=" + std::to_string(p.threads) + ": not finished within --timeout " +
+                               std::to_string(p.timeout_s) + " s (count " + std::to_string(p.count) +
+                               "); the run was stopped");
+    }
+  }
+
+ private:
+  void set(bool& flag) {
+    std::lock_guard lk(mu_);
+    flag = true;
+    cv_.notify_all();
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false, failed_ = false;
+};
 
 /// Which loop actor `i` of `n` goes on: auto = none named (the runtime's default placement,
 /// which moves actors), spread = round robin, packed = contiguous blocks. A named loop pins.
@@ -92,28 +138,29 @@ struct pong_actor : na::actor {
 struct ping_actor : na::actor {
   na::address pong;
   std::uint64_t total, handled = 0;
-  std::promise<void>* done;
-  ping_actor(na::address p, std::uint64_t n, std::promise<void>* d) : actor("ping"), pong(std::move(p)), total(n), done(d) {
+  finish_line* done;
+  ping_actor(na::address p, std::uint64_t n, finish_line* d) : actor("ping"), pong(std::move(p)), total(n), done(d) {
     on<go>([this](go&) { send(pong, ball{1}); });
     on<ball>([this](ball& b) {
       ++handled;
       if (b.n != handled) fail(std::make_exception_ptr(std::runtime_error("pingpong: out of order")));
-      if (b.n == total) done->set_value();
+      if (b.n == total) done->reach();
       else send(pong, ball{b.n + 1});
     });
   }
 };
 
 sample run_pingpong(const run_params& p) {
+  finish_line done;
   na::runtime rt(options_for(p));
-  std::promise<void> done;
+  done.watch(rt);
   auto pong = spawn_at<pong_actor>(rt, pair_loop(p, 1));
   auto ping = spawn_at<ping_actor>(rt, pair_loop(p, 0), pong, p.count, &done);
   rt.send(pong, peer{ping});
   rt.synchronize();
   auto t0 = clock_type::now();
   rt.send(ping, go{});
-  done.get_future().wait();
+  done.wait(p);
   sample s{.seconds = seconds_since(t0), .units = p.count};
   s.extra = recorder_notes(rt);
   s.extra["migrations"] = migration_notes(rt);
@@ -146,12 +193,12 @@ std::uint64_t value_of(const M& m) {
 template <class M>
 struct consumer_actor : na::actor {
   std::uint64_t total, got = 0, bad = 0;
-  std::promise<void>* done;
-  consumer_actor(std::uint64_t n, std::promise<void>* d) : actor("consumer"), total(n), done(d) {
+  finish_line* done;
+  consumer_actor(std::uint64_t n, finish_line* d) : actor("consumer"), total(n), done(d) {
     on<M>([this](M& m) {
       // FIFO from one sender: the values arrive in the order they were sent.
       if (value_of(m) != (got & (std::is_same_v<M, int> ? 0xffff : 0xfff))) ++bad;
-      if (++got == total) done->set_value();
+      if (++got == total) done->reach();
     });
   }
 };
@@ -181,14 +228,15 @@ struct producer_actor : na::actor {
 
 template <class M>
 sample run_oneway(const run_params& p) {
+  finish_line done;
   na::runtime rt(options_for(p));
-  std::promise<void> done;
+  done.watch(rt);
   auto consumer = spawn_at<consumer_actor<M>>(rt, pair_loop(p, 1), p.count, &done);
   auto producer = spawn_at<producer_actor<M>>(rt, pair_loop(p, 0), consumer, p.count);
   rt.synchronize();
   auto t0 = clock_type::now();
   rt.send(producer, go{});
-  done.get_future().wait();
+  done.wait(p);
   sample s{.seconds = seconds_since(t0), .units = p.count};
   s.extra = recorder_notes(rt);
   s.extra["migrations"] = migration_notes(rt);
@@ -214,8 +262,8 @@ struct link_actor : na::actor {
   std::uint64_t handled = 0;
   bool last;
   std::uint64_t circuits = 0, injected = 0, completed = 0;
-  std::promise<void>* done = nullptr;
-  link_actor(na::address n, bool is_last, std::uint64_t c, std::uint64_t initially_injected, std::promise<void>* d)
+  finish_line* done = nullptr;
+  link_actor(na::address n, bool is_last, std::uint64_t c, std::uint64_t initially_injected, finish_line* d)
       : actor("link"), next(std::move(n)), last(is_last), circuits(c), injected(initially_injected), done(d) {
     on<peer>([this](peer& m) { next = std::move(m.to); });
     on<token>([this](token& t) {
@@ -229,7 +277,7 @@ struct link_actor : na::actor {
         ++injected;
         send(next, t);
       } else if (completed == circuits) {
-        done->set_value();
+        done->reach();
       }
     });
   }
@@ -237,8 +285,9 @@ struct link_actor : na::actor {
 };
 
 sample run_chain(const run_params& p) {
+  finish_line done;
   na::runtime rt(options_for(p));
-  std::promise<void> done;
+  done.watch(rt);
   const std::uint64_t circuits = p.count / chain_length;
   const unsigned k = p.inflight;
   std::vector<na::address> links(chain_length);
@@ -251,7 +300,7 @@ sample run_chain(const run_params& p) {
   rt.synchronize();
   auto t0 = clock_type::now();
   for (unsigned i = 0; i < k; ++i) rt.send(links.front(), token{i});
-  done.get_future().wait();
+  done.wait(p);
   sample s{.seconds = seconds_since(t0), .units = circuits * chain_length};
   s.extra = recorder_notes(rt);
   s.extra["migrations"] = migration_notes(rt);
@@ -300,8 +349,8 @@ struct source_actor : na::actor {
   std::vector<na::address> workers;
   std::uint64_t rounds, started = 0, completed = 0;
   unsigned inflight;
-  std::promise<void>* done;
-  source_actor(std::vector<na::address> ws, std::uint64_t n, unsigned k, std::promise<void>* d)
+  finish_line* done;
+  source_actor(std::vector<na::address> ws, std::uint64_t n, unsigned k, finish_line* d)
       : actor("source"), workers(std::move(ws)), rounds(n), inflight(k), done(d) {
     on<go>([this](go&) {
       for (unsigned i = 0; i < inflight && started < rounds; ++i) start_round();
@@ -309,7 +358,7 @@ struct source_actor : na::actor {
     on<round_done>([this](round_done&) {
       ++completed;
       if (started < rounds) start_round();
-      else if (completed == rounds) done->set_value();
+      else if (completed == rounds) done->reach();
     });
   }
   void start_round() {
@@ -319,8 +368,9 @@ struct source_actor : na::actor {
 };
 
 sample run_fan(const run_params& p) {
+  finish_line done;
   na::runtime rt(options_for(p));
-  std::promise<void> done;
+  done.watch(rt);
   // Actors 0 source, 1..8 workers, 9 sink (placement numbering).
   const unsigned n = fan_width + 2;
   auto sink = rt.spawn_with<sink_actor>({.loop = loop_for(p, n - 1, n), .capacity = std::size_t{fan_width} * p.inflight + 64, .supervisor = {}},
@@ -332,7 +382,7 @@ sample run_fan(const run_params& p) {
   rt.synchronize();
   auto t0 = clock_type::now();
   rt.send(source, go{});
-  done.get_future().wait();
+  done.wait(p);
   sample s{.seconds = seconds_since(t0), .units = p.count};
   s.extra = recorder_notes(rt);
   s.extra["migrations"] = migration_notes(rt);
@@ -350,11 +400,11 @@ sample run_fan(const run_params& p) {
 
 struct collector_actor : na::actor {
   std::uint64_t total, got = 0, sum = 0;
-  std::promise<void>* done;
-  collector_actor(std::uint64_t n, std::promise<void>* d) : actor("collector"), total(n), done(d) {
+  finish_line* done;
+  collector_actor(std::uint64_t n, finish_line* d) : actor("collector"), total(n), done(d) {
     on<std::uint64_t>([this](std::uint64_t& v) {
       sum += v;
-      if (++got == total) done->set_value();
+      if (++got == total) done->reach();
     });
   }
 };
@@ -369,13 +419,23 @@ struct member_actor : na::actor {
 sample run_many(const run_params& p) {
   sample s;
   s.rss_before_mib = proc_status_mib("VmRSS");
+  finish_line done;
   na::runtime rt(options_for(p));
-  std::promise<void> done;
+  done.watch(rt);
   auto t0 = clock_type::now();
   // Every reply goes to one collector: its mailbox must hold them all.
   auto collector = rt.spawn_with<collector_actor>({.loop = std::nullopt, .capacity = p.count + 16, .supervisor = {}}, p.count, &done);
-  for (std::uint64_t i = 0; i < p.count; ++i) rt.send(rt.spawn<member_actor>(collector), std::uint64_t{i});
-  done.get_future().wait();
+  std::uint64_t spawned = 0;
+  try {
+    for (; spawned < p.count; ++spawned) rt.send(rt.spawn<member_actor>(collector), std::uint64_t{spawned});
+  } catch (const std::bad_alloc&) {
+    // The runtime is left as it was before the spawn that failed; its destructor stops
+    // and destroys the actors spawned so far.
+    throw std::runtime_error("many: out of memory after spawning " + std::to_string(spawned) + " of " +
+                             std::to_string(p.count) + " actors (RSS " + std::to_string(proc_status_mib("VmRSS")) +
+                             " MiB)");
+  }
+  done.wait(p);
   s.seconds = seconds_since(t0);
   s.units = p.count;
   s.peak_rss_mib = proc_status_mib("VmHWM");
@@ -403,7 +463,13 @@ sample run(const run_params& p) {
 }  // namespace
 
 const messaging_backend& backend() {
-  static const messaging_backend b{"nerve", true, {"auto", "spread", "packed"}, &run};
+  // many: each member is an arena slot, a cell, its handler and its registry entry (an
+  // address and the name's record); its message and its reply are envelopes (freed once
+  // handled, but the replies can all wait in the collector's mailbox at once).
+  static const messaging_backend b{"nerve", true, {"auto", "spread", "packed"}, &run,
+                                   na::detail::actor_arena::slot_size(sizeof(member_actor)) + sizeof(na::detail::actor_cell) +
+                                       sizeof(std::function<void()>) + sizeof(na::address) + sizeof(std::string) +
+                                       sizeof(na::typed_envelope<std::uint64_t>)};
   return b;
 }
 

@@ -207,6 +207,60 @@ TEST_SUITE("apps.command_line") {
       CHECK(r.out.empty());
     }
   }
+
+  TEST_CASE("nerve-bench messaging caps --inflight at a mailbox's capacity and never hangs") {
+    // Above 1024 the fan's source found a worker's mailbox full, failed, and the bench
+    // waited for its last round forever; the chain failed "mailbox is full" or hung. Every
+    // run here is bounded by timeout(1): a hang fails the case with status 124.
+    const std::string bench = NERVE_BENCH_BIN, timeout = "/usr/bin/timeout", limit = "60";
+    const std::string too_many = "--inflight: '1025' is not a whole number from 1 to 1024 (a mailbox's capacity)";
+    for (const std::string workload : {"fan", "chain"}) {
+      CAPTURE(workload);
+      auto refused = run({timeout, limit, bench, "messaging", "-w", workload, "--inflight", "1025", "-r", "1"});
+      CHECK(refused.exit_code == 1);
+      CHECK(refused.err == "nerve-bench: " + too_many + "\n");
+      auto at_cap = run({timeout, limit, bench, "messaging", "-w", workload, "--inflight", "1024", "--count", "16384",
+                         "-r", "1", "-t", "2", "--quiet"});
+      CHECK(at_cap.exit_code == 0);
+      CHECK(at_cap.err.empty());
+    }
+    // A run that cannot finish in time is stopped at --timeout, naming the workload.
+    auto slow = run({timeout, limit, bench, "messaging", "-w", "chain", "--inflight", "1", "--count", "10000000000",
+                     "--timeout", "1", "-r", "1", "-t", "1", "--quiet"});
+    CHECK(slow.exit_code == 1);
+    CHECK(slow.err == "nerve-bench: error: chain inflight=1 threads=1: not finished within --timeout 1 s "
+                      "(count 10000000000); the run was stopped\n");
+  }
+
+  TEST_CASE("nerve-bench messaging refuses a 'many' count that cannot fit, before spawning") {
+    // A count accepted up to 10^10 spawned until memory ran out, and the runtime crashed in
+    // its destructor. Under ulimit -v, in a shell, so that what fails fails small.
+    const std::string bench = NERVE_BENCH_BIN;
+    SUBCASE("more than the machine's memory") {
+      auto r = run({"/bin/sh", "-c", "ulimit -v 8000000 && exec /usr/bin/timeout 60 " + bench +
+                                         " messaging -w many --count 10000000000 -r 1 -t 1 --quiet"});
+      CHECK(r.exit_code == 1);
+      CHECK(r.err.starts_with("nerve-bench: error: --count 10000000000: 'many' needs at least "));
+      CHECK(r.err.find(" for 10000000000 actors (") != std::string::npos);
+      CHECK(r.err.find(", more than this machine's memory (") != std::string::npos);
+      CHECK(r.out.empty());
+    }
+    SUBCASE("more than the address space ulimit -v leaves") {
+      // 5 million actors need more than the 1.9 GiB allowed, less than the machine has.
+      auto r = run({"/bin/sh", "-c", "ulimit -v 2000000 && exec /usr/bin/timeout 60 " + bench +
+                                         " messaging -w many --count 5000000 -r 1 -t 1 --quiet"});
+      CHECK(r.exit_code == 1);
+      CHECK(r.err.starts_with("nerve-bench: error: --count 5000000: 'many' needs at least "));
+      CHECK(r.err.find(", more than the address space left under ulimit -v (") != std::string::npos);
+      CHECK(r.out.empty());
+    }
+    SUBCASE("a count that fits runs") {
+      auto r = run({"/bin/sh", "-c", "ulimit -v 2000000 && exec /usr/bin/timeout 60 " + bench +
+                                         " messaging -w many --count 20000 -r 1 -t 1 --quiet"});
+      CHECK(r.exit_code == 0);
+      CHECK(r.err.empty());
+    }
+  }
 #endif
 
   TEST_CASE("nerve-pipeline names an empty --schedule-file") {
