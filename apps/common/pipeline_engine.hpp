@@ -105,6 +105,7 @@ class pipeline_engine : public nl::train_engine {
         return std::make_shared<gpu::device_backend>(*d, g, so);
       });
     }
+    po.stall_timeout_s = o.stall_timeout;
     nl::set_gemm_threads(1);  // one product thread per stage loop
     pipe_ = std::make_unique<np::pipeline>(rt, graphs, pieces, plan, std::make_shared<nl::cross_entropy>(),
                                            nl::make_optimizer_factory(o), po);

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <future>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -589,7 +591,7 @@ void pipeline::exchange(std::vector<stage_report>& reports, const std::vector<bo
   nlohmann::json mine = nlohmann::json::array();
   for (std::size_t i = 0; i < reports.size(); ++i)
     if (local[i]) mine.push_back({i, reports[i]});
-  const auto all = options_.link->all_gather(to_wire(mine));
+  const auto all = gather_watched(to_wire(mine));
   for (std::size_t k = 0; k < all.size(); ++k) {
     if (int(k) == me_) continue;
     for (const auto& r : from_wire(all[k], "a stage report")) {
@@ -612,7 +614,7 @@ void pipeline::exchange_outputs(std::vector<stage_report>& reports, const std::v
       outs.push_back({o.sample_shape().dims(), std::vector<float>(o.data(), o.data() + o.matrix().size())});
     mine.push_back({i, std::move(outs)});
   }
-  const auto all = options_.link->all_gather(to_wire(mine));
+  const auto all = gather_watched(to_wire(mine));
   for (std::size_t k = 0; k < all.size(); ++k) {
     if (int(k) == me_) continue;
     for (const auto& r : from_wire(all[k], "a prediction")) {
@@ -704,17 +706,52 @@ void pipeline::watch_stages(std::vector<std::future<stage_report>>& futures, con
         continue;
       }
       if (t - since < timeout) continue;
-      auto report = stall_report(options_.stall_timeout_s, local);
-      // The stages are told to stop; a stage whose loop is blocked hears it once it is
-      // free (the destructor waits for that), so the caller hears of the stall now.
-      failed_ = true;
-      for (std::size_t k = 0; k < stages_.size(); ++k)
-        if (stages_[k] && !stages_[k].stopped())
-          (void)stages_[k].get()->try_tell(detail::abort_msg{std::uint32_t(k % plan_.stages), "the step stalled"},
-                                     actors::lane::urgent);
-      throw stall_error(report);
+      stall(stall_report(options_.stall_timeout_s, local));
     }
   }
+}
+
+void pipeline::stall(const std::string& report) {
+  // The stages are told to stop; a stage whose loop is blocked hears it once it is free
+  // (the destructor waits for that), so the caller hears of the stall now.
+  failed_ = true;
+  for (std::size_t k = 0; k < stages_.size(); ++k)
+    if (stages_[k] && !stages_[k].stopped())
+      (void)stages_[k].get()->try_tell(detail::abort_msg{std::uint32_t(k % plan_.stages), "the step stalled"},
+                                       actors::lane::urgent);
+  if (options_.on_stall) options_.on_stall(report);
+  throw stall_error(report);
+}
+
+std::vector<std::string> pipeline::gather_watched(const std::string& mine) {
+  if (options_.stall_timeout_s <= 0) return options_.link->all_gather(mine);
+  // The collective blocks its caller until every rank joins: it runs on a thread of its
+  // own, which a stopped rank leaves blocked (the process then ends through `on_stall`).
+  auto done = std::make_shared<std::promise<std::vector<std::string>>>();
+  auto f = done->get_future();
+  std::thread([link = options_.link, done, mine] {
+    try {
+      done->set_value(link->all_gather(mine));
+    } catch (...) {
+      done->set_exception(std::current_exception());
+    }
+  }).detach();
+  if (f.wait_for(std::chrono::duration<double>(options_.stall_timeout_s)) == std::future_status::timeout) {
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%g", options_.stall_timeout_s);
+    std::string others, stages;
+    for (int k = 0; k < options_.link->size(); ++k)
+      if (k != me_) others += (others.empty() ? "" : ", ") + std::to_string(k);
+    for (std::uint32_t r = 0; r < replicas_; ++r)
+      for (std::uint32_t s = 0; s < plan_.stages; ++s)
+        if (!here(r, s))
+          stages += (stages.empty() ? "" : ", ") + (replicas_ > 1 ? "replica " + std::to_string(r) + " " : std::string()) +
+                    "stage " + std::to_string(s) + " (rank " + std::to_string(rank_of(r, s)) + ")";
+    stall("pipeline stalled: the stages of rank " + std::to_string(me_) + " finished the step and wait for the reports of " +
+          stages + ", which did not come for " + secs + " s (--stall-timeout): nothing came from rank " + others +
+          " for " + secs + " s");
+  }
+  return f.get();
 }
 
 std::string pipeline::stall_report(double seconds, const std::vector<bool>& local) const {

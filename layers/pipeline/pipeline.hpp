@@ -133,15 +133,16 @@ struct pipeline_options {
   /// it ends with a `stall_error` that says what each stage waits for and from whom
   /// (0: wait for ever). See docs/pipeline.md, "A run that stops moving".
   double stall_timeout_s = 60;
+  /// Called with the stall report on the thread that waits, before `train_step` throws it.
+  /// Across ranks an app ends the job here: unwinding would wait on collectives that a
+  /// stopped rank never joins (apps/common/run_control.hpp).
+  std::function<void(const std::string&)> on_stall;
 };
 
-/// A step stopped moving for `pipeline_options::stall_timeout_s`: per stage (and rank),
-/// the action it runs or is admitted to run next, what it waits for and from which stage,
-/// and the credits of its edge to the next stage. The pipeline is failed afterwards.
-class stall_error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+/// A step stopped moving for `pipeline_options::stall_timeout_s`: its text names, per
+/// stage (and rank), the action it runs or is admitted to run next, what it waits for and
+/// from which stage, and the credits of its edge to the next stage. The pipeline is failed.
+using layers::stall_error;
 
 class pipeline {
  public:
@@ -249,6 +250,10 @@ class pipeline {
   void watch_stages(std::vector<std::future<detail::stage_report>>& futures, const std::vector<bool>& local);
   /// The stall report of this process's stages.
   std::string stall_report(double seconds, const std::vector<bool>& local) const;
+  /// Fails the pipeline with `report`: tells the stages, calls `on_stall`, throws `stall_error`.
+  [[noreturn]] void stall(const std::string& report);
+  /// `link->all_gather`, ended by `stall` when no answer comes within the stall timeout.
+  std::vector<std::string> gather_watched(const std::string& mine);
 
   actors::runtime& rt_;
   layers::graph* graph_ = nullptr;  // replica 0's
