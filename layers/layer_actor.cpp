@@ -39,8 +39,14 @@ layer_actor::layer_actor(graph::node_type& n, std::uint32_t index, const node_pl
                          std::unique_ptr<layer_kernels> kernels)
     : actor(n.name), node_(n), index_(index), plan_(plan), kernels_(std::move(kernels)) {
   if (!node_.layer) throw std::invalid_argument("layer_actor: node '" + node_.name + "' is a graph input, not a layer");
-  on<forward_msg>([this](forward_msg& m) { on_forward(m); });
-  on<backward_msg>([this](backward_msg& m) { on_backward(m); });
+  on<forward_msg>([this](forward_msg& m) {
+    bump(handled_);
+    on_forward(m);
+  });
+  on<backward_msg>([this](backward_msg& m) {
+    bump(handled_);
+    on_backward(m);
+  });
   // Checkpoints: names as the optimizer steps them (the layer's own: "weight").
   on<get_optimizer_state>([this](get_optimizer_state&) { return kernels_->save_state(); });
   on<set_optimizer_state>([this](set_optimizer_state& m) {
@@ -48,7 +54,10 @@ layer_actor::layer_actor(graph::node_type& n, std::uint32_t index, const node_pl
     return true;
   });
   on<backend_done>([](backend_done& d) { handle_backend_done(d); });
-  on<admit>([this](admit& a) { on_admit(a); });
+  on<admit>([this](admit& a) {
+    bump(handled_);
+    on_admit(a);
+  });
   on<bus::reduced>([this](bus::reduced& m) {
     reduced_sum_ = std::move(m.sum);
     maybe_step();
@@ -273,7 +282,10 @@ void layer_actor::maybe_step() {
   next_w_ = 0;
   step_open_ = false;
   // On a device the update is enqueued: the coordinator hears of the step once it is done.
-  kernels_->when_done(*this, [this, done = node_done{step_, index_}] { send(coordinator_, done); });
+  kernels_->when_done(*this, [this, done = node_done{step_, index_}] {
+    bump(steps_done_);
+    send(coordinator_, done);
+  });
   // The next step's forwards that waited for the update (in stream order after it).
   for (auto& m : std::exchange(next_step_, {})) on_forward(m, true);
 }

@@ -38,6 +38,7 @@
 /// track (`credits`, `available`, id = the edge's global index): the step's micro-batches
 /// less those forwarded on the edge whose gradient has not come back.
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -132,6 +133,10 @@ class layer_actor : public actors::actor {
   /// The most micro-batches stashed at once, and the most stash bytes (memory bound).
   std::size_t peak_stashed() const noexcept { return peak_stashed_; }
   std::size_t peak_stash_bytes() const noexcept { return peak_bytes_; }
+  /// Any thread, a sample: forwards, gradients and admits this actor handled, and the
+  /// steps it finished (`node_done` sent). A stall watch compares two samples.
+  std::uint64_t handled() const noexcept { return handled_.load(std::memory_order_relaxed); }
+  std::uint64_t steps_done() const noexcept { return steps_done_.load(std::memory_order_relaxed); }
 
  private:
   struct micro_batch_state {
@@ -142,6 +147,10 @@ class layer_actor : public actors::actor {
     std::vector<value> grads;
     std::uint32_t grads_got = 0;
   };
+  // One writer (this actor's loop): a load and a store, no read-modify-write.
+  static void bump(std::atomic<std::uint64_t>& n) noexcept {
+    n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
   void on_forward(forward_msg& m, bool admitted = false);
   void on_backward(backward_msg& m, bool admitted = false);
   void finish_weight_grads();
@@ -192,6 +201,7 @@ class layer_actor : public actors::actor {
   bool step_admitted_ = false, contributed_ = false;
   std::shared_ptr<const std::vector<float>> reduced_sum_;
   std::shared_ptr<backend_data> device_sum_;  // replicas on a device: the group's sum there
+  std::atomic<std::uint64_t> handled_{0}, steps_done_{0};
 };
 
 }  // namespace nerve::layers

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <deque>
+#include <chrono>
+#include <cstdio>
 #include <exception>
+#include <functional>
 #include <future>
 #include <optional>
 #include <stdexcept>
@@ -212,7 +215,7 @@ class coordinator_actor : public actors::actor {
 
 network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> criterion, optimizer_factory make_optimizer,
                  network_options opt)
-    : rt_(rt), graph_(g), failure_at_start_(rt.error()) {
+    : rt_(rt), graph_(g), failure_at_start_(rt.error()), stall_timeout_s_(opt.stall_timeout_s) {
   if (!criterion) throw std::invalid_argument("network: no loss given");
   backend_ = opt.backend ? std::move(opt.backend) : make_cpu_backend(std::move(make_optimizer));
   backend_->check_loss(*criterion);
@@ -298,14 +301,18 @@ namespace {
 /// The `part` of the coordinator's answer to `r`; a future that already holds `dead` if set.
 template <class T>
 std::future<T> ask_coordinator(actors::runtime& rt, const actors::address& coordinator, std::exception_ptr dead,
-                               step_request r, T step_outcome::*part) {
+                               step_request r, T step_outcome::*part,
+                               std::function<void(std::future<step_outcome>&)> watch = {}) {
   if (dead) {
     std::promise<T> p;
     p.set_exception(std::move(dead));
     return p.get_future();
   }
   auto f = rt.ask<step_outcome>(coordinator, std::move(r), std::chrono::nanoseconds::max());
-  return std::async(std::launch::deferred, [f = std::move(f), part]() mutable { return std::move(f.get().*part); });
+  return std::async(std::launch::deferred, [f = std::move(f), part, watch = std::move(watch)]() mutable {
+    if (watch) watch(f);
+    return std::move(f.get().*part);
+  });
 }
 
 }  // namespace
@@ -314,6 +321,9 @@ std::exception_ptr network::stopped_error() const {
   // A failure stops every actor of the runtime (runtime::report_failure), so a failure
   // that came after this network was built killed it, even if the stop has not reached
   // the coordinator yet. Without one, a stopped coordinator means the runtime shut down.
+  if (stalled_)
+    return std::make_exception_ptr(
+        std::runtime_error("network: a step stalled (see its stall_error); the network is stopped and must be rebuilt"));
   auto failure = rt_.error();
   if (failure == failure_at_start_) failure = nullptr;
   if (!failure && !coordinator_.stopped()) return nullptr;
@@ -339,11 +349,58 @@ std::exception_ptr network::stopped_error() const {
   }
 }
 
+template <class F>
+void network::watch_step(F& f, std::uint64_t k) {
+  using clock = std::chrono::steady_clock;
+  const auto timeout = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(stall_timeout_s_));
+  // A look every eighth of the timeout: a stall is told between 1 and 1⅛ timeouts after the
+  // last message, and a step that moves costs nothing but its own wait.
+  const auto look = std::max<clock::duration>(timeout / 8, std::chrono::milliseconds(1));
+  const auto moved = [&] {
+    std::uint64_t n = 0;
+    for (auto& a : node_actors_)
+      if (a) n += static_cast<const layer_actor*>(a.get())->handled();
+    return n;
+  };
+  auto seen = moved();
+  auto since = clock::now();
+  while (f.wait_for(look) == std::future_status::timeout) {
+    const auto n = moved();
+    const auto t = clock::now();
+    if (n != seen) {
+      seen = n;
+      since = t;
+      continue;
+    }
+    if (t - since < timeout) continue;
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%g", stall_timeout_s_);
+    std::string waiting;
+    for (auto& a : node_actors_) {
+      if (!a) continue;
+      const auto* la = static_cast<const layer_actor*>(a.get());
+      if (la->steps_done() < k) waiting += (waiting.empty() ? "" : ", ") + la->name();
+    }
+    // Stopped where they can hear it; a layer whose loop is blocked hears it once it is free.
+    stalled_ = true;
+    for (auto& a : node_actors_)
+      if (a) rt_.stop(a);
+    rt_.stop(loss_);
+    rt_.stop(coordinator_);
+    throw stall_error("network stalled: no layer handled a message for " + std::string(secs) +
+                      " s (--stall-timeout) while training step " + std::to_string(k) +
+                      " was in flight; layers that have not finished it: " + (waiting.empty() ? "none" : waiting));
+  }
+}
+
 std::future<step_result> network::train_step(tensor input, targets t, std::size_t micro_batches, std::uint64_t step,
                                              double lr) {
+  std::function<void(std::future<step_outcome>&)> watch;
+  const auto k = ++trains_;
+  if (stall_timeout_s_ > 0) watch = [this, k](std::future<step_outcome>& f) { watch_step(f, k); };
   return ask_coordinator(rt_, coordinator_, stopped_error(),
                          step_request{std::move(input), std::move(t), micro_batches, step, true, false, lr},
-                         &step_outcome::result);
+                         &step_outcome::result, std::move(watch));
 }
 
 std::future<step_result> network::evaluate(tensor input, targets t) {

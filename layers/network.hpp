@@ -20,7 +20,9 @@
 
 #include <exception>
 #include <functional>
+#include <atomic>
 #include <future>
+#include <stdexcept>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -58,6 +60,17 @@ struct network_options {
   /// Where the layers' kernels go (layers/backend.hpp). Null: the CPU, with an optimizer
   /// per layer from the network's factory. A device backend's actors share one loop.
   std::shared_ptr<layers::backend> backend;
+  /// Seconds a training step may go with no layer handling a message before its future
+  /// throws a `stall_error` naming the layers that have not finished the step (0: wait for
+  /// ever). The network is stopped afterwards.
+  double stall_timeout_s = 60;
+};
+
+/// A step stopped moving for its stall timeout; the text says who waits on whom
+/// (`network_options::stall_timeout_s`, `pipeline_options::stall_timeout_s`).
+class stall_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 /// The optimizer state of the layer actors `by_node` (by node index of `g`; empty addresses
@@ -126,6 +139,14 @@ class network {
   std::vector<actors::address> node_actors_;  // by node index; empty for graph inputs
   actors::address coordinator_, loss_;
   std::exception_ptr failure_at_start_;  // the runtime's error when the network was built (if any)
+  double stall_timeout_s_ = 0;
+  std::uint64_t trains_ = 0;         // training steps asked for (the caller's thread)
+  std::atomic<bool> stalled_{false};  // a step stalled: the actors are told to stop
+
+  /// Waits for `f`, the answer to the `k`-th training step, throwing a `stall_error` once no
+  /// layer handled a message for the stall timeout (on the thread that waits for it).
+  template <class F>
+  void watch_step(F& f, std::uint64_t k);
 
   /// Null while the network can run; else why it cannot (see `train_step`).
   std::exception_ptr stopped_error() const;

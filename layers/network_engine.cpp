@@ -28,7 +28,7 @@ class network_engine : public train_engine {
         backend_(dev_ ? dev_->make_backend(g, {}, optimizer_settings_of(o), std::max(o.batch, evaluation_rows))
                       : nullptr),
         net_(rt, g, std::make_shared<cross_entropy>(), dev_ ? optimizer_factory{} : make_optimizer_factory(o),
-             network_options{.spread = o.spread, .backend = backend_}) {
+             network_options{.spread = o.spread, .backend = backend_, .stall_timeout_s = o.stall_timeout}) {
     if (o.allow_nonfinite && !dev_)
       for (auto& a : net_.layer_actors()) rt.send(a, allow_nonfinite_gradients{});
   }

@@ -342,6 +342,8 @@ void check_options(const train_options& o) {
   if (o.normalize && (!std::isfinite(o.normalize->mean) || !std::isfinite(o.normalize->std) || !(o.normalize->std > 0)))
     refuse("--normalize MEAN,STD must be finite numbers with STD above 0 (got " + num(o.normalize->mean) + "," +
            num(o.normalize->std) + ")");
+  if (!(std::isfinite(o.stall_timeout) && o.stall_timeout >= 0))
+    refuse("--stall-timeout must be 0 (no watch) or a positive number of seconds (got " + num(o.stall_timeout) + ")");
   if (o.threads < 1 || o.threads > max_threads)
     refuse("--threads must be between 1 and " + std::to_string(max_threads) + " (got " + std::to_string(o.threads) +
            "): each is an event loop with its own thread and memory");
@@ -469,11 +471,25 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
     };
     std::deque<flying_step> flying;
     const std::size_t depth = std::max<std::size_t>(1, engine->steps_in_flight());
+    // A step that stalls ends the run, keeping the trace so far: this process's part,
+    // written without waiting for the loops (a blocked one may never answer).
+    auto keeping_trace = [&](auto&& run) -> decltype(run()) {
+      try {
+        return run();
+      } catch (const stall_error&) {
+        if (!o.trace.empty() && o.lead) {
+          nlohmann::json extra = {{"model", o.model}, {"device", o.device}, {"stalled", true}};
+          engine->trace_metadata(extra);
+          rt.write_trace(o.trace.string(), extra);
+        }
+        throw;
+      }
+    };
     auto settle = [&] {
       auto f = std::move(flying.front());
       flying.pop_front();
       const std::size_t b = f.batch;
-      auto r = f.result.get();
+      auto r = keeping_trace([&] { return f.result.get(); });
       if (metrics) {  // before the loss check: the curve of a diverged run shows its last step
         const auto now = std::chrono::steady_clock::now();
         const double s = std::chrono::duration<double>(now - step_began).count();
@@ -516,7 +532,10 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
       if (!o.checkpoint.empty() && o.checkpoint_every > 0 && n % o.checkpoint_every == 0)
         while (!flying.empty()) settle();
       const double lr = lr_at(n);
-      flying.push_back({engine->train_step(std::move(cur.x), std::move(cur.y), std::min(o.micro_batches, rows), std::uint64_t(n), lr),
+      flying.push_back({keeping_trace([&] {
+                          return engine->train_step(std::move(cur.x), std::move(cur.y),
+                                                    std::min(o.micro_batches, rows), std::uint64_t(n), lr);
+                        }),
                         b, lr});
       if (flying.size() >= depth) settle();
     }

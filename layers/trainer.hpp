@@ -92,6 +92,9 @@ struct train_options {
   /// Go on through a non-finite loss or gradient, and load non-finite `init` weights
   /// (default: stop the run with an error naming the step and the layer, or the tensor).
   bool allow_nonfinite = false;
+  /// Seconds a step may go with no layer or stage handling a message before the run ends
+  /// with a `stall_error` saying who waits on whom; the trace so far is written (0: no watch).
+  double stall_timeout = 60;
   /// When set and true, the run stops before its next step: the epoch so far is reported
   /// (`epoch_stats::interrupted`), the engine finishes, the trace is written, the weights
   /// are not (`save` would hold a half-trained model under the finished one's name).
@@ -107,7 +110,7 @@ struct train_options {
 /// allowed range for the first value out of range: epochs and steps, batch and
 /// micro-batches, a finite lr above 0, momentum in [0, 1), a finite weight decay of 0 or
 /// more, a known optimizer and schedule, 1 to `max_threads` threads, a finite `normalize`
-/// with its std above 0, and `save`, `trace`,
+/// with its std above 0, a `stall_timeout` of 0 or more seconds, and `save`, `trace`,
 /// `checkpoint` and `metrics` naming regular files (or none yet) in directories that take
 /// new files, and no two of the run's files one file (`check_distinct_files`). Any thread.
 void check_options(const train_options& options);

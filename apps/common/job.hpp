@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <stdexcept>
@@ -127,6 +128,24 @@ class job {
               stop_rank = rank;
               stop_signal = signal;
             }};
+  }
+
+  /// For `pipeline_options::on_stall`: in a multi-rank job, writes this rank's trace so far
+  /// to `trace` when given (rank 0's under that name, another rank's with `.rank<N>`
+  /// appended: the merged trace would need the stopped rank) and `fail`s the job. Empty in
+  /// one process, where the step throws and the run unwinds.
+  std::function<void(const std::string&)> on_stall(actors::runtime& rt, std::string trace, const char* app) const {
+    if (size_ <= 1) return {};
+    return [this, &rt, trace = std::move(trace), app](const std::string& what) {
+      if (!trace.empty()) {
+        try {
+          rt.write_trace(rank_ == 0 ? trace : trace + ".rank" + std::to_string(rank_));
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "%s: rank %d: the trace so far was not written: %s\n", app, rank_, e.what());
+        }
+      }
+      fail(app, what);
+    };
   }
 
   /// Reports `what` (rank-qualified in a multi-rank job) and, in a multi-rank job, leaves

@@ -33,6 +33,14 @@ inline void add_normalize(CLI::App& app, std::vector<double>& values) {
       ->transform(real_in(-1000, 1000));  // STD above 0: check_options
 }
 
+/// Declares `--stall-timeout SECONDS` on `app` into `seconds` (range: check_options).
+inline void add_stall_timeout(CLI::App& app, double& seconds) {
+  app.add_option("--stall-timeout", seconds,
+                 "End the run with a report of who waits on whom when a step handles no message for this many "
+                 "seconds (0: never)")
+      ->capture_default_str();
+}
+
 /// The normalisation `--normalize` asked for (none when it was not given).
 inline std::optional<data::normalization> normalization_of(const std::vector<double>& values) {
   if (values.size() != 2) return std::nullopt;

@@ -122,6 +122,8 @@ int main(int argc, char** argv) {
   app.add_flag("--no-shuffle", no_shuffle, "Batches in file order");
   std::vector<double> normalize;
   nerve::apps::add_normalize(app, normalize);
+  double stall_timeout = 60;
+  nerve::apps::add_stall_timeout(app, stall_timeout);
   app.add_option("--data", data, "Directory with the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--init", init, "Start from these weights (safetensors)");
   app.add_option("--save", save, "Write the final weights here (safetensors, PyTorch names)");
@@ -261,6 +263,7 @@ int main(int argc, char** argv) {
       o.allow_nonfinite = allow_nonfinite;
     }
     state.apply(app, o);
+    o.stall_timeout = stall_timeout;
     if (o.batch < std::size_t(micro) * replicas)
       throw std::invalid_argument("--batch " + std::to_string(o.batch) + " cannot split into " +
                                   std::to_string(replicas) + " x " + std::to_string(micro) + " micro-batches");
@@ -343,6 +346,7 @@ int main(int argc, char** argv) {
       // (A copy: the link lives no longer than the engine, on whose runtime its poller runs.)
       auto here = po;
       if (ranks->size() > 1) here.link = ranks->link_on(rt, po.loops[std::size_t(ranks->rank())]);
+      here.on_stall = ranks->on_stall(rt, opts.trace.string(), "nerve-pipeline");
       auto e = std::make_unique<np::pipeline_engine>(rt, replica_graphs, pieces, plan, opts, here, device_list, outcome,
                                                      ranks->for_engine("nerve-pipeline"));
       if (!json && speak && !devices.empty())

@@ -85,6 +85,8 @@ int main(int argc, char** argv) {
   app.add_flag("--no-shuffle", no_shuffle, "Batches in file order");
   std::vector<double> normalize;
   nerve::apps::add_normalize(app, normalize);
+  double stall_timeout = 60;
+  nerve::apps::add_stall_timeout(app, stall_timeout);
   app.add_option("--data", data, "Directory with the Fashion-MNIST IDX files");
   app.add_option("--init", init, "Start from these weights (safetensors)");
   app.add_option("--save", save, "Write the final weights here (safetensors, PyTorch names)");
@@ -189,6 +191,7 @@ int main(int argc, char** argv) {
       o.stop = &stop_requested;
     }
     state.apply(app, o);
+    o.stall_timeout = stall_timeout;
     if (ranks->size() > 1 && ranks->size() != int(replicas))
       throw std::invalid_argument("--replicas " + std::to_string(replicas) + " places one replica on each rank: start " +
                                   std::to_string(replicas) + " ranks (mpirun -np " + std::to_string(replicas) +
@@ -235,6 +238,7 @@ int main(int argc, char** argv) {
         np::pipeline_options po;
         for (std::uint32_t r = 0; r < replicas; ++r) po.loops.push_back(r % opts.threads);
         if (ranks->size() > 1) po.link = ranks->link_on(rt, 0);
+        po.on_stall = ranks->on_stall(rt, opts.trace.string(), "nerve-train");
         auto inner = opts;
         inner.micro_batches = 1;
         // --device cuda or standin: in one process every replica on that device, each on a

@@ -69,6 +69,7 @@ pipeline_engine::pipeline_engine(actors::runtime& rt, const std::vector<layers::
       return d->make_backend(g, nodes, settings, rows);
     });
   }
+  po.stall_timeout_s = o.stall_timeout;
   layers::set_gemm_threads(1);  // one product thread per stage loop
   pipe_ = std::make_unique<pipeline>(rt, graphs, pieces, plan, std::make_shared<layers::cross_entropy>(),
                                      layers::make_optimizer_factory(o), po);

@@ -3,16 +3,19 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <future>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "bus/all_reduce.hpp"
 #include "layers/pipeline/stage_gate.hpp"
+#include "layers/pipeline/stall_watch.hpp"
 
 namespace nerve::pipeline {
 
@@ -172,6 +175,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
   }
 
   layers_.assign(std::size_t(replicas_) * N, actors::address{});
+  watches_.assign(std::size_t(replicas_) * S, nullptr);
   std::vector<layers::layer_gating> gating(std::size_t(replicas_) * N);  // given once the reducers exist
   for (std::uint32_t r = 0; r < replicas_; ++r) {
     auto& g = *replicas[r];
@@ -189,6 +193,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
                                      .capacity = std::size_t(8) * (M + 1) * (N + 2) * plan_.chunks};
       stage_gate::config gc{s, shared_plan, criterion, options_.emergent, options_.credits ? options_.credits : S - s};
       if (s == last_stage) gc.loss_backend = loss_backend;
+      if (options_.stall_timeout_s > 0) gc.watch = watches_[std::size_t(r) * S + s] = std::make_shared<stage_watch>();
       stages_.back() = rt_.spawn_with<stage_gate>(so, std::move(gc));
       gates[s] = static_cast<stage_gate*>(stages_.back().get());
       rt_.annotate(stages_.back().id(), int(s), group);
@@ -586,7 +591,7 @@ void pipeline::exchange(std::vector<stage_report>& reports, const std::vector<bo
   nlohmann::json mine = nlohmann::json::array();
   for (std::size_t i = 0; i < reports.size(); ++i)
     if (local[i]) mine.push_back({i, reports[i]});
-  const auto all = options_.link->all_gather(to_wire(mine));
+  const auto all = gather_watched(to_wire(mine));
   for (std::size_t k = 0; k < all.size(); ++k) {
     if (int(k) == me_) continue;
     for (const auto& r : from_wire(all[k], "a stage report")) {
@@ -609,7 +614,7 @@ void pipeline::exchange_outputs(std::vector<stage_report>& reports, const std::v
       outs.push_back({o.sample_shape().dims(), std::vector<float>(o.data(), o.data() + o.matrix().size())});
     mine.push_back({i, std::move(outs)});
   }
-  const auto all = options_.link->all_gather(to_wire(mine));
+  const auto all = gather_watched(to_wire(mine));
   for (std::size_t k = 0; k < all.size(); ++k) {
     if (int(k) == me_) continue;
     for (const auto& r : from_wire(all[k], "a prediction")) {
@@ -650,6 +655,7 @@ std::vector<stage_report> pipeline::run_stages(std::vector<step_msg>& msgs, cons
   for (std::size_t i = msgs.size(); i-- > 0;)
     if (local[i]) futures[i] = rt_.ask<stage_report>(stages_[i], std::move(msgs[i]), std::chrono::nanoseconds::max());
   std::vector<stage_report> reports(msgs.size());
+  if (options_.stall_timeout_s > 0) watch_stages(futures, local);
   // A failing stage fails its request with its error and makes every other stage fail
   // with `stage_aborted` (see abort_msg): rethrow the error itself.
   std::exception_ptr first_error, aborted;
@@ -673,6 +679,138 @@ std::vector<stage_report> pipeline::run_stages(std::vector<step_msg>& msgs, cons
     std::rethrow_exception(first_error);
   }
   return reports;
+}
+
+void pipeline::watch_stages(std::vector<std::future<stage_report>>& futures, const std::vector<bool>& local) {
+  using clock = std::chrono::steady_clock;
+  const auto timeout = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(options_.stall_timeout_s));
+  // A look every eighth of the timeout: a stall is told between 1 and 1⅛ timeouts after
+  // the last message, and a step that moves costs one clock read per finished stage.
+  const auto look = std::max<clock::duration>(timeout / 8, std::chrono::milliseconds(1));
+  const auto moved = [&] {
+    std::uint64_t n = 0;
+    for (auto& w : watches_)
+      if (w) n += w->events();
+    return n;
+  };
+  auto seen = moved();
+  auto since = clock::now();
+  for (std::size_t i = 0; i < futures.size(); ++i) {
+    if (!local[i]) continue;
+    while (futures[i].wait_for(look) == std::future_status::timeout) {
+      const auto n = moved();
+      const auto t = clock::now();
+      if (n != seen) {
+        seen = n;
+        since = t;
+        continue;
+      }
+      if (t - since < timeout) continue;
+      stall(stall_report(options_.stall_timeout_s, local));
+    }
+  }
+}
+
+void pipeline::stall(const std::string& report) {
+  // The stages are told to stop; a stage whose loop is blocked hears it once it is free
+  // (the destructor waits for that), so the caller hears of the stall now.
+  failed_ = true;
+  for (std::size_t k = 0; k < stages_.size(); ++k)
+    if (stages_[k] && !stages_[k].stopped())
+      (void)stages_[k].get()->try_tell(detail::abort_msg{std::uint32_t(k % plan_.stages), "the step stalled"},
+                                       actors::lane::urgent);
+  if (options_.on_stall) options_.on_stall(report);
+  throw stall_error(report);
+}
+
+std::vector<std::string> pipeline::gather_watched(const std::string& mine) {
+  if (options_.stall_timeout_s <= 0) return options_.link->all_gather(mine);
+  // The collective blocks its caller until every rank joins: it runs on a thread of its
+  // own, which a stopped rank leaves blocked (the process then ends through `on_stall`).
+  auto done = std::make_shared<std::promise<std::vector<std::string>>>();
+  auto f = done->get_future();
+  std::thread([link = options_.link, done, mine] {
+    try {
+      done->set_value(link->all_gather(mine));
+    } catch (...) {
+      done->set_exception(std::current_exception());
+    }
+  }).detach();
+  if (f.wait_for(std::chrono::duration<double>(options_.stall_timeout_s)) == std::future_status::timeout) {
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%g", options_.stall_timeout_s);
+    std::string others, stages;
+    for (int k = 0; k < options_.link->size(); ++k)
+      if (k != me_) others += (others.empty() ? "" : ", ") + std::to_string(k);
+    for (std::uint32_t r = 0; r < replicas_; ++r)
+      for (std::uint32_t s = 0; s < plan_.stages; ++s)
+        if (!here(r, s))
+          stages += (stages.empty() ? "" : ", ") + (replicas_ > 1 ? "replica " + std::to_string(r) + " " : std::string()) +
+                    "stage " + std::to_string(s) + " (rank " + std::to_string(rank_of(r, s)) + ")";
+    stall("pipeline stalled: the stages of rank " + std::to_string(me_) + " finished the step and wait for the reports of " +
+          stages + ", which did not come for " + secs + " s (--stall-timeout): nothing came from rank " + others +
+          " for " + secs + " s");
+  }
+  return f.get();
+}
+
+std::string pipeline::stall_report(double seconds, const std::vector<bool>& local) const {
+  const std::uint32_t S = plan_.stages;
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%g", seconds);
+  std::string out = "pipeline stalled: no stage";
+  out += options_.link ? " of rank " + std::to_string(me_) : std::string();
+  out += " handled a message for " + std::string(secs) + " s (--stall-timeout) while a step was in flight";
+  const auto name = [&](std::uint32_t r, std::uint32_t s) {
+    std::string n = (replicas_ > 1 ? "replica " + std::to_string(r) + " " : std::string()) + "stage " + std::to_string(s);
+    if (options_.link) n += " (rank " + std::to_string(rank_of(r, s)) + ")";
+    return n;
+  };
+  const auto act = [](const action& a) {
+    return std::string(1, char(a.op)) + std::to_string(a.micro_batch) + (a.chunk ? " of chunk " + std::to_string(a.chunk) : "");
+  };
+  std::set<int> silent;  // ranks this one waits for
+  for (std::size_t k = 0; k < watches_.size(); ++k) {
+    if (!watches_[k] || !local[k]) continue;
+    const auto r = std::uint32_t(k / S), s = std::uint32_t(k % S);
+    const auto g = watches_[k]->state();
+    out += "\n  " + name(r, s) + ": ";
+    using ph = gate_state::phase;
+    switch (g.now) {
+      case ph::idle: out += "has not started the step"; break;
+      case ph::failed: out += "failed"; break;
+      case ph::stepping:
+        out += "stopped in its optimizer step: " + std::to_string(g.done) + " of " + std::to_string(g.layers) +
+               " layers done";
+        break;
+      case ph::running:
+        out += "stopped in " + act(g.next) + ", admitted and running: " + std::to_string(g.done) + " of " +
+               std::to_string(g.layers) + " layers done (a layer of this stage does not return)";
+        break;
+      case ph::waiting:
+        out += g.has_next ? "admitted to run " + act(g.next) + " next, " : std::string();
+        if (g.credits) {
+          out += "waits for a credit: a gradient from " + name(r, std::uint32_t(g.from_stage));
+        } else if (g.from_stage >= 0 && !g.has_next) {
+          out += "waits for gradients from " + name(r, std::uint32_t(g.from_stage));
+        } else if (g.from_stage >= 0) {
+          out += "waits for the " + std::string(g.forward ? "activations" : "gradients") + " of micro-batch " +
+                 std::to_string(g.next.micro_batch) + " from " + name(r, std::uint32_t(g.from_stage)) + " (" +
+                 std::to_string(g.have) + " of " + std::to_string(g.need) + " arrived)";
+        } else {
+          out += "waits";
+        }
+        if (g.from_stage >= 0 && rank_of(r, std::uint32_t(g.from_stage)) != me_)
+          silent.insert(rank_of(r, std::uint32_t(g.from_stage)));
+        break;
+    }
+    out += "; " + std::to_string(g.actions_done) + " of " + std::to_string(g.actions) + " actions done";
+    if (s + 1 < S || plan_.chunks > 1)
+      out += "; edge to " + name(r, (s + 1) % S) + ": " + std::to_string(g.out) + " micro-batches out, gradients not back" +
+             (g.credit_limit ? " (credits " + std::to_string(g.credit_limit) + ")" : std::string());
+  }
+  for (int q : silent) out += "\n  nothing came from rank " + std::to_string(q) + " for " + secs + " s";
+  return out;
 }
 
 layers::step_result pipeline::evaluate(layers::tensor input, const layers::targets& t) {

@@ -44,6 +44,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <future>
+#include <stdexcept>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,6 +66,7 @@ namespace detail {
 struct stage_report;
 struct step_msg;
 }
+class stage_watch;
 
 /// Figures of one stage, summed over the steps since construction or `reset_metrics`.
 struct stage_metrics {
@@ -126,7 +129,20 @@ struct pipeline_options {
   /// With `link`: the rank of replica r's stage s at r * S + s (empty: rank r * S + s, for
   /// exactly S·R ranks). The replicas of one stage are all on one rank or each on its own.
   std::vector<int> ranks;
+  /// Seconds a step may go with no message handled by any of this process's stages before
+  /// it ends with a `stall_error` that says what each stage waits for and from whom
+  /// (0: wait for ever). See docs/pipeline.md, "A run that stops moving".
+  double stall_timeout_s = 60;
+  /// Called with the stall report on the thread that waits, before `train_step` throws it.
+  /// Across ranks an app ends the job here: unwinding would wait on collectives that a
+  /// stopped rank never joins (apps/common/run_control.hpp).
+  std::function<void(const std::string&)> on_stall;
 };
+
+/// A step stopped moving for `pipeline_options::stall_timeout_s`: its text names, per
+/// stage (and rank), the action it runs or is admitted to run next, what it waits for and
+/// from which stage, and the credits of its edge to the next stage. The pipeline is failed.
+using layers::stall_error;
 
 class pipeline {
  public:
@@ -229,6 +245,15 @@ class pipeline {
   std::vector<detail::stage_report> run_stages(std::vector<detail::step_msg>& msgs, const std::vector<bool>& local);
   /// `evaluate` and `predict`: figures, and the outputs when `out` is given.
   layers::step_result forward_only(layers::tensor input, const layers::targets* t, layers::tensor* out);
+  /// Waits for `futures` (the local ones), ending the wait with a `stall_error` once no
+  /// local gate handled a message for the stall timeout.
+  void watch_stages(std::vector<std::future<detail::stage_report>>& futures, const std::vector<bool>& local);
+  /// The stall report of this process's stages.
+  std::string stall_report(double seconds, const std::vector<bool>& local) const;
+  /// Fails the pipeline with `report`: tells the stages, calls `on_stall`, throws `stall_error`.
+  [[noreturn]] void stall(const std::string& report);
+  /// `link->all_gather`, ended by `stall` when no answer comes within the stall timeout.
+  std::vector<std::string> gather_watched(const std::string& mine);
 
   actors::runtime& rt_;
   layers::graph* graph_ = nullptr;  // replica 0's
@@ -244,6 +269,7 @@ class pipeline {
   std::vector<stage_metrics> metrics_;
   std::vector<std::vector<timed_action>> last_step_;
   std::vector<int> ranks_;  // by r * S + s; empty: one process
+  std::vector<std::shared_ptr<stage_watch>> watches_;  // by r * S + s; null for another rank's
   int me_ = 0;
   bool failed_ = false;
 };

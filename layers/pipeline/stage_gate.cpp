@@ -62,6 +62,7 @@ void stage_gate::wire(std::vector<gate_piece> chunks, std::vector<actors::addres
 template <class F>
 void stage_gate::guarded(F&& f) {
   if (failed_) return;
+  if (c_.watch) c_.watch->bump();
   std::exception_ptr e;
   try {
     f();
@@ -74,6 +75,7 @@ void stage_gate::guarded(F&& f) {
 void stage_gate::fail(std::exception_ptr e, bool aborted) {
   if (failed_) return;  // the stage already ended its step: later failures are its consequences
   failed_ = true;
+  publish();
   if (!aborted && req_.stages) {  // every other stage (of every replica) ends its step too
     const std::string what = what_of(e);
     for (std::uint32_t s = 0; s < req_.stages->size(); ++s)
@@ -95,7 +97,7 @@ void stage_gate::on_step(detail::step_msg& m) {
   const std::uint32_t M = c_.plan->micro_batches;
   rep_ = {.losses = std::vector<double>(M), .correct = std::vector<std::int64_t>(M), .begin_ns = now()};
   cursor_ = held_ = nodes_done_ = 0;
-  next_f_ = in_flight_ = loss_reports_due_ = 0;
+  next_f_ = in_flight_ = loss_reports_due_ = out_ = 0;
   waiting_ = running_ = stepping_ = false;
   active_ = true;
   advance();
@@ -276,6 +278,7 @@ void stage_gate::advance() {
   // Every action ran: the optimizer steps of the stage's layers (after their all-reduce).
   stepping_ = true;
   step_start_ = now();
+  publish();
   for (auto& a : members_) send(a, layers::admit{stage_op::step, 0});
 }
 
@@ -289,6 +292,7 @@ void stage_gate::run(const action& a) {
   cur_piece_ = p;
   done_ = 0;
   cur_start_ = now();
+  publish();
   switch (a.op) {
     case op::F:
       loss_pending_ = p + 1 == P_;
@@ -324,6 +328,7 @@ void stage_gate::complete() {
     if (a.op == op::F) ++next_f_, ++in_flight_;
     else --in_flight_;
   }
+  if (cur_piece_ + 1 < P_ && a.op != op::W) a.op == op::F ? ++out_ : --out_;
   rep_.busy_ns += end - cur_start_;
   rep_.actions.push_back({a, double(cur_start_ - req_.t0_ns) * 1e-9, double(end - req_.t0_ns) * 1e-9});
   auto& rec = system().trace();
@@ -339,6 +344,7 @@ void stage_gate::block(bool credits) {
   waiting_ = true;
   wait_credits_ = credits;
   wait_since_ = now();
+  publish();
 }
 
 void stage_gate::unblock() {
@@ -350,6 +356,69 @@ void stage_gate::unblock() {
   if (rec.enabled())
     rec.span(stage_track(req_.replica * S_ + c_.stage), "idle", "idle", wait_since_, t, -1,
              wait_credits_ ? "backpressure" : "input", int(c_.stage));
+}
+
+void stage_gate::publish() {
+  if (!c_.watch) return;
+  gate_state g;
+  g.out = out_;
+  g.credit_limit = c_.emergent ? c_.credits : 0;
+  g.actions_done = cursor_;
+  g.actions = c_.emergent ? std::size_t(c_.plan->micro_batches) * 2 : c_.plan->actions[c_.stage].size();
+  if (failed_) {
+    g.now = gate_state::phase::failed;
+  } else if (stepping_) {
+    g.now = gate_state::phase::stepping;
+    g.done = std::uint32_t(nodes_done_);
+    g.layers = std::uint32_t(members_.size());
+  } else if (running_) {
+    g.now = gate_state::phase::running;
+    g.next = cur_;
+    g.has_next = true;
+    g.piece = cur_piece_;
+    g.done = done_;
+    g.layers = std::uint32_t(chunks_[cur_.chunk].layers.size());
+  } else if (waiting_) {
+    g.now = gate_state::phase::waiting;
+    g.credits = wait_credits_;
+    // The action it would run next: the list's; in emergent mode the next forward (a
+    // gradient that frees a credit, or any due, comes first when it arrives).
+    std::optional<action> a;
+    if (!c_.emergent) a = c_.plan->actions[c_.stage][cursor_];
+    else if (next_f_ < c_.plan->micro_batches) a = action{op::F, next_f_, 0};
+    if (a) {
+      g.next = *a;
+      g.has_next = true;
+      const auto p = c_.plan->piece(c_.stage, a->chunk);
+      g.piece = p;
+      const auto& ch = chunks_[a->chunk];
+      const auto held = [&](const std::map<key, std::uint32_t>& m) {
+        auto it = m.find({a->micro_batch, p});
+        return it == m.end() ? 0u : it->second;
+      };
+      if (a->op == op::F && p > 0) {
+        g.forward = true;
+        g.from_stage = std::int32_t((p - 1) % S_);
+        g.have = held(forwards_);
+        g.need = ch.forwards_in;
+      } else if (a->op == op::B && p + 1 < P_) {
+        g.forward = false;
+        g.from_stage = std::int32_t((p + 1) % S_);
+        g.have = held(gradients_);
+        g.need = ch.gradients_in;
+      }
+    }
+    if (c_.emergent && !a && c_.stage + 1 < P_) {  // every forward ran: the gradients are due
+      g.forward = false;
+      g.from_stage = std::int32_t((c_.stage + 1) % S_);
+    }
+    if (wait_credits_) {  // a gradient from the next stage gives a credit back
+      g.forward = false;
+      g.from_stage = std::int32_t((g.piece + 1) % S_);
+      g.have = g.need = 0;
+    }
+  }
+  c_.watch->publish(g);
 }
 
 }  // namespace nerve::pipeline

@@ -51,6 +51,7 @@
 #include "layers/layer_actor.hpp"
 #include "layers/loss.hpp"
 #include "layers/pipeline/pipeline.hpp"
+#include "layers/pipeline/stall_watch.hpp"
 
 namespace nerve::pipeline {
 
@@ -122,6 +123,8 @@ class stage_gate : public actors::actor {
     /// The last piece's device backend, when it computes the loss (on its stream, the
     /// figures back as a `backend_done`); null: the loss runs here, on the host.
     std::shared_ptr<layers::backend> loss_backend;
+    /// Where the gate counts its messages and publishes its state (null: nowhere).
+    std::shared_ptr<stage_watch> watch;
   };
   explicit stage_gate(config c);
 
@@ -151,6 +154,8 @@ class stage_gate : public actors::actor {
   void finish_step();
   void block(bool credits);
   void unblock();
+  /// Publishes the gate's state to `c_.watch` (at each start, block, step and failure).
+  void publish();
   std::int64_t now();
 
   config c_;
@@ -185,6 +190,7 @@ class stage_gate : public actors::actor {
   std::int64_t wait_since_ = 0, step_start_ = 0;
   std::size_t nodes_done_ = 0;
   std::uint32_t next_f_ = 0, in_flight_ = 0;  // emergent mode
+  std::uint32_t out_ = 0;                     // micro-batches sent to the next stage, gradient not back
   std::size_t held_ = 0, bytes_ = 0;           // micro-batch·chunks between F and W, and the stage's stash bytes
   std::map<std::uint32_t, std::size_t> layer_bytes_;
 };

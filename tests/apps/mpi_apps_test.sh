@@ -15,6 +15,9 @@
 #             same files train; shifted labels, another seed's checkpoint or one further on
 #             on rank 1 are refused within 10 s, naming the file and rank 1
 #   throw     a layer failing on one rank ends the job within 10 s with that error
+#   stall     rank 1 stopped with SIGSTOP mid-run: with --stall-timeout 2 the job ends within
+#             2 + 5 s, non-zero, rank 0 naming stage 1 (rank 1) and that nothing came from it,
+#             and rank 0's trace so far is written
 #   hosts     a 2-stage pipeline across two network namespaces over TCP (scripts/mpi-hosts),
 #             bitwise the one-process weights (exit 77, skipped, where namespaces cannot be made)
 set -u
@@ -273,6 +276,36 @@ throw)
   [ $ms -lt 10000 ] || fail "the job took $ms ms to end"
   grep -q "rank [01]: actor 'fc[0-9]' failed: layer 'fc[0-9]': step [0-9]*: the gradient of .* is not finite" <<<"$out" ||
     fail "the output lacks a rank's error naming the layer"
+  ;;
+stall)
+  : >"$dir/metrics"
+  "$mpiexec" --oversubscribe -np 2 "$pipeline" --model deep-mlp --stages 2 --epochs 50 --no-eval --quiet \
+    --stall-timeout 2 --metrics "$dir/metrics" --trace "$dir/trace.json" >"$dir/out" 2>&1 &
+  job=$!
+  timeout 60 tail -f "$dir/metrics" | grep -m1 -q '"kind":"step","step":3,' || fail "no step 3 within 60 s"
+  victim=""
+  for d in /proc/[0-9]*; do
+    [ "$(readlink "$d/exe" 2>/dev/null)" = "$(readlink -f "$pipeline")" ] || continue
+    grep -qz '^OMPI_COMM_WORLD_RANK=1$' "$d/environ" 2>/dev/null && victim=${d#/proc/}
+  done
+  [ -n "$victim" ] || fail "rank 1's process not found"
+  start=$(date +%s%N)
+  kill -STOP "$victim"
+  timeout 30 tail --pid="$job" -f /dev/null
+  ended=$?
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  kill -KILL "$victim" 2>/dev/null  # mpirun may leave a stopped process behind
+  [ $ended -eq 0 ] || { kill -KILL "$job" 2>/dev/null; fail "the job still ran 30 s after rank 1 stopped"; }
+  wait "$job"
+  rc=$?
+  grep -v '^$' "$dir/out" | head -12
+  echo "exit $rc after $ms ms"
+  [ $rc -ne 0 ] || fail "the job exited 0"
+  [ $ms -lt 7000 ] || fail "the job took $ms ms to end (limit 2 + 5 s)"
+  grep -q "rank 0: pipeline stalled" "$dir/out" || fail "rank 0 does not report the stall"
+  grep -q "stage 1 (rank 1)" "$dir/out" || fail "the report does not name the stopped rank's stage"
+  grep -q "nothing came from rank 1 for 2 s" "$dir/out" || fail "the report does not say nothing came from rank 1"
+  [ -s "$dir/trace.json" ] || fail "rank 0's trace so far was not written"
   ;;
 hosts)
   here=$(cd "$(dirname "$0")/../.." && pwd)
