@@ -77,26 +77,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-train_options preset_defaults(std::string_view model, std::string_view optimizer_name) {
-  // Momentum 0.9 for all: plain SGD at lr 0.1 keeps mlp under the 85% target after 10
-  // epochs (docs/layers.md has the measured runs).
-  static constexpr std::tuple<std::string_view, std::size_t, double> presets[] = {
-      {"mlp", 256, 0.1}, {"deep-mlp", 256, 0.05}, {"lenet", 64, 0.05}, {"resmlp", 128, 0.05}};
-  for (const auto& [name, batch, lr] : presets) {
-    if (name != model) continue;
-    train_options o;
-    o.model = std::string(model);
-    o.batch = batch, o.lr = lr, o.momentum = 0.9, o.epochs = 10;
-    if (optimizer_name == "adam" || optimizer_name == "adamw") {
-      o.optimizer = std::string(optimizer_name);
-      o.lr = 1e-3, o.momentum = 0;
-      if (optimizer_name == "adamw") o.weight_decay = 0.01;
-    }
-    return o;
-  }
-  throw std::invalid_argument("unknown model '" + std::string(model) + "'");
-}
-
 optimizer_factory make_optimizer_factory(const train_options& o) {
   auto make = [name = o.optimizer, lr = o.lr, momentum = o.momentum, decay = o.weight_decay, nesterov = o.nesterov] {
     return make_optimizer<float>(name, lr, momentum, decay, nesterov);
