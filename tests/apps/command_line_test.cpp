@@ -437,8 +437,9 @@ TEST_SUITE("apps.replicas") {
       // training steps alone make (the same run with --no-eval).
       auto count_gpu = [](const std::string& file) {
         std::ifstream in(file);
+        const auto j = nlohmann::json::parse(in);  // kept: a range over a temporary's member would dangle
         std::size_t n = 0;
-        for (const auto& e : nlohmann::json::parse(in).at("traceEvents")) n += e.value("cat", "") == "gpu";
+        for (const auto& e : j.at("traceEvents")) n += e.value("cat", "") == "gpu";
         return n;
       };
       auto b = a;
