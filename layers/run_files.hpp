@@ -17,11 +17,11 @@ namespace nerve::layers {
 
 /// Throws `std::invalid_argument` when two of `o`'s files (`init`, `resume`, `save`,
 /// `checkpoint`, `trace`, `metrics`), one of them written by the run, are one file:
-/// existing files compared by device and inode (a hard link, a symlink or `./` in the
-/// path is the same file), files not there yet by their resolved names. A `resume`
+/// existing files compared by device and inode (a hard link, a symlink or a dot
+/// directory in the path is the same file), files not there yet by their resolved names. A `resume`
 /// run's `checkpoint` may be its `resume` file: that is where it goes on saving. The
-/// message names both options: `--metrics 'w.st' is the file --init names: give each
-/// its own file`. Any thread.
+/// message names both options, e.g.
+/// `--metrics 'w.st' is the file --init names: give each its own file`. Any thread.
 void check_distinct_files(const train_options& o);
 
 /// What a run holds on its files while it runs (`train`, on `train_options::lead`): a

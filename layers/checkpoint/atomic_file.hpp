@@ -21,8 +21,8 @@ namespace nerve::checkpoint {
 std::filesystem::path replace_target(const std::filesystem::path& path);
 
 /// Removes the temporaries that writers of `target` (symlinks followed) left beside it
-/// when they were killed mid-write: `.<name>.tmp-<pid>-<n>` (the trace writer's) and
-/// `.<name>.tmp-<pid>-<n>-<m>` (`atomic_file`'s), where no process `<pid>` is alive
+/// when they were killed mid-write: `.NAME.tmp-PID-N` (the trace writer's) and
+/// `.NAME.tmp-PID-N-M` (`atomic_file`'s), where no process `PID` is alive
 /// (`kill(pid, 0)` says ESRCH). A live writer's temporary, and any other name, is left
 /// alone. The PID is this machine's: where two machines write one target in a shared
 /// directory, the other's temporaries look orphaned (the trainer holds a `run_lock` on its
@@ -34,7 +34,7 @@ std::size_t remove_orphaned_temporaries(const std::filesystem::path& target);
 /// place by `commit()`. Until then the old `target` is untouched; if the object
 /// is destroyed without `commit()` (an exception, an early return) the temporary
 /// is removed. A crash (SIGKILL, power loss) before the rename leaves the old
-/// file intact and at worst a stray `.<name>.tmp-*` file beside it, which
+/// file intact and at worst a stray `.NAME.tmp-*` file beside it, which
 /// `remove_orphaned_temporaries` removes once its writer is gone.
 ///
 /// Not thread-safe; one writer per object. Throws `std::system_error` naming

@@ -9,7 +9,7 @@
 
 namespace nerve::checkpoint {
 
-/// An exclusive advisory lock (`flock`) on `.<name>.lock` beside the file `name`
+/// An exclusive advisory lock (`flock`) on `.NAME.lock` beside the file `name`
 /// (symlinks followed, as `replace_target` does), which holds the PID of the process
 /// that took it. The lock is on a file of its own because a checkpoint is replaced by
 /// rename: a lock on the checkpoint's inode would not stop a run that opens the new one.
