@@ -3,6 +3,7 @@
 /// `basic_layer`: the math of one layer (forward, split backward, parameters), no runtime.
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -14,6 +15,9 @@
 #include "layers/tensor.hpp"
 
 namespace nerve::layers {
+
+template <class Scalar>
+class basic_op_layer;
 
 /// Thrown when a layer cannot take the shapes it is given. `input()` says which
 /// input, `expected()` what the layer wanted there; `what()` names the layer and
@@ -51,9 +55,12 @@ struct basic_stash {
   std::vector<layers::shape> input_shapes;
   /// The batch size of the forward call.
   std::int64_t batch = 0;
+  /// What a layer keeps in a form of its own (an op layer's tape), and its bytes.
+  std::shared_ptr<void> extra;
+  std::size_t extra_bytes = 0;
   /// Scalar payload held (memory accounting per micro-batch slot).
   std::size_t payload_bytes() const noexcept {
-    std::size_t b = indices.size() * sizeof(std::int32_t);
+    std::size_t b = indices.size() * sizeof(std::int32_t) + extra_bytes;
     for (const auto& t : tensors) b += t.payload_bytes();
     return b;
   }
@@ -191,6 +198,10 @@ class basic_layer {
   }
   /// Draws fresh parameters (PyTorch's default scheme for the layer) from `rng`.
   virtual void reset_parameters(std::mt19937_64& /*rng*/) {}
+
+  /// The layer as one written with ops (layers/ops.hpp), which every backend runs; null
+  /// for a layer written for the CPU alone.
+  virtual basic_op_layer<Scalar>* as_op_layer() noexcept { return nullptr; }
 
   /// Training (default) or evaluation mode: Dropout and BatchNorm differ.
   void set_training(bool training) noexcept { training_ = training; }

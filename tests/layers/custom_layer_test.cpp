@@ -89,6 +89,37 @@ class basic_channel_scale final : public nerve::layers::basic_layer<Scalar> {
 using channel_scale = basic_channel_scale<float>;
 // [custom-layer]
 
+// [ops-layer]
+#include "layers/ops.hpp"
+
+template <class S>
+class basic_swish final : public nerve::layers::basic_op_layer<S> {
+  using base = nerve::layers::basic_op_layer<S>;
+
+ public:
+  using typename base::array;        // a tensor in the backend's memory
+  using typename base::tensor_type;  // the host tensors the parameters live in
+  using typename base::parameter_ref;
+
+  explicit basic_swish(double beta)
+      : beta_(tensor_type::constant(1, {1}, S(beta))), grad_(tensor_type::zeros(1, {1})) {}
+  std::string_view kind() const noexcept override { return "Swish"; }
+  std::vector<parameter_ref> parameters() override { return {{"beta", &beta_, &grad_, {1}}}; }
+
+  // x·σ(β·x): `params` come in parameters() order, on whichever backend runs the layer.
+  array compute(nerve::layers::basic_ops<S>& o, std::span<const array> in, std::span<const array> params,
+                std::vector<array>& /*keep*/, const nerve::layers::forward_context&) override {
+    return o.mul(in[0], o.sigmoid(o.mul_row(in[0], params[0])));
+  }
+
+ protected:
+  nerve::layers::shape infer_shape(std::span<const nerve::layers::shape> inputs) const override { return inputs[0]; }
+
+ private:
+  tensor_type beta_, grad_;
+};
+// [ops-layer]
+
 // [custom-check]
 #include "layers/gradcheck.hpp"
 
@@ -218,5 +249,25 @@ TEST_SUITE("layers.custom") {
     }
     const auto gain = g.layer<channel_scale>("scale2").parameters()[0];
     CHECK(gain.value->data()[0] != 1.0f);
+  }
+
+  TEST_CASE("the docs' Swish-β written with ops has the gradients the checker expects and trains in a network") {
+    basic_swish<double> swish(0.6);
+    const auto report = nl::check_gradients(swish, nl::random_tensor(3, {2, 5}, /*seed=*/4, -3, 3));
+    INFO(report.to_string());
+    CHECK(report.passed());
+    CHECK(report.checked() == 30 + 1);
+
+    nl::graph_builder b;
+    b.input("input", {1, 8, 8});
+    b.add("flatten", nl::flatten(), {"input"});
+    b.add("fc1", nl::linear(64, 16), {"flatten"});
+    b.add("act", std::make_unique<basic_swish<float>>(1.0), {"fc1"});
+    b.add("fc2", nl::linear(16, 10), {"act"});
+    auto g = b.build(3);
+    const auto losses = train_a_few_steps(g, random_images(6, 5), random_labels(6, 6));
+    CHECK(losses.back() < losses.front());
+    CHECK(g.parameters()[2].name == "act.beta");
+    CHECK(g.parameters()[2].value->data()[0] != 1.0f);  // β learned
   }
 }

@@ -1,0 +1,287 @@
+#pragma once
+/// \file
+/// Layers written once for every backend (ggml's shape: a backend fills a table of ops,
+/// the layers call the table). Three pieces:
+///
+/// ```
+///   basic_op_layer::compute(ops, inputs, params)      written once, by the layer
+///        │  ops.matmul / add_row / unary / mul …      arrays in, arrays out; each call
+///        ▼                                            recorded on the tape in training
+///   basic_ops (+ basic_tape)                          backward for free: the tape replayed
+///        │  gemm / unary / binary / column_sums …     pointers and counts, like BLAS
+///        ▼
+///   basic_op_set                                      what a backend implements:
+///        cpu_op_set (Eigen, OpenBLAS)  ·  gpu's device_op_set (cuBLAS and kernels on a stream)
+/// ```
+/// An array's memory is the backend's (host memory on the CPU, device memory on a
+/// device), so a layer never sees where it runs. A layer may leave its backward to the
+/// tape (each op knows its derivative) or write it with the same ops (`custom_backward`),
+/// where a hand-written one is faster or keeps less.
+///
+/// Thread safety: an op set, its arrays and a tape belong to one actor's loop at a time.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "layers/gemm.hpp"
+#include "layers/layer.hpp"
+
+namespace nerve::layers {
+
+/// What an op set may run (`basic_op_set::supports`).
+enum class op_kind : std::uint8_t { gemm, unary, unary_grad, binary, broadcast, column_sums, axpy, scale, fill, copy };
+inline constexpr std::size_t op_kinds = 10;
+
+// GCC 12 takes a scoped enumerator for a shadow of the layer aliases of the same name
+// (layers/activation.hpp's `relu`, …), which it cannot be.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wshadow"
+/// Pointwise functions of one input (PyTorch's: GELU is the exact erf form).
+enum class unary_fn : std::uint8_t {
+  relu,
+  leaky_relu,  ///< x > 0 ? x : alpha·x
+  sigmoid,
+  tanh,
+  gelu,
+};
+/// Pointwise functions of two inputs.
+enum class binary_fn : std::uint8_t { add, sub, mul };
+#pragma GCC diagnostic pop
+
+std::string_view to_string(unary_fn f) noexcept;
+std::string_view to_string(op_kind k) noexcept;
+
+/// A tensor in a backend's memory: `dims` batch first, row-major at `data`; `owner`
+/// keeps the memory alive (null: borrowed from whoever made the array, who keeps it).
+template <class S>
+struct basic_array {
+  std::vector<std::int64_t> dims;
+  S* data = nullptr;
+  std::shared_ptr<void> owner;
+  /// Its slot on the tape that made it; -1: no gradient is wanted for it.
+  int id = -1;
+
+  std::int64_t size() const noexcept {
+    std::int64_t n = 1;
+    for (auto d : dims) n *= d;
+    return n;
+  }
+  /// The first dimension (1 for a scalar): the rows of the 2-D view.
+  std::int64_t rows() const noexcept { return dims.empty() ? 1 : dims[0]; }
+  /// The rest: the columns of the 2-D view.
+  std::int64_t cols() const noexcept { return rows() ? size() / rows() : 0; }
+  bool empty() const noexcept { return data == nullptr; }
+  std::string shape_string() const;
+};
+
+/// What a backend implements: pointers into its memory and counts, like BLAS. Every
+/// call only enqueues on a device (the stream orders them) and runs at once on the CPU.
+/// Results are the same on every call with the same inputs (fixed summation orders).
+template <class S>
+class basic_op_set {
+ public:
+  virtual ~basic_op_set() = default;
+  /// `cpu`, `standin`, `cuda`.
+  virtual std::string_view name() const noexcept = 0;
+  virtual bool supports(op_kind) const noexcept { return true; }
+  /// An array of `dims`, contents undefined.
+  virtual basic_array<S> alloc(std::vector<std::int64_t> dims) = 0;
+  /// `C = alpha·op(A)·op(B) + beta·C`, row-major (layers/gemm.hpp's contract).
+  virtual void gemm(trans ta, trans tb, std::int64_t m, std::int64_t n, std::int64_t k, S alpha, const S* a,
+                    std::int64_t lda, const S* b, std::int64_t ldb, S beta, S* c, std::int64_t ldc) = 0;
+  /// `y = f(x)`; `alpha` is the leaky slope. y may be x.
+  virtual void unary(unary_fn f, const S* x, S* y, std::int64_t n, S alpha) = 0;
+  /// `dx = f'(x)·dy`: sigmoid and tanh read `y` (the output), the others `x`.
+  virtual void unary_grad(unary_fn f, const S* x, const S* y, const S* dy, S* dx, std::int64_t n, S alpha) = 0;
+  /// `y = f(a, b)` elementwise.
+  virtual void binary(binary_fn f, const S* a, const S* b, S* y, std::int64_t n) = 0;
+  /// `y[i] = f(x[i], v[i % period])`: a row vector (or a scalar, period 1) over every row.
+  virtual void broadcast(binary_fn f, const S* x, const S* v, S* y, std::int64_t n, std::int64_t period) = 0;
+  /// `out[c] = beta·out[c] + Σ_r x[r][c]`, the rows added in order.
+  virtual void column_sums(const S* x, std::int64_t rows, std::int64_t cols, S* out, S beta) = 0;
+  /// `y += alpha·x`.
+  virtual void axpy(std::int64_t n, S alpha, const S* x, S* y) = 0;
+  virtual void scale(std::int64_t n, S alpha, S* x) = 0;
+  virtual void fill(std::int64_t n, S value, S* x) = 0;
+  virtual void copy(std::int64_t n, const S* x, S* y) = 0;
+};
+
+/// The CPU's op set: Eigen, and the product engine of layers/gemm.hpp.
+template <class S>
+basic_op_set<S>& cpu_op_set();
+
+/// What a forward recorded for backward: each op's derivative, in order.
+template <class S>
+class basic_tape {
+ public:
+  using array = basic_array<S>;
+  /// How an op hands its inputs' gradients back (`ops` is the op set's, `dy` its output's).
+  using backward_fn = std::function<void(basic_tape&, const array& dy)>;
+
+  /// A new slot for an input or a parameter whose gradient is wanted.
+  int leaf();
+  /// Records an op whose output is a new slot (returned); `back` runs in backward when
+  /// the output got a gradient.
+  int record(backward_fn back);
+  /// Adds `g` to slot `id`'s gradient. `owned`: `g` is fresh memory the tape may add to;
+  /// otherwise (a gradient passed through, such as `add`'s) it is copied before anything
+  /// is added to it.
+  void accumulate(int id, array g, bool owned);
+  /// Runs the ops' derivatives backward from slot `out` with gradient `dy` (borrowed).
+  /// Once only.
+  void backward(int out, const array& dy);
+  bool done() const noexcept { return done_; }
+  /// Slot `id`'s gradient after backward (empty: none reached it); `owned` as given.
+  array& grad(int id) { return slots_.at(std::size_t(id)).grad; }
+  bool owned(int id) const { return slots_.at(std::size_t(id)).owned; }
+  basic_op_set<S>& set() noexcept { return *set_; }
+
+  explicit basic_tape(basic_op_set<S>& set) : set_(&set) {}
+
+ private:
+  struct slot {
+    array grad;
+    bool owned = false;
+    backward_fn back;  // empty for a leaf
+  };
+  basic_op_set<S>* set_;
+  std::vector<slot> slots_;
+  bool done_ = false;
+};
+
+/// The ops a layer is written with: arrays in, arrays out, on one op set, recorded on a
+/// tape when one is given and an input wants a gradient.
+template <class S>
+class basic_ops {
+ public:
+  using array = basic_array<S>;
+  explicit basic_ops(basic_op_set<S>& set, basic_tape<S>* tape = nullptr) : set_(set), tape_(tape) {}
+  basic_op_set<S>& set() noexcept { return set_; }
+  basic_tape<S>* tape() noexcept { return tape_; }
+
+  array empty(std::vector<std::int64_t> dims) { return set_.alloc(std::move(dims)); }
+  array zeros(std::vector<std::int64_t> dims);
+  /// A deep copy (no gradient link).
+  array clone(const array& x);
+
+  array add(const array& a, const array& b) { return binary(binary_fn::add, a, b); }
+  array sub(const array& a, const array& b) { return binary(binary_fn::sub, a, b); }
+  array mul(const array& a, const array& b) { return binary(binary_fn::mul, a, b); }
+  /// `x[r][c] + v[c]` over every row `r` of x's 2-D view; `v` has `cols` elements, or one.
+  array add_row(const array& x, const array& v) { return broadcast(binary_fn::add, x, v); }
+  /// `x[r][c] · v[c]`, as `add_row`.
+  array mul_row(const array& x, const array& v) { return broadcast(binary_fn::mul, x, v); }
+  /// `alpha · x`.
+  array scale(const array& x, S alpha);
+  array unary(unary_fn f, const array& x, S alpha = S(0.01));
+  array relu(const array& x) { return unary(unary_fn::relu, x); }
+  array sigmoid(const array& x) { return unary(unary_fn::sigmoid, x); }
+  array tanh(const array& x) { return unary(unary_fn::tanh, x); }
+  array gelu(const array& x) { return unary(unary_fn::gelu, x); }
+  /// `op(a)·op(b)` over the 2-D views (rows × cols): `[m, n]`.
+  array matmul(const array& a, const array& b, trans ta = trans::no, trans tb = trans::no);
+  /// `x·wᵀ + b`, PyTorch's `Linear` (`w` is `[out, in]`, `b` `[out]` or empty).
+  array linear(const array& x, const array& w, const array& b);
+  /// The sums of x's columns over its rows: `[cols]`.
+  array sum_rows(const array& x);
+  /// The same memory under other dims (the same number of elements).
+  array reshape(const array& x, std::vector<std::int64_t> dims);
+
+ private:
+  array binary(binary_fn f, const array& a, const array& b);
+  array broadcast(binary_fn f, const array& x, const array& v);
+  bool recording(std::initializer_list<const array*> in) const noexcept;
+  basic_op_set<S>& set_;
+  basic_tape<S>* tape_;
+};
+
+/// A layer written once with ops: it runs on the CPU through `basic_layer`'s calls (the
+/// CPU's op set) and on any backend that runs op layers (gpu's device backend) with the
+/// same `compute`. Parameters are the layer's host tensors (`parameters()`); a backend
+/// passes them as arrays in that order, mirrored where it keeps them.
+template <class S>
+class basic_op_layer : public basic_layer<S> {
+ public:
+  using array = basic_array<S>;
+  using typename basic_layer<S>::tensor_type;
+  using typename basic_layer<S>::stash_type;
+  using typename basic_layer<S>::forward_result;
+
+  /// Forward, written once: `inputs` and `params` (in `parameters()` order) are arrays
+  /// on `o`'s backend. Without a hand-written backward the tape records the ops in
+  /// training; with one, `keep` gets what `backward` needs.
+  virtual array compute(basic_ops<S>& o, std::span<const array> inputs, std::span<const array> params,
+                        std::vector<array>& keep, const forward_context& context) = 0;
+  basic_op_layer<S>* as_op_layer() noexcept final { return this; }
+  /// True when `grad_input` and `grad_weight` are written by hand (else the tape
+  /// derives them).
+  virtual bool custom_backward() const noexcept { return false; }
+  /// Hand-written B: the wanted inputs' gradients (others left empty, fresh memory),
+  /// from `keep` as `compute` left it and the output gradient `dy` (read only).
+  virtual std::vector<array> grad_input(basic_ops<S>& o, std::span<const array> keep, std::span<const array> params,
+                                        const array& dy, input_mask wanted) {
+    (void)o, (void)keep, (void)params, (void)dy, (void)wanted;
+    return {};
+  }
+  /// Hand-written W: this micro-batch's parameter gradients added into `grads` (in
+  /// `parameters()` order).
+  virtual void grad_weight(basic_ops<S>& o, std::span<const array> keep, std::span<const array> params,
+                           const array& dy, std::span<const array> grads) {
+    (void)o, (void)keep, (void)params, (void)dy, (void)grads;
+  }
+
+ protected:
+  using basic_layer<S>::basic_layer;
+  forward_result do_forward(std::vector<tensor_type>& inputs, const forward_context& context) override;
+  std::vector<tensor_type> do_backward_input(const stash_type& saved, const tensor_type& dy,
+                                             input_mask wanted) override;
+  void do_backward_weight(const stash_type& saved, const tensor_type& dy) override;
+};
+
+/// One micro-batch of an op layer between forward and backward, on any op set: runs
+/// `compute` (recording in training), then backward as B (input gradients, wanted ones)
+/// and W (parameter gradients added to `grads`). What the CPU's `basic_op_layer` calls
+/// and what a device backend's kernels keep per micro-batch.
+template <class S>
+class basic_op_run {
+ public:
+  using array = basic_array<S>;
+  /// Forward of `l` on `set` with `inputs`, `params`; records when `train`.
+  basic_op_run(basic_op_layer<S>& l, basic_op_set<S>& set, std::vector<array> inputs,
+               std::vector<array> params, bool train, const forward_context& context);
+  /// The output; the caller may move it out (the run keeps its dims and tape slot).
+  array& output() noexcept { return out_; }
+  /// B: the wanted inputs' gradients (fresh memory, empty where not wanted).
+  std::vector<array> backward_input(const array& dy, input_mask wanted);
+  /// W: this micro-batch's parameter gradients added into `grads` (in `parameters()`
+  /// order, on the same op set). From the tape, B and W share one pass: the first of
+  /// them runs it and keeps the other's results.
+  void backward_weight(const array& dy, std::span<const array> grads);
+  /// Bytes held for backward (the arrays kept or recorded, as far as they are known).
+  std::size_t kept_bytes() const noexcept { return kept_bytes_; }
+
+ private:
+  void run_tape(const array& dy);
+  basic_op_layer<S>& layer_;
+  basic_op_set<S>& set_;
+  std::vector<array> inputs_, params_, keep_;
+  array out_;
+  int out_id_ = -1;
+  std::vector<std::int64_t> out_dims_;
+  std::unique_ptr<basic_tape<S>> tape_;
+  std::vector<array> in_grads_, param_grads_;
+  bool ran_ = false;
+  std::size_t kept_bytes_ = 0;
+};
+
+using array = basic_array<float>;
+using ops = basic_ops<float>;
+using op_layer = basic_op_layer<float>;
+using op_set = basic_op_set<float>;
+
+}  // namespace nerve::layers
