@@ -7,6 +7,7 @@
 #include "gpu/status.hpp"
 #include "gpu/stream.hpp"
 
+#include <string>
 #include <variant>
 
 namespace nerve::gpu {
@@ -55,6 +56,25 @@ void softmax_xent_backward(stream& s, const float* probs, const std::int32_t* la
 }
 void axpy(stream& s, std::size_t n, float alpha, const float* x, float* y) {
   if (n) of(s).launch(s.impl(), n, ops::axpy{alpha, x, y});
+}
+void binary(stream& s, binary_op f, const float* a, const float* b, float* y, std::size_t n) {
+  if (!n) return;
+  switch (f) {
+    case binary_op::add: return of(s).launch(s.impl(), n, ops::binary<0>{a, b, y});
+    case binary_op::sub: return of(s).launch(s.impl(), n, ops::binary<1>{a, b, y});
+    case binary_op::mul: return of(s).launch(s.impl(), n, ops::binary<2>{a, b, y});
+  }
+}
+void broadcast(stream& s, binary_op f, const float* x, const float* v, float* y, std::size_t n, std::size_t period) {
+  if (!n) return;
+  if (period == 0 || n % period)
+    throw error(errc::invalid_argument, "broadcast: " + std::to_string(n) + " elements are not rows of " +
+                                            std::to_string(period));
+  switch (f) {
+    case binary_op::add: return of(s).launch(s.impl(), n, ops::broadcast<0>{x, v, y, period});
+    case binary_op::sub: return of(s).launch(s.impl(), n, ops::broadcast<1>{x, v, y, period});
+    case binary_op::mul: return of(s).launch(s.impl(), n, ops::broadcast<2>{x, v, y, period});
+  }
 }
 void scale(stream& s, std::size_t n, float alpha, float* x) {
   if (n) of(s).launch(s.impl(), n, ops::scale{alpha, x});

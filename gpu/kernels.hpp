@@ -55,6 +55,12 @@ void softmax_xent_backward(stream& s, const float* probs, const std::int32_t* la
 
 /// y += alpha·x.
 void axpy(stream& s, std::size_t n, float alpha, const float* x, float* y);
+/// Elementwise functions of two arrays (layers::binary_fn's order).
+enum class binary_op { add, sub, mul };
+/// y = a ∘ b, n elements; y may be a or b.
+void binary(stream& s, binary_op f, const float* a, const float* b, float* y, std::size_t n);
+/// y[i] = x[i] ∘ v[i % period], n elements (n a multiple of period); y may be x.
+void broadcast(stream& s, binary_op f, const float* x, const float* v, float* y, std::size_t n, std::size_t period);
 /// x *= alpha.
 void scale(stream& s, std::size_t n, float alpha, float* x);
 /// x[i] = value.

@@ -113,6 +113,28 @@ struct softmax_xent_backward {
   }
 };
 
+/// y = a ∘ b elementwise (`Op`: 0 add, 1 sub, 2 mul; layers::binary_fn's order).
+template <int Op>
+NERVE_HOST_DEVICE float combine(float a, float b) {
+  if constexpr (Op == 0) return a + b;
+  if constexpr (Op == 1) return a - b;
+  return a * b;
+}
+template <int Op>
+struct binary {
+  const float *a, *b;
+  float* y;
+  NERVE_HOST_DEVICE void operator()(std::size_t i) const { y[i] = combine<Op>(read_only(a[i]), read_only(b[i])); }
+};
+/// y[i] = x[i] ∘ v[i % period]: a row vector (a scalar with period 1) over every row. y may be x.
+template <int Op>
+struct broadcast {
+  const float *x, *v;
+  float* y;
+  std::size_t period;
+  NERVE_HOST_DEVICE void operator()(std::size_t i) const { y[i] = combine<Op>(x[i], read_only(v[i % period])); }
+};
+
 struct axpy {
   float alpha;
   const float* x;
@@ -311,7 +333,8 @@ using pointwise_op =
                  activation_forward<activation::gelu>, activation_backward<activation::relu>,
                  activation_backward<activation::leaky_relu>, activation_backward<activation::sigmoid>,
                  activation_backward<activation::tanh>, activation_backward<activation::gelu>, bias_add,
-                 softmax_xent_backward, axpy, scale, fill, sgd_update, adam_update>;
+                 softmax_xent_backward, axpy, scale, fill, sgd_update, adam_update, binary<0>, binary<1>,
+                 binary<2>, broadcast<0>, broadcast<1>, broadcast<2>>;
 /// Every window op (`backend::launch`, over its `size()` elements).
 using window_op = std::variant<im2col, col2im, pool_forward<true>, pool_forward<false>, pool_backward<true>,
                                pool_backward<false>>;

@@ -1,12 +1,8 @@
 #include "gpu/layers/device_backend.hpp"
 
-#include "actors/actor.hpp"
-#include "gpu/kernels.hpp"
-#include "gpu/layers/device_all_reduce.hpp"
+#include "gpu/layers/detail/device_backend_impl.hpp"
 #include "gpu/layers/host_all_reduce.hpp"
-#include "gpu/layers/nccl_all_reduce.hpp"
 #include "gpu/status.hpp"
-#include "layers/graph.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -15,250 +11,6 @@
 
 namespace nerve::gpu {
 
-namespace {
-
-/// A device tensor on an edge. Consumers only read it, so a fan-out shares it (and so
-/// does the producer's stash, which needs its output until backward).
-struct device_value final : layers::backend_data {
-  std::shared_ptr<device_tensor> t;
-  event ready;  ///< set on a copy for another stream (layer_kernels::hand_over): its stream waits for it
-  explicit device_value(std::shared_ptr<device_tensor> v, event e = {}) : t(std::move(v)), ready(std::move(e)) {}
-  std::unique_ptr<layers::backend_data> clone() const override { return std::make_unique<device_value>(t, ready); }
-  std::size_t payload_bytes() const noexcept override { return t->bytes(); }
-};
-
-/// What a device layer keeps for backward: its stash points into these tensors.
-struct device_kept final : layers::backend_data {
-  std::vector<std::shared_ptr<device_tensor>> inputs;
-  std::shared_ptr<device_tensor> output;
-  device_stash st;
-  std::unique_ptr<layers::backend_data> clone() const override {
-    throw std::logic_error("device backend: a stash is not cloned");
-  }
-  std::size_t payload_bytes() const noexcept override {
-    std::size_t b = output->bytes() + st.indices.bytes();
-    for (auto& t : inputs) b += t->bytes();
-    return b;
-  }
-};
-
-const std::shared_ptr<device_tensor>& tensor_of(const layers::value& v) {
-  auto* d = dynamic_cast<const device_value*>(v.device.get());
-  if (!d) throw std::logic_error("device backend: a host tensor reached a device layer");
-  return d->t;
-}
-
-layers::value wrap(std::shared_ptr<device_tensor> t) { return layers::value(std::make_unique<device_value>(std::move(t))); }
-
-shape_t with_batch(std::int64_t n, const layers::shape& sample) {
-  shape_t s{std::size_t(n)};
-  for (auto d : sample.dims()) s.push_back(std::size_t(d));
-  return s;
-}
-
-/// A host tensor of `t`'s shape.
-layers::tensor host_like(const device_tensor& t) {
-  std::vector<std::int64_t> dims(t.shape().begin() + 1, t.shape().end());
-  return layers::tensor(std::int64_t(t.rows()), layers::shape(std::move(dims)));
-}
-
-/// One layer node on the device: its twin and its optimizer.
-struct node_entry {
-  layers::graph::node_type* node;
-  std::unique_ptr<device_layer> layer;
-  device_parameters params;
-};
-
-}  // namespace
-
-struct device_backend::impl {
-  device& dev;
-  gpu::stream s;
-  device_backend_options options;
-  std::vector<std::unique_ptr<node_entry>> nodes;
-  std::int64_t features = 0;
-  pinned_buffer in, labels, figures;  // max_batch rows of inputs, labels, (loss sum, correct)
-  // Staging of downloads (hooks, predicted outputs, values handed to the host) and uploads
-  // (values adopted from the host); shared with the completions that give blocks back.
-  std::shared_ptr<pinned_pool> pool;
-  std::atomic<std::int64_t> host_transfers{0};
-  // Events of other streams this one waits for: a pooled event handed back at once could
-  // be recorded again before the wait passed it (the stand-in's wait follows the latest
-  // record), so they are kept until the next completion after the wait.
-  std::vector<event> waited;
-  // Device sums of the replica group this stream copied from: they live until the
-  // completion after the copy, as the events above.
-  std::vector<std::shared_ptr<layers::backend_data>> sums;
-  // Replica 0's backend of a stage: the stream its layers' device all-reduces sum on (and,
-  // replicas one per rank, the stream of this rank's copies or NCCL calls).
-  gpu::stream reduce;
-  // Replicas one per rank with NCCL: this rank's communicator, shared by the layers.
-  std::shared_ptr<nccl_rank_group> rank_group;
-
-  gpu::stream& reduce_stream() {
-    if (!reduce.valid()) reduce = dev.create_stream(options.stream);
-    return reduce;
-  }
-
-  impl(device& d, device_backend_options o)
-      : dev(d), s(d.create_stream(o.stream)), options(std::move(o)), pool(std::make_shared<pinned_pool>(d)) {}
-
-  /// `then` as a `backend_done` in `owner`'s mailbox once the work enqueued so far is done;
-  /// `what` names the wait's span in the trace.
-  void when_done(actors::actor& owner, std::function<void()> then, const char* what) {
-    after_stream(owner, s, "device backend", [then = std::move(then), sums = std::exchange(sums, {})] { then(); },
-                 std::exchange(waited, {}), span_label{what});
-  }
-
-  /// Downloads `ts` (null: skipped, left empty) through staging, then `fn` on their host
-  /// copies in a completion on `owner` (`what` labels the wait).
-  void download(actors::actor& owner, const std::vector<const device_tensor*>& ts, const char* what,
-                std::function<void(std::vector<layers::tensor>&)> fn) {
-    auto host = std::make_shared<std::vector<layers::tensor>>(ts.size());
-    auto blocks = std::make_shared<std::vector<std::pair<layers::tensor*, pinned_buffer>>>();
-    for (std::size_t i = 0; i < ts.size(); ++i) {
-      if (!ts[i]) continue;
-      (*host)[i] = host_like(*ts[i]);
-      blocks->emplace_back(&(*host)[i], pool->take(ts[i]->bytes()));
-      copy_async(s, blocks->back().second.data(), ts[i]->data(), ts[i]->bytes());
-    }
-    when_done(owner, [host, blocks, pool = pool, fn = std::move(fn)] {
-      for (auto& [into, block] : *blocks) {
-        std::memcpy(into->data(), block.data(), std::size_t(into->size()) * sizeof(float));
-        pool->give(std::move(block));
-      }
-      fn(*host);
-    }, what);
-  }
-};
-
-namespace {
-
-std::logic_error host_gradients() {
-  return std::logic_error("device backend: the gradients of a device layer stay on the device (its replicas sum "
-                          "them with a device all-reduce)");
-}
-
-class device_kernels final : public layers::layer_kernels {
- public:
-  device_kernels(device_backend::impl& b, node_entry& e) : b_(b), e_(e) {}
-
-  layers::value forward(std::vector<layers::value>& inputs, const layers::forward_context&, bool train,
-                        layers::kept& keep) override {
-    auto k = std::make_unique<device_kept>();
-    std::vector<const device_tensor*> ptrs;
-    for (auto& v : inputs) {
-      k->inputs.push_back(tensor_of(v));
-      ptrs.push_back(k->inputs.back().get());
-    }
-    k->output = std::make_shared<device_tensor>();
-    e_.layer->forward(b_.s, ptrs, *k->output, k->st);
-    auto out = wrap(k->output);
-    if (train) keep.device = std::move(k);
-    return out;
-  }
-  void add(layers::value& into, const layers::value& g) override {
-    auto& acc = *tensor_of(into);
-    axpy(b_.s, acc.size(), 1.0f, tensor_of(g)->data(), acc.data());
-  }
-  std::vector<layers::value> backward_input(const layers::kept& k, const layers::value& dy,
-                                            layers::input_mask wanted) override {
-    auto g = e_.layer->backward_input(b_.s, stash_of(k), *tensor_of(dy), wanted);
-    std::vector<layers::value> out(g.size());
-    for (std::size_t i = 0; i < g.size(); ++i)
-      if (!g[i].empty()) out[i] = wrap(std::make_shared<device_tensor>(std::move(g[i])));
-    return out;
-  }
-  void backward_weight(const layers::kept& k, const layers::value& dy) override {
-    e_.layer->backward_weight(b_.s, stash_of(k), *tensor_of(dy));
-  }
-  void set_lr(double lr) override {
-    if (lr >= 0) lr_ = lr;
-  }
-  void update(std::uint64_t, bool) override {
-    e_.params.step(b_.s, lr_);
-    e_.params.zero_grad(b_.s);
-  }
-  std::vector<float> gradients() override { throw host_gradients(); }
-  void set_gradients(const std::vector<float>&) override { throw host_gradients(); }
-  std::shared_ptr<layers::backend_data> device_gradients() override {
-    auto g = std::make_shared<gpu::device_gradients>();
-    for (auto& p : e_.layer->parameters()) g->parts.emplace_back(p.grad->data(), p.grad->size());
-    g->ready = b_.s.record();
-    g->domain = &b_.dev.core();
-    g->ordinal = b_.dev.ordinal();
-    return g;
-  }
-  void take_device_sum(std::shared_ptr<layers::backend_data> sum) override {
-    auto* d = dynamic_cast<device_sum*>(sum.get());
-    if (!d) throw std::logic_error("device backend: '" + e_.node->name + "' got a sum that is not on a device");
-    b_.s.wait(d->ready);
-    b_.waited.push_back(d->ready);
-    if (!d->in_place) {  // the group's sum into this replica's gradients, before the update reads them
-      std::size_t at = 0;
-      for (auto& p : e_.layer->parameters()) {
-        copy_async(b_.s, p.grad->data(), d->sum->data() + at, p.grad->bytes());
-        at += p.grad->size();
-      }
-    }
-    b_.sums.push_back(std::move(sum));
-  }
-  void when_done(actors::actor& owner, std::function<void()> then) override {
-    b_.when_done(owner, std::move(then), "update");
-  }
-  void with_host(actors::actor& owner, std::vector<layers::value*> vs,
-                 std::function<void(std::vector<layers::tensor>&)> fn) override {
-    std::vector<const device_tensor*> ts;
-    for (auto* v : vs) ts.push_back(v->empty() ? nullptr : tensor_of(*v).get());
-    b_.download(owner, ts, "hooks", std::move(fn));
-  }
-  void adopt(actors::actor& owner, layers::value& v) override {
-    if (!v.device) {  // from the host: through a pinned buffer, given back once copied
-      const auto& h = v.host;
-      auto t = std::make_shared<device_tensor>(b_.s, with_batch(h.batch(), h.sample_shape()));
-      auto staging = b_.pool->take(t->bytes());
-      std::memcpy(staging.data(), h.data(), t->bytes());
-      copy_async(b_.s, t->data(), staging.data(), t->bytes());
-      b_.s.async_wait(owner.executor(), [pool = b_.pool, b = std::move(staging)](std::error_code) mutable {
-        pool->give(std::move(b));
-      });
-      ++b_.host_transfers;
-      v = wrap(std::move(t));
-      return;
-    }
-    auto* d = dynamic_cast<device_value*>(v.device.get());
-    if (!d) throw std::logic_error("device backend: another backend's value reached '" + e_.node->name + "'");
-    if (!d->ready.valid()) return;  // made on this stream
-    b_.s.wait(d->ready);
-    b_.waited.push_back(std::exchange(d->ready, {}));
-    d->t->buffer().set_stream(b_.s);  // a copy of its own: freed after this stream's work
-  }
-  void hand_over(actors::actor& owner, layers::value v, bool to_host,
-                 std::function<void(layers::value)> then) override {
-    const auto& t = *tensor_of(v);
-    if (!to_host) {  // a copy: the original may stay in a stash of this stream
-      auto c = std::make_shared<device_tensor>(b_.s, t.shape());
-      copy_async(b_.s, c->data(), t.data(), t.bytes());
-      return then(layers::value(std::make_unique<device_value>(std::move(c), b_.s.record())));
-    }
-    ++b_.host_transfers;
-    b_.download(owner, {&t}, "to host",
-                [then = std::move(then)](auto& host) { then(layers::value(std::move(host[0]))); });
-  }
-
- private:
-  static const device_stash& stash_of(const layers::kept& k) {
-    auto* d = dynamic_cast<const device_kept*>(k.device.get());
-    if (!d) throw std::logic_error("device backend: backward without a device stash");
-    return d->st;
-  }
-  device_backend::impl& b_;
-  node_entry& e_;
-  double lr_ = -1;
-};
-
-}  // namespace
-
 device_backend::device_backend(device& dev, layers::graph& g, device_backend_options options)
     : impl_(std::make_unique<impl>(dev, std::move(options))) {
   auto& m = *impl_;
@@ -266,13 +18,23 @@ device_backend::device_backend(device& dev, layers::graph& g, device_backend_opt
     auto& n = g.nodes()[i];
     const auto& only = m.options.nodes;
     if (n.is_input() || (!only.empty() && std::find(only.begin(), only.end(), i) == only.end())) continue;
-    auto e = std::make_unique<node_entry>(node_entry{&n, nullptr, device_parameters(m.options.optimizer)});
-    try {
-      e->layer = make_device_layer(m.s, *n.layer);
-    } catch (const error& err) {
-      throw error(err.code(), n.name + ": " + err.what());
+    auto e = std::make_unique<detail::node_entry>(detail::node_entry{&n, nullptr, n.layer->as_op_layer(), {}, {},
+                                                     device_parameters(m.options.optimizer)});
+    if (e->op) {
+      detail::mirror_parameters(m.s, *e);
+    } else {
+      try {
+        e->layer = make_device_layer(m.s, *n.layer);
+        e->parameters = e->layer->parameters();
+      } catch (const error& err) {
+        if (err.code() != errc::not_supported) throw error(err.code(), n.name + ": " + err.what());
+        // No device kernels: the layer runs on the host in the stream's order, with a CPU
+        // optimizer of the same settings.
+        const auto& o = m.options.optimizer;
+        e->host_opt = layers::make_optimizer<float>(o.kind, o.lr, o.momentum, o.weight_decay, o.nesterov);
+      }
     }
-    for (auto& p : e->layer->parameters()) e->params.add(m.s, n.name + "." + p.name, p);
+    for (auto& p : e->parameters) e->params.add(m.s, n.name + "." + p.name, p);
     m.nodes.push_back(std::move(e));
   }
   if (g.inputs().size() != 1) throw error(errc::not_supported, "device backend: graphs with one input only");
@@ -303,7 +65,7 @@ void device_backend::check_loss(const layers::loss& criterion) const {
 
 std::unique_ptr<layers::layer_kernels> device_backend::kernels_for(layers::graph::node_type& node) {
   for (auto& e : impl_->nodes)
-    if (e->node == &node) return std::make_unique<device_kernels>(*impl_, *e);
+    if (e->node == &node) return detail::make_kernels(*impl_, *e);
   throw std::invalid_argument("device backend: node '" + node.name + "' is not in its graph");
 }
 
@@ -319,9 +81,9 @@ layers::value device_backend::feed(layers::tensor& batch, std::int64_t first, st
   auto* px = m.in.as<float>().data() + row * m.features;
   const auto bytes = std::size_t(count * m.features) * sizeof(float);
   std::memcpy(px, batch.row(first), bytes);
-  auto t = std::make_shared<device_tensor>(m.s, with_batch(count, batch.sample_shape()));
+  auto t = std::make_shared<device_tensor>(m.s, detail::with_batch(count, batch.sample_shape()));
   copy_async(m.s, t->data(), px, bytes);
-  return wrap(std::move(t));
+  return detail::wrap(std::move(t));
 }
 
 void device_backend::loss(actors::actor& owner, const layers::loss&, layers::value output, const layers::targets& t,
@@ -330,7 +92,7 @@ void device_backend::loss(actors::actor& owner, const layers::loss&, layers::val
                           std::function<void(layers::loss_figures&)> report) {
   auto& m = *impl_;
   auto& s = m.s;
-  const auto logits = tensor_of(output);
+  const auto logits = detail::tensor_of(output);
   const std::size_t n = logits->rows(), classes = logits->cols();
   if (std::size_t(first) + n > m.options.max_batch)
     throw error(errc::invalid_argument, "device backend: a loss over rows [" + std::to_string(first) + ", " +
@@ -360,7 +122,7 @@ void device_backend::loss(actors::actor& owner, const layers::loss&, layers::val
       // share/n = (nᵢ/N)·(1/nᵢ): the gradient of the mini-batch mean.
       auto g = std::make_shared<device_tensor>(s, logits->shape());
       softmax_xent_backward(s, probs.data(), labels, n, classes, float(share / double(n)), g->data());
-      gradient(wrap(std::move(g)));
+      gradient(detail::wrap(std::move(g)));
     }
     copy_async(s, sum, figures.data(), sizeof(float) + sizeof(std::int32_t));
   }
@@ -379,12 +141,31 @@ void device_backend::loss(actors::actor& owner, const layers::loss&, layers::val
 void device_backend::download() {
   auto& m = *impl_;
   m.s.synchronize();
-  for (auto& e : m.nodes) download_parameters(m.s, *e->layer, *e->node->layer);
+  for (auto& e : m.nodes) {
+    if (e->on_host()) continue;  // trained in the graph's own layer
+    if (e->layer) {
+      download_parameters(m.s, *e->layer, *e->node->layer);
+      continue;
+    }
+    auto host = e->op->parameters();
+    for (std::size_t i = 0; i < host.size(); ++i)
+      copy_async(m.s, host[i].value->data(), e->parameters[i].value->data(), e->parameters[i].value->bytes());
+    m.s.synchronize();  // pageable host memory
+  }
 }
 
 layers::optimizer_state device_backend::save_optimizer_state() {
   layers::optimizer_state all;
+  impl_->s.synchronize();  // a layer run on the host steps in the stream's order
   for (auto& e : impl_->nodes) {
+    if (e->on_host()) {  // the CPU optimizer names the layer's parameters: prefix the node
+      layers::optimizer_state st;
+      e->host_opt->save_state(st);
+      const auto prefix = e->node->name + ".";
+      for (auto& b : st.buffers) all.buffers.push_back({prefix + b.parameter, std::move(b.name), std::move(b.values)});
+      for (auto& [k, v] : st.counters) all.counters[prefix + k] = v;
+      continue;
+    }
     auto st = e->params.state(impl_->s);
     for (auto& b : st.buffers) all.buffers.push_back(std::move(b));
     all.counters.merge(st.counters);
@@ -403,7 +184,20 @@ void device_backend::load_optimizer_state(const layers::optimizer_state& state) 
   };
   for (const auto& b : state.buffers) parts[owner(b.parameter)].buffers.push_back(b);
   for (const auto& [k, v] : state.counters) parts[owner(k)].counters[k] = v;
-  for (std::size_t i = 0; i < parts.size(); ++i) impl_->nodes[i]->params.load(impl_->s, parts[i]);
+  impl_->s.synchronize();
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    auto& e = *impl_->nodes[i];
+    if (!e.on_host()) {
+      e.params.load(impl_->s, parts[i]);
+      continue;
+    }
+    layers::optimizer_state local;  // the CPU optimizer's names: the node's prefix off
+    const auto cut = e.node->name.size() + 1;
+    for (auto& b : parts[i].buffers) local.buffers.push_back({b.parameter.substr(cut), b.name, b.values});
+    for (auto& [k, v] : parts[i].counters) local.counters[k.substr(cut)] = v;
+    auto ps = e.node->layer->parameters();
+    e.host_opt->load_state(local, ps);
+  }
 }
 
 actors::address device_backend::spawn_reducer(actors::runtime& rt, actors::spawn_options so, std::string name,

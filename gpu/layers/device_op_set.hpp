@@ -1,0 +1,47 @@
+#pragma once
+/// \file
+/// `device_op_set`: the ops of layers/ops.hpp on one stream of a device (the stand-in or
+/// CUDA): cuBLAS products and the kernels of gpu/kernels.hpp. Every call only enqueues;
+/// an array's memory is a `device_tensor` freed in the stream's order. What a device
+/// backend runs op layers with (layers written once, gpu/layers/device_backend.hpp).
+
+#include "gpu/memory.hpp"
+#include "layers/ops.hpp"
+
+#include <string>
+
+namespace nerve::gpu {
+
+class device_op_set final : public layers::op_set {
+ public:
+  /// `s` must outlive the op set; `name` is the backend's (`standin`, `cuda`).
+  device_op_set(stream& s, std::string name) : s_(s), name_(std::move(name)) {}
+  std::string_view name() const noexcept override { return name_; }
+  layers::array alloc(std::vector<std::int64_t> dims) override;
+  void gemm(layers::trans ta, layers::trans tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+            const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+            std::int64_t ldc) override;
+  void unary(layers::unary_fn f, const float* x, float* y, std::int64_t n, float alpha) override;
+  void unary_grad(layers::unary_fn f, const float* x, const float* y, const float* dy, float* dx, std::int64_t n,
+                  float alpha) override;
+  void binary(layers::binary_fn f, const float* a, const float* b, float* y, std::int64_t n) override;
+  void broadcast(layers::binary_fn f, const float* x, const float* v, float* y, std::int64_t n,
+                 std::int64_t period) override;
+  void column_sums(const float* x, std::int64_t rows, std::int64_t cols, float* out, float beta) override;
+  void axpy(std::int64_t n, float alpha, const float* x, float* y) override;
+  void scale(std::int64_t n, float alpha, float* x) override;
+  void fill(std::int64_t n, float value, float* x) override;
+  void copy(std::int64_t n, const float* x, float* y) override;
+
+  /// `t` as an array that keeps it alive.
+  static layers::array array_of(std::shared_ptr<device_tensor> t);
+  /// The device tensor holding `a` with `a`'s dims: the array's own when it is one
+  /// whole tensor of this op set of those dims, else a copy on the stream.
+  std::shared_ptr<device_tensor> tensor_of(const layers::array& a);
+
+ private:
+  stream& s_;
+  std::string name_;
+};
+
+}  // namespace nerve::gpu

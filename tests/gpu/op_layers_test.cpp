@@ -1,0 +1,153 @@
+// Layers written once with ops (layers/ops.hpp) on a device: the same `compute` the CPU
+// runs, on the device backend's op set (gpu/layers/device_op_set.hpp), with the backward
+// the tape derives or a hand-written one. Compiled as pipeline_test.cpp: into gpu_test on
+// the stand-in and into gpu_device_test on CUDA (skipped without a GPU).
+//
+// Parity rules: a device run against the CPU within pipeline_test.cpp's documented
+// whole-step bound (1e-4 of each tensor's largest entry after 3 steps); a device pipeline
+// against one device stage, and R replicas of one micro-batch against one replica of R
+// micro-batches, bitwise (the same kernels on the same rows, gradients added in
+// micro-batch order, the replicas' sum in member order).
+#include "gpu/device.hpp"
+#include "gpu/layers/device_backend.hpp"
+#include "layers/loss.hpp"
+#include "layers/optimizer.hpp"
+#include "layers/pipeline/partition.hpp"
+#include "layers/pipeline/pipeline.hpp"
+#include "layers/pipeline/schedule.hpp"
+#include "tests/gpu/gpu_fixture.hpp"
+#include "tests/layers/op_layers.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <random>
+
+using namespace nerve;
+namespace pl = nerve::pipeline;
+
+namespace {
+
+constexpr double op_lr = 0.05, op_momentum = 0.9;
+
+/// Three Linear layers and two Swish-β, every one written with ops: the first Swish's
+/// backward from the tape, the second's by hand.
+layers::graph op_chain() {
+  layers::graph_builder b;
+  b.input("input", {12});
+  b.add("fc1", std::make_unique<layers::testing::op_linear>(12, 16), {"input"});
+  b.add("act1", std::make_unique<layers::testing::swish>(0.8, false), {"fc1"});
+  b.add("fc2", std::make_unique<layers::testing::op_linear>(16, 16), {"act1"});
+  b.add("act2", std::make_unique<layers::testing::swish>(1.2, true), {"fc2"});
+  b.add("fc3", std::make_unique<layers::testing::op_linear>(16, 4), {"act2"});
+  return b.build(5);
+}
+
+struct op_batch {
+  layers::tensor x;
+  layers::targets t;
+};
+
+op_batch op_batch_of(std::int64_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d;
+  op_batch b{layers::tensor(n, layers::shape{12}), {}};
+  for (std::int64_t i = 0; i < b.x.size(); ++i) b.x.data()[i] = d(rng);
+  for (std::int64_t i = 0; i < n; ++i) b.t.labels.push_back(std::int32_t(rng() % 4));
+  return b;
+}
+
+/// Trains `steps` steps of batch 24 with `plan` over the replicas `reps`, every stage on
+/// the suite's device or on the CPU; the weights downloaded into the graphs.
+void train_ops(std::vector<layers::graph>& reps, const pl::schedule& plan, bool on_device, int steps) {
+  actors::runtime rt(actors::runtime_options{.loops = 2});
+  gpu::device dev(gpu::test::layers_suite_options());
+  pl::pipeline_options options;
+  for (std::uint32_t s = 0; on_device && s < plan.stages; ++s)
+    options.backends.push_back([&dev](layers::graph& g, const std::vector<std::size_t>& nodes) {
+      gpu::device_backend_options so;
+      so.optimizer = gpu::device_optimizer{"sgd", op_lr, op_momentum};
+      so.nodes = nodes;
+      return std::make_shared<gpu::device_backend>(dev, g, so);
+    });
+  std::vector<layers::graph*> ptrs;
+  for (auto& g : reps) ptrs.push_back(&g);
+  pl::pipeline p(rt, ptrs, pl::partition_by_parameters(reps[0], plan.pieces()), plan,
+                 std::make_shared<layers::cross_entropy>(),
+                 [] { return layers::make_optimizer<float>("sgd", op_lr, op_momentum); }, std::move(options));
+  for (int s = 0; s < steps; ++s) {
+    auto b = op_batch_of(24, 300 + std::uint64_t(s));
+    (void)p.train_step(std::move(b.x), b.t, std::uint64_t(s));
+  }
+  p.download();
+  rt.synchronize();
+}
+
+std::vector<layers::graph> op_replicas(std::uint32_t r) {
+  std::vector<layers::graph> reps;
+  for (std::uint32_t i = 0; i < r; ++i) reps.push_back(op_chain());
+  return reps;
+}
+
+void check_same_bits(layers::graph& a, layers::graph& b) {
+  auto pa = a.parameters(), pb = b.parameters();
+  REQUIRE(pa.size() == pb.size());
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    CAPTURE(pa[i].name);
+    REQUIRE(pa[i].value->size() == pb[i].value->size());
+    CHECK(std::memcmp(pa[i].value->data(), pb[i].value->data(), std::size_t(pa[i].value->size()) * sizeof(float)) ==
+          0);
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("gpu.op_layers") {
+  TEST_CASE("layers written with ops train on the device to the CPU's weights") {
+    const auto initial = op_chain();
+    auto cpu = op_replicas(1), dev = op_replicas(1);
+    const auto plan = pl::make_schedule("gpipe", 1, 2);
+    train_ops(cpu, plan, false, 3);
+    train_ops(dev, plan, true, 3);
+    auto pc = cpu[0].parameters(), pd = dev[0].parameters();
+    auto p0 = const_cast<layers::graph&>(initial).parameters();
+    REQUIRE(pc.size() == 8);  // three weights and biases, two betas
+    for (std::size_t i = 0; i < pc.size(); ++i) {
+      CAPTURE(pc[i].name);
+      double largest = 0, moved = 0, worst = 0;
+      for (std::int64_t k = 0; k < pc[i].value->size(); ++k) {
+        const double c = pc[i].value->data()[k], d = pd[i].value->data()[k];
+        largest = std::max(largest, std::abs(c));
+        moved = std::max(moved, std::abs(d - double(p0[i].value->data()[k])));
+        worst = std::max(worst, std::abs(c - d));
+      }
+      CHECK(moved > 1e-5);  // the device trained every tensor, the betas included
+      CHECK(worst <= 1e-4 * largest);
+    }
+  }
+
+  TEST_CASE("layers written with ops in a 2-stage device pipeline give one device stage's bits, every schedule") {
+    for (bool on_device : {false, true}) {
+      CAPTURE(on_device);
+      auto one = op_replicas(1);
+      train_ops(one, pl::make_schedule("gpipe", 1, 4), on_device, 3);
+      for (const char* kind : {"gpipe", "1f1b", "zb-h1"}) {
+        CAPTURE(std::string(kind));
+        auto two = op_replicas(1);
+        train_ops(two, pl::make_schedule(kind, 2, 4), on_device, 3);
+        check_same_bits(two[0], one[0]);
+      }
+    }
+  }
+
+  TEST_CASE("two replicas of one micro-batch each give the bits of one replica of two micro-batches") {
+    for (bool on_device : {false, true}) {
+      CAPTURE(on_device);
+      auto one = op_replicas(1), two = op_replicas(2);
+      train_ops(one, pl::make_schedule("1f1b", 2, 2), on_device, 3);
+      train_ops(two, pl::make_schedule("1f1b", 2, 1), on_device, 3);
+      check_same_bits(two[0], one[0]);
+      check_same_bits(two[1], one[0]);
+    }
+  }
+}
