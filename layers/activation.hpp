@@ -1,11 +1,15 @@
 #pragma once
 /// \file
 /// Elementwise activations: ReLU, LeakyReLU, Sigmoid, Tanh, GELU (PyTorch semantics).
+/// The built-in ones are written with ops (one `unary` each), so every backend runs
+/// them; an activation of a user's own op (`f`, `df`) runs its host code.
 
 #include <algorithm>
 #include <cmath>
+#include <concepts>
 
 #include "layers/layer.hpp"
+#include "layers/ops.hpp"
 
 namespace nerve::layers {
 
@@ -13,22 +17,26 @@ namespace nerve::layers {
 /// has a `kind` (PyTorch's class name).
 namespace activation_ops {
 struct relu {
+  static constexpr unary_fn fn = unary_fn::relu;  ///< the op every backend runs
   static constexpr std::string_view kind = "ReLU";
   template <class S> S f(S x) const { return x > S(0) ? x : S(0); }
   template <class S> S df(S x) const { return x > S(0) ? S(1) : S(0); }
 };
 struct leaky_relu {
+  static constexpr unary_fn fn = unary_fn::leaky_relu;  ///< the op every backend runs
   static constexpr std::string_view kind = "LeakyReLU";
   double negative_slope = 0.01;
   template <class S> S f(S x) const { return x > S(0) ? x : S(negative_slope) * x; }
   template <class S> S df(S x) const { return x > S(0) ? S(1) : S(negative_slope); }
 };
 struct sigmoid {
+  static constexpr unary_fn fn = unary_fn::sigmoid;  ///< the op every backend runs
   static constexpr std::string_view kind = "Sigmoid";
   template <class S> S f(S x) const { return S(1) / (S(1) + std::exp(-x)); }
   template <class S> S df(S x) const { S s = f(x); return s * (S(1) - s); }
 };
 struct tanh {
+  static constexpr unary_fn fn = unary_fn::tanh;  ///< the op every backend runs
   static constexpr std::string_view kind = "Tanh";
   template <class S> S f(S x) const { return std::tanh(x); }
   template <class S> S df(S x) const { S t = std::tanh(x); return S(1) - t * t; }
@@ -38,6 +46,7 @@ struct tanh {
 /// GELU(−6) came out 0 instead of −6e−9), while erfc keeps its relative accuracy; the float
 /// form is within 3.5 ulps of the value on the same rounded argument (measured, glibc).
 struct gelu {
+  static constexpr unary_fn fn = unary_fn::gelu;  ///< the op every backend runs
   static constexpr std::string_view kind = "GELU";
   template <class S> S f(S x) const { return S(0.5) * x * std::erfc(-x * S(0.70710678118654752440)); }
   template <class S> S df(S x) const {
@@ -48,16 +57,23 @@ struct gelu {
 };
 }  // namespace activation_ops
 
-/// A stateless elementwise layer: y = f(x), dx = dy ⊙ f'(x). Any shape; the
-/// stash holds the input (moved in).
-template <class Scalar, class Op>
-class basic_activation final : public basic_layer<Scalar> {
+/// An op with a `fn` is one of the ops every backend has (`unary_fn`).
+template <class Op>
+concept backend_unary = requires {
+  { Op::fn } -> std::convertible_to<unary_fn>;
+};
+
+namespace detail {
+
+/// A user's op: its `f` and `df` on the host (a device runs the layer on the host).
+template <class Scalar, class Op, bool = backend_unary<Op>>
+class activation_body : public basic_layer<Scalar> {
  public:
   using typename basic_layer<Scalar>::tensor_type;
   using typename basic_layer<Scalar>::stash_type;
   using typename basic_layer<Scalar>::forward_result;
 
-  explicit basic_activation(Op op = {}) : op_(op) {}
+  explicit activation_body(Op op) : op_(op) {}
   std::string_view kind() const noexcept override { return Op::kind; }
   const Op& op() const noexcept { return op_; }
 
@@ -85,6 +101,38 @@ class basic_activation final : public basic_layer<Scalar> {
 
  private:
   Op op_;
+};
+
+/// A built-in op: one `unary` of the ops, its derivative from the tape.
+template <class Scalar, class Op>
+class activation_body<Scalar, Op, true> : public basic_op_layer<Scalar> {
+ public:
+  using typename basic_op_layer<Scalar>::array;
+
+  explicit activation_body(Op op) : op_(op) {}
+  std::string_view kind() const noexcept override { return Op::kind; }
+  const Op& op() const noexcept { return op_; }
+  array compute(basic_ops<Scalar>& o, std::span<const array> in, std::span<const array>, std::vector<array>&,
+                const forward_context&) override {
+    if constexpr (requires { op_.negative_slope; }) return o.unary(Op::fn, in[0], Scalar(op_.negative_slope));
+    else return o.unary(Op::fn, in[0]);
+  }
+
+ protected:
+  shape infer_shape(std::span<const shape> inputs) const override { return inputs[0]; }
+
+ private:
+  Op op_;
+};
+
+}  // namespace detail
+
+/// A stateless elementwise layer: y = f(x), dx = dy ⊙ f'(x). Any shape; what backward
+/// needs (the input, or the output of Sigmoid and Tanh) is kept per micro-batch.
+template <class Scalar, class Op>
+class basic_activation final : public detail::activation_body<Scalar, Op> {
+ public:
+  explicit basic_activation(Op op = {}) : detail::activation_body<Scalar, Op>(op) {}
 };
 
 template <class S> using basic_relu = basic_activation<S, activation_ops::relu>;

@@ -132,7 +132,8 @@ class layer_kernels {
   /// The group's sum (a `device_reduced`'s) replaces the gradients, in stream order after
   /// the sum: no host round trip. Device kernels only.
   virtual void take_device_sum(std::shared_ptr<backend_data> sum);
-  /// The optimizer's state (checkpoints), parameters as the layer names them.
+  /// The optimizer's state (checkpoints), parameters as the layer names them, whichever
+  /// backend keeps it (a device's waits for its stream).
   virtual optimizer_state save_state() { return {}; }
   virtual void load_state(const optimizer_state&) {}
   /// A value from another pipeline stage (or its gate), before this node uses it: a device
@@ -176,12 +177,10 @@ class backend {
                     const std::function<void(value)>& gradient, std::function<void(loss_figures&)> report) = 0;
   /// Backends whose values share a non-null domain (one device) pass them device-resident.
   virtual const void* domain() const noexcept { return nullptr; }
-  /// A device's weights into the graph's layers, and its optimizer state (named as in the
-  /// graph) out and in: off the loops, between steps (they wait for the stream). The CPU
-  /// trains the graph in place and keeps its state in the layer actors: nothing to do.
+  /// A device's weights into the graph's layers: off the loops, between steps (it waits
+  /// for the stream). The CPU trains the graph in place: nothing to do. (Optimizer state
+  /// is each layer's kernels', on every backend: `layer_kernels::save_state`.)
   virtual void download() {}
-  virtual optimizer_state save_optimizer_state() { return {}; }
-  virtual void load_optimizer_state(const optimizer_state&) {}
   /// Data parallelism: the replicas of one layer run on `replicas` (this backend is replica
   /// 0's, member k is replica k's layer actor in `members`). Spawns, with `so`, the actor
   /// that sums their gradients where they are (`device_contribution` in, `device_reduced`

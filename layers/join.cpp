@@ -13,19 +13,11 @@ shape basic_add<Scalar>::infer_shape(std::span<const shape> inputs) const {
 }
 
 template <class Scalar>
-auto basic_add<Scalar>::do_forward(std::vector<tensor_type>& inputs, const forward_context&) -> forward_result {
-  tensor_type y = std::move(inputs[0]);
-  for (std::size_t i = 1; i < inputs.size(); ++i) y.matrix() += inputs[i].matrix();
-  return {std::move(y), {}};
-}
-
-template <class Scalar>
-auto basic_add<Scalar>::do_backward_input(const stash_type& saved, const tensor_type& dy, input_mask wanted)
-    -> std::vector<tensor_type> {
-  std::vector<tensor_type> g(saved.input_shapes.size());
-  for (std::size_t i = 0; i < g.size(); ++i)
-    if (wanted & (input_mask{1} << i)) g[i] = dy.clone();
-  return g;
+auto basic_add<Scalar>::compute(basic_ops<Scalar>& o, std::span<const array> in, std::span<const array>,
+                                std::vector<array>&, const forward_context&) -> array {
+  array y = o.add(in[0], in[1]);
+  for (std::size_t i = 2; i < in.size(); ++i) y = o.add(y, in[i]);
+  return y;
 }
 
 template <class Scalar>

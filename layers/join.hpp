@@ -3,27 +3,26 @@
 /// Fan-in layers: `basic_add` (residual join) and `basic_concat`.
 
 #include "layers/layer.hpp"
+#include "layers/ops.hpp"
 
 namespace nerve::layers {
 
 /// Sums its n ≥ 2 inputs, which must all have the same shape (a residual join).
 /// Each input's gradient is the output gradient. Empty stash.
 template <class Scalar>
-class basic_add final : public basic_layer<Scalar> {
+class basic_add final : public basic_op_layer<Scalar> {
  public:
-  using typename basic_layer<Scalar>::tensor_type;
-  using typename basic_layer<Scalar>::stash_type;
-  using typename basic_layer<Scalar>::forward_result;
+  using typename basic_op_layer<Scalar>::array;
 
   std::string_view kind() const noexcept override { return "Add"; }
   std::size_t min_inputs() const noexcept override { return 2; }
   std::size_t max_inputs() const noexcept override { return 64; }
+  /// x₀ + x₁ + …, added in input order; every input's gradient is the output's.
+  array compute(basic_ops<Scalar>& o, std::span<const array> in, std::span<const array>, std::vector<array>&,
+                const forward_context&) override;
 
  protected:
   shape infer_shape(std::span<const shape> inputs) const override;
-  forward_result do_forward(std::vector<tensor_type>& inputs, const forward_context& context) override;
-  std::vector<tensor_type> do_backward_input(const stash_type& saved, const tensor_type& grad_output,
-                                             input_mask wanted) override;
 };
 
 /// Concatenates n ≥ 2 inputs along the first sample dimension (features of

@@ -42,13 +42,8 @@ class network_engine : public train_engine {
     rt_.synchronize();  // a device's completions are counted work (`device_request::rt`)
     if (backend_) backend_->download();
   }
-  optimizer_state optimizer_state_of() override {
-    return backend_ ? backend_->save_optimizer_state() : net_.optimizer_state_of();
-  }
-  void load_optimizer_state(const optimizer_state& state) override {
-    if (backend_) backend_->load_optimizer_state(state);
-    else net_.load_optimizer_state(state);
-  }
+  optimizer_state optimizer_state_of() override { return net_.optimizer_state_of(); }
+  void load_optimizer_state(const optimizer_state& state) override { net_.load_optimizer_state(state); }
   void sync_weights() override {
     if (backend_) backend_->download();
   }

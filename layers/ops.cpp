@@ -309,6 +309,7 @@ template <class S>
 basic_op_run<S>::basic_op_run(basic_op_layer<S>& l, basic_op_set<S>& set, std::vector<array> inputs,
                               std::vector<array> params, bool train, const forward_context& context)
     : layer_(l), set_(set), inputs_(std::move(inputs)), params_(std::move(params)) {
+  for (const auto& a : inputs_) in_dims_.push_back(a.dims);
   if (train && !l.custom_backward()) {
     tape_ = std::make_unique<basic_tape<S>>(set);
     for (auto& a : inputs_) a.id = tape_->leaf();
@@ -321,12 +322,15 @@ basic_op_run<S>::basic_op_run(basic_op_layer<S>& l, basic_op_set<S>& set, std::v
   out_ = l.compute(o, inputs_, params_, keep_, context);
   out_id_ = out_.id;
   out_dims_ = out_.dims;
+  // What backward reads stays: the tape's arrays, or what a hand-written backward kept.
+  // The inputs go otherwise, so an output that is an input relabelled (Flatten) is
+  // the only holder of its memory and moves on without a copy.
+  if (!tape_) inputs_.clear();
   if (!train) {
     keep_.clear();
-    inputs_.clear();
     return;
   }
-  for (auto& k : keep_) kept_bytes_ += std::size_t(k.size()) * sizeof(S);
+  for (auto& k : keep_) kept_bytes_ += std::size_t(k.size()) * sizeof(S) * (k.data ? 1 : 0);
   for (auto& a : inputs_) kept_bytes_ += std::size_t(a.size()) * sizeof(S);
 }
 
@@ -357,7 +361,7 @@ auto basic_op_run<S>::backward_input(const array& dy, input_mask wanted) -> std:
   basic_array<S> shape_of_out{out_dims_, nullptr, nullptr, -1};
   require<S>(dy.size() == shape_of_out.size(), layer_.label() + ": an output gradient of " + dy.shape_string() +
                                                    " for an output of " + shape_of_out.shape_string());
-  std::vector<array> out(inputs_.size());
+  std::vector<array> out(in_dims_.size());
   if (layer_.custom_backward()) {
     basic_ops<S> o(set_);
     auto g = layer_.grad_input(o, keep_, params_, dy, wanted);
@@ -368,9 +372,9 @@ auto basic_op_run<S>::backward_input(const array& dy, input_mask wanted) -> std:
     for (std::size_t i = 0; i < inputs_.size(); ++i)
       if (wanted & (input_mask{1} << i)) out[i] = in_grads_[i];
   }
-  for (std::size_t i = 0; i < inputs_.size(); ++i) {
+  for (std::size_t i = 0; i < in_dims_.size(); ++i) {
     if (!(wanted & (input_mask{1} << i)) || !out[i].empty()) continue;
-    out[i] = set_.alloc(inputs_[i].dims);  // nothing reached the input: its gradient is zero
+    out[i] = set_.alloc(in_dims_[i]);  // nothing reached the input: its gradient is zero
     set_.fill(out[i].size(), S(0), out[i].data);
   }
   return out;

@@ -270,6 +270,7 @@ class basic_op_run {
   basic_op_layer<S>& layer_;
   basic_op_set<S>& set_;
   std::vector<array> inputs_, params_, keep_;
+  std::vector<std::vector<std::int64_t>> in_dims_;
   array out_;
   int out_id_ = -1;
   std::vector<std::int64_t> out_dims_;

@@ -34,7 +34,7 @@ device_backend::device_backend(device& dev, layers::graph& g, device_backend_opt
         e->host_opt = layers::make_optimizer<float>(o.kind, o.lr, o.momentum, o.weight_decay, o.nesterov);
       }
     }
-    for (auto& p : e->parameters) e->params.add(m.s, n.name + "." + p.name, p);
+    for (auto& p : e->parameters) e->params.add(m.s, p.name, p);  // the layer's names, as on the CPU
     m.nodes.push_back(std::move(e));
   }
   if (g.inputs().size() != 1) throw error(errc::not_supported, "device backend: graphs with one input only");
@@ -151,52 +151,6 @@ void device_backend::download() {
     for (std::size_t i = 0; i < host.size(); ++i)
       copy_async(m.s, host[i].value->data(), e->parameters[i].value->data(), e->parameters[i].value->bytes());
     m.s.synchronize();  // pageable host memory
-  }
-}
-
-layers::optimizer_state device_backend::save_optimizer_state() {
-  layers::optimizer_state all;
-  impl_->s.synchronize();  // a layer run on the host steps in the stream's order
-  for (auto& e : impl_->nodes) {
-    if (e->on_host()) {  // the CPU optimizer names the layer's parameters: prefix the node
-      layers::optimizer_state st;
-      e->host_opt->save_state(st);
-      const auto prefix = e->node->name + ".";
-      for (auto& b : st.buffers) all.buffers.push_back({prefix + b.parameter, std::move(b.name), std::move(b.values)});
-      for (auto& [k, v] : st.counters) all.counters[prefix + k] = v;
-      continue;
-    }
-    auto st = e->params.state(impl_->s);
-    for (auto& b : st.buffers) all.buffers.push_back(std::move(b));
-    all.counters.merge(st.counters);
-  }
-  return all;
-}
-
-void device_backend::load_optimizer_state(const layers::optimizer_state& state) {
-  std::vector<layers::optimizer_state> parts(impl_->nodes.size());
-  auto owner = [&](const std::string& name) -> std::size_t {
-    for (std::size_t i = 0; i < impl_->nodes.size(); ++i) {
-      const auto& n = impl_->nodes[i]->node->name;
-      if (name.size() > n.size() && name.compare(0, n.size(), n) == 0 && name[n.size()] == '.') return i;
-    }
-    throw std::invalid_argument("optimizer state: '" + name + "' belongs to no layer on the device");
-  };
-  for (const auto& b : state.buffers) parts[owner(b.parameter)].buffers.push_back(b);
-  for (const auto& [k, v] : state.counters) parts[owner(k)].counters[k] = v;
-  impl_->s.synchronize();
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    auto& e = *impl_->nodes[i];
-    if (!e.on_host()) {
-      e.params.load(impl_->s, parts[i]);
-      continue;
-    }
-    layers::optimizer_state local;  // the CPU optimizer's names: the node's prefix off
-    const auto cut = e.node->name.size() + 1;
-    for (auto& b : parts[i].buffers) local.buffers.push_back({b.parameter.substr(cut), b.name, b.values});
-    for (auto& [k, v] : parts[i].counters) local.counters[k.substr(cut)] = v;
-    auto ps = e.node->layer->parameters();
-    e.host_opt->load_state(local, ps);
   }
 }
 

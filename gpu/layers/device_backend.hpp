@@ -75,10 +75,6 @@ class device_backend final : public layers::backend {
                                      actors::address local, const layers::rank_reduce& how) override;
   /// Copies the device parameters into the graph's layers (waits for the stream).
   void download() override;
-  /// The optimizer's state, parameters as the graph names them (`fc1.weight`). Waits.
-  layers::optimizer_state save_optimizer_state() override;
-  /// Replaces it (as `save_optimizer_state` made it). Waits. Throws naming a buffer no layer has.
-  void load_optimizer_state(const layers::optimizer_state& state) override;
   /// Values its layers took from the host or handed over to it (a pipeline stage's
   /// boundaries, the gate's input and loss), since construction. Any thread.
   std::int64_t host_transfers() const noexcept;

@@ -131,6 +131,23 @@ class device_kernels final : public layers::layer_kernels {
   void when_done(actors::actor& owner, std::function<void()> then) override {
     b_.when_done(owner, std::move(then), "update");
   }
+  // The optimizer's state, the layer's parameter names (as on the CPU): it waits for the
+  // stream, which runs on its own (a checkpoint asks between steps).
+  layers::optimizer_state save_state() override {
+    b_.s.synchronize();
+    if (e_.on_host()) {
+      layers::optimizer_state st;
+      e_.host_opt->save_state(st);
+      return st;
+    }
+    return e_.params.state(b_.s);
+  }
+  void load_state(const layers::optimizer_state& st) override {
+    b_.s.synchronize();
+    if (!e_.on_host()) return e_.params.load(b_.s, st);
+    auto ps = e_.node->layer->parameters();
+    e_.host_opt->load_state(st, ps);
+  }
   void with_host(actors::actor& owner, std::vector<layers::value*> vs,
                  std::function<void(std::vector<layers::tensor>&)> fn) override {
     std::vector<const device_tensor*> ts;

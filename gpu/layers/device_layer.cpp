@@ -5,10 +5,7 @@
 #include "gpu/blas.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/status.hpp"
-#include "layers/activation.hpp"
 #include "layers/conv2d.hpp"
-#include "layers/flatten.hpp"
-#include "layers/join.hpp"
 #include "layers/linear.hpp"
 #include "layers/pool.hpp"
 
@@ -111,25 +108,6 @@ class linear_layer final : public unary_layer {
  private:
   std::size_t in_, out_;
   weight_and_bias p_;
-};
-
-// ---- pointwise activations ----------------------------------------------------
-class activation_layer final : public unary_layer {
- public:
-  activation_layer(std::string_view kind, activation f, float alpha) : kind_(kind), f_(f), alpha_(alpha) {}
-  std::string_view kind() const noexcept override { return kind_; }
-  shape_t output_shape(std::span<const shape_t> in) const override { return in[0]; }
-  void compute(stream& s, const device_tensor& x, device_tensor& y, device_stash&) override {
-    activation_forward(s, f_, x.data(), y.data(), x.size(), alpha_);
-  }
-  void input_gradient(stream& s, const device_stash& st, const device_tensor& dy, device_tensor& dx) override {
-    activation_backward(s, f_, st.inputs[0]->data(), st.output->data(), dy.data(), dx.data(), dx.size(), alpha_);
-  }
-
- private:
-  std::string_view kind_;
-  activation f_;
-  float alpha_;
 };
 
 // ---- Conv2d: im2col, then Y_n = W·col_n for every image (one strided-batched call) ----
@@ -247,51 +225,6 @@ class pool_layer final : public unary_layer {
   layers::pool2d_options o_;
 };
 
-// ---- Flatten: the same bytes under a 2-D shape ---------------------------------
-class flatten_layer final : public unary_layer {
- public:
-  std::string_view kind() const noexcept override { return "Flatten"; }
-  shape_t output_shape(std::span<const shape_t> in) const override {
-    return {in[0].empty() ? 1 : in[0][0], numel(in[0]) / std::max<std::size_t>(1, in[0].empty() ? 1 : in[0][0])};
-  }
-  void compute(stream& s, const device_tensor& x, device_tensor& y, device_stash&) override {
-    copy_async(s, y.data(), x.data(), x.bytes());
-  }
-  void input_gradient(stream& s, const device_stash&, const device_tensor& dy, device_tensor& dx) override {
-    copy_async(s, dx.data(), dy.data(), dy.bytes());
-  }
-};
-
-// ---- Add: y = Σ inputs; every input's gradient is dy -----------------------------
-class add_layer final : public device_layer {
- public:
-  std::string_view kind() const noexcept override { return "Add"; }
-  shape_t output_shape(std::span<const shape_t> in) const override {
-    for (std::size_t i = 1; i < in.size(); ++i)
-      if (in[i] != in[0]) bad_shape(kind(), in[i], shape_text(in[0]) + " (input 0's)");
-    return in[0];
-  }
-  void forward(stream& s, std::span<const device_tensor* const> in, device_tensor& y, device_stash& st) override {
-    std::vector<shape_t> shapes;
-    for (auto* t : in) shapes.push_back(t->shape());
-    y = device_tensor(s, output_shape(shapes));
-    copy_async(s, y.data(), in[0]->data(), y.bytes());
-    for (std::size_t i = 1; i < in.size(); ++i) axpy(s, y.size(), 1.0f, in[i]->data(), y.data());
-    st.inputs.assign(in.begin(), in.end());
-    st.output = &y;
-  }
-  std::vector<device_tensor> backward_input(stream& s, const device_stash& st, const device_tensor& dy,
-                                            std::uint64_t wanted) override {
-    std::vector<device_tensor> out(st.inputs.size());
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      if (!(wanted >> i & 1)) continue;
-      out[i] = device_tensor(s, dy.shape());
-      copy_async(s, out[i].data(), dy.data(), dy.bytes());
-    }
-    return out;
-  }
-};
-
 /// Copies the parameters (or, `grads`, their gradients) between `dev` and `cpu`, then waits.
 void transfer(stream& s, device_layer& dev, cpu_layer& cpu, bool to_device, bool grads) {
   auto dp = dev.parameters();
@@ -313,38 +246,19 @@ void transfer(stream& s, device_layer& dev, cpu_layer& cpu, bool to_device, bool
   s.synchronize();  // pageable host memory: done before the caller touches it
 }
 
-template <class Op>
-const layers::basic_activation<float, Op>* as_activation(cpu_layer& l) {
-  return dynamic_cast<const layers::basic_activation<float, Op>*>(&l);
-}
 
 }  // namespace
 
 std::unique_ptr<device_layer> make_device_layer(stream& s, cpu_layer& cpu) {
-  namespace ops = layers::activation_ops;
   std::unique_ptr<device_layer> d;
   if (auto* l = dynamic_cast<layers::basic_linear<float>*>(&cpu))
     d = std::make_unique<linear_layer>(s, std::size_t(l->in_features()), std::size_t(l->out_features()), l->has_bias());
   else if (auto* c = dynamic_cast<layers::basic_conv2d<float>*>(&cpu))
     d = std::make_unique<conv2d_layer>(s, c->options());
-  else if (as_activation<ops::relu>(cpu))
-    d = std::make_unique<activation_layer>("ReLU", activation::relu, 0.0f);
-  else if (auto* lr = as_activation<ops::leaky_relu>(cpu))
-    d = std::make_unique<activation_layer>("LeakyReLU", activation::leaky_relu, float(lr->op().negative_slope));
-  else if (as_activation<ops::sigmoid>(cpu))
-    d = std::make_unique<activation_layer>("Sigmoid", activation::sigmoid, 0.0f);
-  else if (as_activation<ops::tanh>(cpu))
-    d = std::make_unique<activation_layer>("Tanh", activation::tanh, 0.0f);
-  else if (as_activation<ops::gelu>(cpu))
-    d = std::make_unique<activation_layer>("GELU", activation::gelu, 0.0f);
   else if (auto* mp = dynamic_cast<layers::basic_max_pool2d<float>*>(&cpu))
     d = std::make_unique<pool_layer>(true, mp->options());
   else if (auto* ap = dynamic_cast<layers::basic_avg_pool2d<float>*>(&cpu))
     d = std::make_unique<pool_layer>(false, ap->options());
-  else if (dynamic_cast<layers::basic_flatten<float>*>(&cpu))
-    d = std::make_unique<flatten_layer>();
-  else if (dynamic_cast<layers::basic_add<float>*>(&cpu))
-    d = std::make_unique<add_layer>();
   else
     throw error(errc::not_supported, cpu.label() + ": no GPU twin for " + std::string(cpu.kind()));
   transfer(s, *d, cpu, true, false);

@@ -10,9 +10,9 @@
 ///        parameters ──upload (setup)──►  device parameters ──download (end)──► checkpoint
 /// ```
 ///
-/// Covered: Linear (cuBLAS through the row-major transpose identity), ReLU,
-/// LeakyReLU, Sigmoid, Tanh, GELU, Conv2d (im2col + strided-batched cuBLAS),
-/// MaxPool2d, AvgPool2d, Flatten, Add. Anything else throws `errc::not_supported`
+/// Covered: Linear (cuBLAS through the row-major transpose identity), Conv2d (im2col +
+/// strided-batched cuBLAS), MaxPool2d, AvgPool2d: the built-in layers not yet written
+/// with ops (layers/ops.hpp, which need no twin). Anything else throws `errc::not_supported`
 /// naming the layer. Compiles without CUDA headers.
 
 #include "gpu/memory.hpp"

@@ -55,19 +55,11 @@ nlohmann::json from_wire(const std::string& in, const std::string& what) {
 
 
 layers::optimizer_state pipeline::optimizer_state_of() const {
-  // Each CPU layer's optimizer, named as a network names them (replica 0's: every replica
-  // steps the same sums), and each device stage's, as its backend names them.
+  // Each layer's optimizer, on whichever backend, named as a network names them (replica
+  // 0's: every replica steps the same sums).
   const auto N = graph_->nodes().size();
-  std::vector<actors::address> cpu(layers_.begin(), layers_.begin() + std::ptrdiff_t(N));
-  for (std::size_t i = 0; i < N; ++i)
-    if (backend_of(i)) cpu[i] = {};
-  auto all = layers::ask_optimizer_state(rt_, *graph_, cpu);
-  for (std::uint32_t s = 0; s < plan_.stages; ++s)  // replica 0's stages (r * S + s with r = 0)
-    if (const auto& be = backends_[s]) {
-      auto st = be->save_optimizer_state();
-      for (auto& b : st.buffers) all.buffers.push_back(std::move(b));
-      all.counters.merge(st.counters);
-    }
+  std::vector<actors::address> first(layers_.begin(), layers_.begin() + std::ptrdiff_t(N));
+  auto all = layers::ask_optimizer_state(rt_, *graph_, first);
   if (!options_.link) return all;
   // Across ranks: every rank's replica-0 stages, gathered on every rank, in rank order.
   nlohmann::json mine = {{"buffers", nlohmann::json::array()}, {"counters", all.counters}};
@@ -93,7 +85,7 @@ layers::optimizer_state pipeline::optimizer_state_of() const {
 
 void pipeline::load_optimizer_state(const layers::optimizer_state& state) {
   const auto& nodes = graph_->nodes();
-  std::vector<layers::optimizer_state> parts(nodes.size()), devices(plan_.stages);
+  std::vector<layers::optimizer_state> parts(nodes.size());
   // The node a parameter's name belongs to, whichever rank runs it (`nodes.size()`: none).
   const auto owner_of = [&](const std::string& name) {
     return std::size_t(std::find_if(nodes.begin(), nodes.end(), [&](auto& n) {
@@ -104,21 +96,17 @@ void pipeline::load_optimizer_state(const layers::optimizer_state& state) {
     const auto i = owner_of(b.parameter);
     if (i == nodes.size())
       throw std::invalid_argument("optimizer state: '" + b.parameter + "' belongs to no layer of the pipeline");
-    if (backend_of(i)) devices[node_stage_[i]].buffers.push_back(b);  // named as the backend names them
-    else parts[i].buffers.push_back({b.parameter.substr(nodes[i].name.size() + 1), b.name, b.values});
+    parts[i].buffers.push_back({b.parameter.substr(nodes[i].name.size() + 1), b.name, b.values});
   }
   for (const auto& [k, v] : state.counters) {
     const auto i = owner_of(k);
-    if (i < nodes.size() && backend_of(i)) devices[node_stage_[i]].counters[k] = v;
-    else if (i < nodes.size()) parts[i].counters[k.substr(nodes[i].name.size() + 1)] = v;
+    if (i < nodes.size()) parts[i].counters[k.substr(nodes[i].name.size() + 1)] = v;
     else  // a stage-wide counter (`steps` of a checkpoint written by stage optimizers): every layer's
       for (auto& part : parts) part.counters.emplace(k, v);
   }
-  for (std::size_t k = 0; k < backends_.size(); ++k)  // every replica's: they step alike
-    if (backends_[k]) backends_[k]->load_optimizer_state(devices[k % plan_.stages]);
-  std::vector<std::future<bool>> done;
+  std::vector<std::future<bool>> done;  // every replica's layers: they step alike
   for (std::size_t k = 0; k < layers_.size(); ++k)
-    if (layers_[k] && !backend_of(k % nodes.size()))
+    if (layers_[k])
       done.push_back(rt_.ask<bool>(layers_[k], layers::set_optimizer_state{parts[k % nodes.size()]},
                                    std::chrono::nanoseconds::max()));
   for (auto& f : done) f.get();

@@ -18,6 +18,7 @@
 #include "gpu/device.hpp"
 #include "gpu/layers/device_layer.hpp"
 #include "gpu/layers/device_backend.hpp"
+#include "gpu/layers/device_op_set.hpp"
 #include "gpu/layers/train.hpp"
 #include "layers/trainer.hpp"
 #include "gpu/status.hpp"
@@ -140,22 +141,58 @@ std::vector<double> pointwise_tolerance(const layers::tensor& want, const layers
   return tol;
 }
 
+/// A layer's forward, B and W on the device: its twin, or (a layer written with ops)
+/// its own `compute` on the device's op set. Downloads what the checks compare.
+struct device_result {
+  std::vector<float> y;
+  std::vector<std::vector<float>> dx, dw;
+};
+
+device_result run_on_device(layer_fixture& fx, layers::layer& cpu, std::vector<layers::tensor>& inputs,
+                            const layers::tensor& dy) {
+  device_result r;
+  std::vector<std::shared_ptr<gpu::device_tensor>> din;
+  for (auto& t : inputs) din.push_back(std::make_shared<gpu::device_tensor>(gpu::upload(fx.s, t.data(), full_shape(t))));
+  auto gpu_dy = std::make_shared<gpu::device_tensor>(gpu::upload(fx.s, dy.data(), full_shape(dy)));
+  if (auto* op = cpu.as_op_layer()) {
+    gpu::device_op_set set(fx.s, "suite");
+    std::vector<layers::array> in, params, grads;
+    for (auto& t : din) in.push_back(gpu::device_op_set::array_of(t));
+    std::vector<std::shared_ptr<gpu::device_tensor>> keep;  // the parameters and gradients on the device
+    for (auto& p : cpu.parameters()) {
+      keep.push_back(std::make_shared<gpu::device_tensor>(gpu::upload(fx.s, p.value->data(), full_shape(*p.value))));
+      params.push_back({p.torch_shape, keep.back()->data(), nullptr, -1});
+      std::vector<float> zeros(std::size_t(p.grad->size()), 0.0f);
+      keep.push_back(std::make_shared<gpu::device_tensor>(gpu::upload(fx.s, zeros.data(), full_shape(*p.grad))));
+      grads.push_back({p.torch_shape, keep.back()->data(), nullptr, -1});
+    }
+    layers::basic_op_run<float> run(*op, set, std::move(in), std::move(params), true, {});
+    r.y = gpu::download(fx.s, *set.tensor_of(run.output()));
+    for (auto& g : run.backward_input(gpu::device_op_set::array_of(gpu_dy), gpu::all_inputs))
+      r.dx.push_back(gpu::download(fx.s, *set.tensor_of(g)));
+    run.backward_weight(gpu::device_op_set::array_of(gpu_dy), grads);
+    for (auto& g : grads) r.dw.push_back(gpu::download(fx.s, *set.tensor_of(g)));
+    return r;
+  }
+  auto dev = gpu::make_device_layer(fx.s, cpu);
+  std::vector<const gpu::device_tensor*> ptrs;
+  for (auto& t : din) ptrs.push_back(t.get());
+  gpu::device_tensor y;
+  gpu::device_stash stash;
+  dev->forward(fx.s, ptrs, y, stash);
+  r.y = gpu::download(fx.s, y);
+  for (auto& g : dev->backward_input(fx.s, stash, *gpu_dy, gpu::all_inputs)) r.dx.push_back(gpu::download(fx.s, g));
+  dev->backward_weight(fx.s, stash, *gpu_dy);
+  for (auto& p : dev->parameters()) r.dw.push_back(gpu::download(fx.s, *p.grad));
+  return r;
+}
+
 /// One layer through forward, B and W on both sides. `make` builds a fresh CPU layer;
 /// `k_fwd`, `k_dx`, `k_dw` are the reduction lengths (0: pointwise, exact-ish).
 void compare_layer(layer_fixture& fx, const std::function<std::unique_ptr<layers::layer>()>& make,
                    std::vector<layers::tensor> inputs, double k_fwd, double k_dx, double k_dw) {
   auto cpu = make();
   cpu->reset_parameters(fx.rng);
-  auto dev = gpu::make_device_layer(fx.s, *cpu);
-
-  // Device side.
-  std::vector<gpu::device_tensor> din;
-  for (auto& t : inputs) din.push_back(gpu::upload(fx.s, t.data(), full_shape(t)));
-  std::vector<const gpu::device_tensor*> ptrs;
-  for (auto& t : din) ptrs.push_back(&t);
-  gpu::device_tensor dy_out;
-  gpu::device_stash stash;
-  dev->forward(fx.s, ptrs, dy_out, stash);
 
   // CPU side (the inputs are moved into the stash: keep copies).
   std::vector<layers::tensor> cin, ain;
@@ -165,9 +202,7 @@ void compare_layer(layer_fixture& fx, const std::function<std::unique_ptr<layers
   }
   auto r = cpu->forward(std::move(cin));
   auto dy = fx.random(r.output.batch(), r.output.sample_shape());
-  auto gpu_dy = gpu::upload(fx.s, dy.data(), full_shape(dy));
-  auto gdx = dev->backward_input(fx.s, stash, gpu_dy, gpu::all_inputs);
-  dev->backward_weight(fx.s, stash, gpu_dy);
+  const auto got = run_on_device(fx, *cpu, inputs, dy);
   cpu->zero_grad();
   auto cdx = cpu->backward(std::move(r.stash), dy);
 
@@ -183,36 +218,30 @@ void compare_layer(layer_fixture& fx, const std::function<std::unique_ptr<layers
   auto mdx = mag->backward(std::move(mr.stash), abs_of(dy));
 
   const std::string kind(cpu->kind());
-  const auto got_y = gpu::download(fx.s, dy_out);
   if (k_fwd > 0)
-    check_within(kind + " forward", got_y, values(r.output), product_tolerance(mr.output, k_fwd));
+    check_within(kind + " forward", got.y, values(r.output), product_tolerance(mr.output, k_fwd));
   else
-    check_within(kind + " forward", got_y, values(r.output), pointwise_tolerance(r.output));
-  REQUIRE(gdx.size() == cdx.size());
+    check_within(kind + " forward", got.y, values(r.output), pointwise_tolerance(r.output));
+  REQUIRE(got.dx.size() == cdx.size());
   for (std::size_t i = 0; i < cdx.size(); ++i) {
-    const auto got = gpu::download(fx.s, gdx[i]);
     if (k_dx > 0)
-      check_within(kind + " dx" + std::to_string(i), got, values(cdx[i]), product_tolerance(mdx[i], k_dx));
+      check_within(kind + " dx" + std::to_string(i), got.dx[i], values(cdx[i]), product_tolerance(mdx[i], k_dx));
     else
-      check_within(kind + " dx" + std::to_string(i), got, values(cdx[i]), pointwise_tolerance(cdx[i], &dy));
+      check_within(kind + " dx" + std::to_string(i), got.dx[i], values(cdx[i]), pointwise_tolerance(cdx[i], &dy));
   }
-  // Parameter gradients: download into a fresh CPU layer of the same shape.
-  auto got_grads = make();
-  gpu::download_gradients(fx.s, *dev, *got_grads);
   auto want = cpu->parameters();
-  auto got = got_grads->parameters();
   auto m = mag->parameters();
+  REQUIRE(got.dw.size() == want.size());
   for (std::size_t i = 0; i < want.size(); ++i) {
     // Bias gradients are plain sums of dy over the batch (and pixels): magnitude Σ|dy|.
-    check_within(kind + " grad " + want[i].name, values(*got[i].grad), values(*want[i].grad),
-                 product_tolerance(*m[i].grad, k_dw));
+    check_within(kind + " grad " + want[i].name, got.dw[i], values(*want[i].grad), product_tolerance(*m[i].grad, k_dw));
   }
 }
 
 }  // namespace
 
 TEST_SUITE("gpu.layers") {
-  TEST_CASE("every layer's device twin matches the CPU layer on random data") {
+  TEST_CASE("every layer on the device, written with ops or twinned, matches the CPU layer on random data") {
     layer_fixture fx;
     SUBCASE("Linear") {
       compare_layer(fx, [] { return std::make_unique<layers::linear>(37, 19); }, [&] {

@@ -10,7 +10,10 @@
 // micro-batch order, the replicas' sum in member order).
 #include "gpu/device.hpp"
 #include "gpu/layers/device_backend.hpp"
+#include "layers/linear.hpp"
 #include "layers/loss.hpp"
+#include "layers/norm.hpp"
+#include "layers/activation.hpp"
 #include "layers/optimizer.hpp"
 #include "layers/pipeline/partition.hpp"
 #include "layers/pipeline/pipeline.hpp"
@@ -20,7 +23,9 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <set>
 #include <random>
 
 using namespace nerve;
@@ -148,6 +153,80 @@ TEST_SUITE("gpu.op_layers") {
       train_ops(two, pl::make_schedule("1f1b", 2, 1), on_device, 3);
       check_same_bits(two[0], one[0]);
       check_same_bits(two[1], one[0]);
+    }
+  }
+}
+
+namespace {
+
+/// fc1 → bn (BatchNorm: no device kernels, so on a device it runs on the host) → relu →
+/// act (an op layer) → fc2: the three kinds of layer a device backend runs.
+layers::graph mixed_kinds() {
+  layers::graph_builder b;
+  b.input("input", {12});
+  b.add("fc1", layers::linear(12, 16), {"input"});
+  b.add("bn", layers::batch_norm(16), {"fc1"});
+  b.add("relu", layers::relu(), {"bn"});
+  b.add("act", std::make_unique<layers::testing::swish>(0.9, false), {"relu"});
+  b.add("fc2", layers::linear(16, 4), {"act"});
+  return b.build(9);
+}
+
+/// Trains 2 steps (Adam) on one stage on the device or the CPU; its optimizer state after.
+layers::optimizer_state state_after(layers::graph& g, bool on_device, const layers::optimizer_state* load = nullptr) {
+  actors::runtime rt(actors::runtime_options{.loops = 2});
+  gpu::device dev(gpu::test::layers_suite_options());
+  pl::pipeline_options options;
+  if (on_device)
+    options.backends.push_back([&dev](layers::graph& gg, const std::vector<std::size_t>& nodes) {
+      gpu::device_backend_options so;
+      so.optimizer = gpu::device_optimizer{"adam", 1e-3};
+      so.nodes = nodes;
+      return std::make_shared<gpu::device_backend>(dev, gg, so);
+    });
+  const auto plan = pl::make_schedule("gpipe", 1, 2);
+  pl::pipeline p(rt, g, pl::partition_by_parameters(g, plan.pieces()), plan, std::make_shared<layers::cross_entropy>(),
+                 [] { return layers::make_optimizer<float>("adam", 1e-3); }, std::move(options));
+  if (load) {
+    p.load_optimizer_state(*load);
+    return p.optimizer_state_of();
+  }
+  for (int s = 0; s < 2; ++s) {
+    auto b = op_batch_of(24, 500 + std::uint64_t(s));
+    (void)p.train_step(std::move(b.x), b.t, std::uint64_t(s));
+  }
+  return p.optimizer_state_of();
+}
+
+}  // namespace
+
+TEST_SUITE("gpu.state") {
+  TEST_CASE("every layer's optimizer state comes from its kernels, one format on the CPU and on a device") {
+    auto cpu_g = mixed_kinds(), dev_g = mixed_kinds(), fresh_g = mixed_kinds();
+    const auto on_cpu = state_after(cpu_g, false);
+    const auto on_dev = state_after(dev_g, true);
+    // The same buffers under the same names from both backends: exp_avg and exp_avg_sq of
+    // fc1, bn (host-run), act (ops) and fc2's parameters, with their step counts.
+    auto names = [](const layers::optimizer_state& st) {
+      std::set<std::string> n;
+      for (const auto& b : st.buffers) n.insert(b.parameter + "/" + b.name);
+      return n;
+    };
+    CHECK(names(on_cpu) == names(on_dev));
+    CHECK(on_dev.buffers.size() == 2 * 7);  // fc1 (2), bn (2), act (1), fc2 (2)
+    CHECK(on_dev.counters.at("bn.weight.step") == 2);
+    CHECK(on_dev.counters.at("act.beta.step") == 2);
+    CHECK(on_dev.counters.at("fc2.bias.step") == 2);
+    // The CPU's state loaded on the device comes back with its bits.
+    const auto back = state_after(fresh_g, true, &on_cpu);
+    REQUIRE(back.buffers.size() == on_cpu.buffers.size());
+    for (const auto& want : on_cpu.buffers) {
+      CAPTURE(want.parameter + "/" + want.name);
+      const auto it = std::find_if(back.buffers.begin(), back.buffers.end(), [&](const auto& b) {
+        return b.parameter == want.parameter && b.name == want.name;
+      });
+      REQUIRE(it != back.buffers.end());
+      CHECK(it->values == want.values);
     }
   }
 }
