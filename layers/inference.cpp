@@ -107,7 +107,11 @@ evaluation_report evaluate(graph& g, const train_options& o, const std::filesyst
     throw std::invalid_argument("--evaluate needs --init FILE: the weights to evaluate (a --save file, or a --checkpoint)");
   check_options(o);
   if (!predictions.empty() && o.lead) {
-    checkpoint::replace_target(predictions);  // before the work, not after
+    try {  // before the work, not after
+      checkpoint::replace_target(predictions);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("--predict " + std::string(e.what()));
+    }
     std::error_code ec;
     const auto same = [&](const std::filesystem::path& other) {
       return !other.empty() && std::filesystem::weakly_canonical(predictions, ec) == std::filesystem::weakly_canonical(other, ec);

@@ -404,11 +404,11 @@ int main(int argc, char** argv) {
     };
     if (inference) {
       o.init = init;  // every replica has it already; the stages start from replica 0's
-      if (!json && speak)
-        std::printf("nerve-pipeline: evaluating %s with the weights of %s on %u stages x %u replica%s\n", model.c_str(),
-                    init.c_str(), stages, replicas, replicas == 1 ? "" : "s");
       const auto e = nl::evaluate(g, o, predict, make_engine);
       if (!speak) return 0;
+      if (!json)
+        std::printf("nerve-pipeline: %s with the weights of %s on %u stages x %u replica%s\n", model.c_str(),
+                    init.c_str(), stages, replicas, replicas == 1 ? "" : "s");
       if (json) {
         nlohmann::json j;
         j["model"] = model;

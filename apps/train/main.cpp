@@ -89,10 +89,9 @@ int evaluate_weights(CLI::App& app, const evaluation_request& r, const nerve::ap
   o.stall_timeout = r.stall_timeout;
   nerve::gpu::register_devices();  // --device cuda, cuda:N, standin beside the built-in cpu
   auto g = make_preset(o.model, o.seed);
-  if (!r.json)
-    std::printf("nerve-train: evaluating %s with the weights of %s on %s\n", o.model.c_str(), o.init.c_str(),
-                o.device.c_str());
   const auto e = evaluate(g, o, r.predict);
+  if (!r.json)
+    std::printf("nerve-train: %s with the weights of %s on %s\n", o.model.c_str(), o.init.c_str(), o.device.c_str());
   if (r.json) {
     nlohmann::json j;
     j["model"] = o.model;

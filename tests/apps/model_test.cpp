@@ -141,6 +141,9 @@ TEST_SUITE("apps.model") {
         {{pipeline_app, "--evaluate", "--lr", "0.1", "--init", dir + "/w"},
          "nerve-pipeline: --lr cannot be given with --evaluate: nothing is trained"},
         {{pipeline_app, "--evaluate"}, "nerve-pipeline: --evaluate needs --init FILE"},
+        {{train_app, "--predict", dir, "--init", dir + "/w"},
+         "nerve-train: --predict '" + dir + "' is a directory, not a regular file"},
+        {{train_app, "--predict", dir + "/w", "--init", dir + "/w"}, "nerve-train: --predict '" + dir + "/w' is the file --init names"},
     };
     for (const auto& [args, want] : cases) {
       CAPTURE(args);
@@ -240,7 +243,7 @@ TEST_SUITE("apps.model") {
     CHECK(bytes_of(dir + "/m.jsonl") == metrics);  // no second "run" record
     CHECK(bytes_of(dir + "/run.ck") == checkpoint);
     const auto j = json_of({train_app, "--resume", dir + "/run.ck", "--json"});
-    CHECK(j["nothing_left"] == true);
+    CHECK(j.value("nothing_left", false));
     CHECK(j["steps"] == 7);
     CHECK(bytes_of(dir + "/run.ck") == checkpoint);
   }
