@@ -227,6 +227,23 @@ TEST_SUITE("apps.model") {
     CHECK(bytes_of(dir + "/b.st") == bytes_of(dir + "/long45.st"));
   }
 
+  TEST_CASE("nerve-pipeline: a finished run resumed with more --epochs ends with the bytes of one longer run") {
+    nerve::testing::tiny_fashion_mnist data(300, 20);
+    const auto dir = data.dir.string();
+    const std::vector<std::string> base = {pipeline_app, "--data", dir, "--model", "mlp", "--stages", "2",
+                                           "--microbatches", "2", "--batch", "32", "--quiet"};
+    REQUIRE(run_app(cat(base, {"--epochs", "2", "--save", dir + "/long.st"})).exit_code == 0);
+    REQUIRE(run_app(cat(base, {"--epochs", "1", "--checkpoint", dir + "/run.ck"})).exit_code == 0);
+    auto r = run_app({pipeline_app, "--resume", dir + "/run.ck", "--quiet"});
+    CHECK(r.exit_code == 0);
+    CHECK(r.out.find("nerve-pipeline: the run in " + dir + "/run.ck has ended (1 epoch, 10 steps): nothing left to do") !=
+          std::string::npos);
+    r = run_app({pipeline_app, "--resume", dir + "/run.ck", "--epochs", "2", "--save", dir + "/ext.st", "--quiet"});
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(bytes_of(dir + "/ext.st") == bytes_of(dir + "/long.st"));
+  }
+
   TEST_CASE("resuming a run with nothing left says so, exits 0 and writes no second run to its files") {
     nerve::testing::tiny_fashion_mnist data(200, 20);
     const auto dir = data.dir.string();
