@@ -37,6 +37,7 @@ class network_engine : public train_engine {
     return net_.train_step(std::move(x), std::move(y), micro_batches, step, lr);
   }
   std::future<step_result> evaluate(tensor x, targets y) override { return net_.evaluate(std::move(x), std::move(y)); }
+  std::future<tensor> predict(tensor x) override { return net_.predict(std::move(x)); }
   std::size_t steps_in_flight() const override { return net_.steps_in_flight(); }
   void finish() override {
     rt_.synchronize();  // a device's completions are counted work (`device_request::rt`)

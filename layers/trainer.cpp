@@ -26,6 +26,7 @@
 #include "layers/data/detail/file_bytes.hpp"
 #include "layers/detail/resume_check.hpp"
 #include "layers/gemm.hpp"
+#include "layers/inference.hpp"
 #include "layers/layer_actor.hpp"
 #include "layers/lr_schedule.hpp"
 #include "layers/presets.hpp"
@@ -115,6 +116,22 @@ std::vector<std::string> weight_names(graph& g) {
   return names;
 }
 
+constexpr const char* state_key = "nerve.train_state";
+constexpr std::string_view optimizer_prefix = "optimizer.";
+
+/// A checkpoint's weights and buffers: all but its optimizer state (`write_train_state`).
+checkpoint::state_dict weights_of_checkpoint(const checkpoint::state_dict& d) {
+  checkpoint::state_dict w;
+  w.metadata = d.metadata;
+  w.source = d.source;
+  for (const auto& [name, t] : d.tensors()) {
+    if (name.starts_with(optimizer_prefix)) continue;
+    if (t.is_integer) w.add_int64(name, t.shape, t.ints);
+    else w.add(name, t.shape, t.floats);
+  }
+  return w;
+}
+
 /// Copies the checkpoint's weights into `g` (its names already checked).
 void copy_weights(const checkpoint::state_dict& d, graph& g) {
   for_each_weight(g, [&](const std::string& name, tensor& t, const std::vector<std::int64_t>& shape) {
@@ -130,6 +147,7 @@ void save_weights(graph& g, const std::filesystem::path& path, const std::string
 
 void load_weights(graph& g, const std::filesystem::path& path, bool allow_nonfinite) {
   auto d = checkpoint::load_checkpoint(path);
+  if (d.metadata.contains(state_key)) d = weights_of_checkpoint(d);
   if (!allow_nonfinite) d.check_finite();
   auto names = weight_names(g);
   // PyTorch's BatchNorm keeps an integer step count we do not use; accept it when present.
@@ -151,9 +169,6 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(epoch_stats, epoch, steps, train_loss, train_
 
 namespace {
 
-constexpr const char* state_key = "nerve.train_state";
-constexpr std::string_view optimizer_prefix = "optimizer.";
-
 nlohmann::json settings_of(const train_options& o) {
   nlohmann::json s = o;
   s["app"] = o.app_settings;
@@ -170,6 +185,10 @@ struct run_position {
   double loss_sum = 0;     // this epoch's figures so far
   std::int64_t correct = 0, seen = 0, epoch_steps = 0;
   std::vector<epoch_stats> done;  // the epochs before (stored beside the position, as "epochs")
+  // The limits the checkpoint's run was given (its settings, not stored with the position):
+  // a resume may raise them, not lower them.
+  int planned_epochs = 0;
+  std::int64_t planned_steps = -1;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(run_position, step, epoch, batch, loss_sum, correct, seen, epoch_steps)
 
@@ -226,6 +245,10 @@ std::pair<optimizer_state, run_position> read_train_state(const std::filesystem:
     j.at("optimizer_counters").get_to(opt.counters);
     auto pos = j.at("position").get<run_position>();
     j.at("epochs").get_to(pos.done);
+    if (j.contains("settings")) {
+      pos.planned_epochs = j["settings"].value("epochs", 0);
+      pos.planned_steps = j["settings"].value("steps", std::int64_t(-1));
+    }
     return {std::move(opt), std::move(pos)};
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument("--resume " + path.string() + ": unreadable training state: " + e.what());
@@ -273,6 +296,33 @@ std::string utc_now() {
   char b[32];
   std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return b;
+}
+
+/// What a resume may change of its run's limits: `epochs` and `steps` raised, never lowered
+/// (the run would end before the point its checkpoint already passed, or be cut short
+/// unseen); and with a schedule that spans the run's total of steps, not that total (the
+/// rates of the steps already taken were those of the shorter run, so the extended one
+/// would equal no run started with its settings). `planned_*` are the checkpoint's.
+void check_resumed_limits(const train_options& o, int planned_epochs, std::int64_t planned_steps,
+                          std::int64_t per_epoch, std::int64_t total_steps) {
+  const std::string ck = " (--resume " + o.resume.string() + ")";
+  if (o.epochs < planned_epochs)
+    throw std::invalid_argument("--epochs " + std::to_string(o.epochs) + " is below the checkpoint's " +
+                                std::to_string(planned_epochs) + ": a resumed run may be extended, not shortened" + ck);
+  if (o.steps != planned_steps && o.steps != -1 && (planned_steps == -1 || o.steps < planned_steps))
+    throw std::invalid_argument("--steps " + std::to_string(o.steps) + " is below the checkpoint's " +
+                                (planned_steps == -1 ? std::string("limit (none: its epochs end it)")
+                                                     : std::to_string(planned_steps)) +
+                                ": a resumed run may be extended, not shortened" + ck);
+  const std::int64_t planned_total = planned_steps >= 0 ? std::min(planned_steps, per_epoch * planned_epochs)
+                                                        : per_epoch * planned_epochs;
+  if (o.schedule != "none" && total_steps != planned_total)
+    throw std::invalid_argument(
+        (o.epochs != planned_epochs ? "--epochs " + std::to_string(o.epochs) : "--steps " + std::to_string(o.steps)) +
+        " would extend the run from " + std::to_string(planned_total) + " to " + std::to_string(total_steps) +
+        " steps, but its --schedule " + o.schedule + " spans the " + std::to_string(planned_total) +
+        " steps it was started for: the steps taken had the shorter run's rates. Resume it as it was, or start a "
+        "new run from its weights with --init " + o.resume.string());
 }
 
 }  // namespace
@@ -400,6 +450,7 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
     for (const auto& e : pos.done)  // saturating: a forged count must not overflow before it is refused
       steps_done = e.steps > std::numeric_limits<std::int64_t>::max() - steps_done ? std::numeric_limits<std::int64_t>::max()
                                                                                     : steps_done + e.steps;
+    check_resumed_limits(o, pos.planned_epochs, pos.planned_steps, per_epoch, total_steps);
     detail::check_resumed_position({pos.step, pos.epoch, pos.batch, pos.loss_sum, pos.correct, pos.seen,
                                     pos.epoch_steps, pos.done.size(), steps_done},
                                    resumed_opt.counters, o, {total_steps, batches});
@@ -409,6 +460,16 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
   report.parameters = g.parameter_count();
   report.epochs = pos.done;
   std::int64_t step = pos.step;
+  if (!o.resume.empty() && !(pos.epoch < o.epochs && step < total_steps)) {
+    // The checkpoint's run is at its end: nothing to train, and no record of a run that
+    // did not happen (metrics, checkpoint, trace). --save still writes its weights.
+    report.nothing_left = true;
+    report.steps = step;
+    engine->finish();
+    rt.synchronize();
+    if (!o.save.empty() && o.lead) save_weights(g, o.save, o.model);
+    return report;
+  }
   // Opened only now, with the run about to start: a run refused above leaves the old file.
   std::optional<metrics_log> metrics;
   if (!o.metrics.empty() && o.lead) {
@@ -427,6 +488,7 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
   }
   // Asked on every rank at the same points (the engine agrees across ranks).
   auto stop_requested = [&] { return engine->agree_stop(o.stop && o.stop->load(std::memory_order_relaxed)); };
+  bool evaluated = false;  // an epoch of this process ended with an evaluation
   for (int epoch = pos.epoch; epoch < o.epochs && step < total_steps && !report.interrupted; ++epoch) {
     const auto t0 = std::chrono::steady_clock::now();
     const bool resumed = epoch == pos.epoch;  // a checkpoint's epoch goes on where it stood
@@ -495,7 +557,8 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
       if (!o.checkpoint.empty() && o.checkpoint_every > 0 && step % o.checkpoint_every == 0)
         save_state({step, epoch, b + 1, loss_sum, correct, seen, st.steps, report.epochs});
     };
-    for (std::size_t b = first_batch; b < batches && step + std::int64_t(flying.size()) < total_steps; ++b) {
+    std::size_t b = first_batch;  // after the loop: the epoch's next batch, where a step limit cut it
+    for (; b < batches && step + std::int64_t(flying.size()) < total_steps; ++b) {
       if (stop_requested()) {
         while (!flying.empty()) settle();
         st.interrupted = report.interrupted = true;
@@ -528,27 +591,18 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
     st.train_accuracy = seen ? double(correct) / double(seen) : 0;
     st.samples_per_s = st.seconds > 0 ? double(seen - seen_before) / st.seconds : 0;
     if (test_set && !st.interrupted) {
-      const std::size_t chunk = evaluation_rows;
-      double tl = 0;
-      std::int64_t tc = 0;
-      for (std::size_t first = 0; first < test_set->size(); first += chunk) {
-        const auto rows = std::min(chunk, test_set->size() - first);
-        auto v = test_set->rows(first, rows);
-        tensor x(static_cast<std::int64_t>(rows), sample);
-        std::copy(v.begin(), v.end(), x.data());
-        targets y;
-        y.labels.assign(test_set->labels.begin() + std::ptrdiff_t(first), test_set->labels.begin() + std::ptrdiff_t(first + rows));
-        auto r = engine->evaluate(std::move(x), std::move(y)).get();
-        tl += r.loss * double(r.samples);
-        tc += r.correct;
-      }
-      st.test_loss = tl / double(test_set->size());
-      st.test_accuracy = double(tc) / double(test_set->size());
+      const auto f = evaluate_set(*engine, *test_set, sample);
+      st.test_loss = f.loss;
+      st.test_accuracy = f.accuracy;
+      evaluated = true;
     }
     report.epochs.push_back(st);
     if (!o.checkpoint.empty()) {
-      if (st.interrupted)  // stopped mid-epoch: a resume goes on with its next batch, this epoch not done
-        save_state({step, epoch, stopped_at, loss_sum, correct, seen, st.steps,
+      // Stopped mid-epoch, or cut by the step limit: a resume goes on with its next batch,
+      // this epoch not done (a run extended by --steps then takes the batches the longer
+      // run would have, in the same epoch).
+      if (st.interrupted || b < batches)
+        save_state({step, epoch, st.interrupted ? stopped_at : b, loss_sum, correct, seen, st.steps,
                     std::vector(report.epochs.begin(), report.epochs.end() - 1)});
       else
         save_state({step, epoch + 1, 0, 0, 0, 0, 0, report.epochs});
@@ -564,6 +618,8 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
     if (on_epoch) on_epoch(st);
   }
   report.steps = step;
+  // The last evaluation's predictions by class, on the same engine and weights.
+  if (o.class_figures && evaluated && !report.interrupted) report.classes = count_classes(*engine, *test_set, sample);
   engine->finish();
   rt.synchronize();
   if (!o.trace.empty()) {

@@ -79,6 +79,10 @@ struct train_options {
   std::filesystem::path checkpoint;
   std::int64_t checkpoint_every = 0;  ///< steps between checkpoints (0: after every epoch only)
   /// Continue the run saved in this checkpoint (`resume_options` reads its settings).
+  /// `epochs` and `steps` may be raised above the checkpoint's to extend the run (never
+  /// lowered: refused naming both); with a schedule other than `none`, only where the run's
+  /// total of steps stays the same, since the rates of the steps taken spanned that total.
+  /// A run already at its end does nothing (`train_report::nothing_left`).
   std::filesystem::path resume;
   /// Write the training curves here as JSON lines (docs/trace.md, "Training curves"): a
   /// `run` line with the settings, then a `step` line per optimizer step and an `epoch`
@@ -100,6 +104,9 @@ struct train_options {
   /// are not (`save` would hold a half-trained model under the finished one's name).
   /// A signal handler may set it (a lock-free atomic store is async-signal-safe).
   const std::atomic<bool>* stop = nullptr;
+  /// After the run's last evaluation, runs the test set through `train_engine::predict`
+  /// too and counts its classes (`train_report::classes`): one more pass over the test set.
+  bool class_figures = false;
   /// This process writes the run's files (`save`, `metrics`, `checkpoint`, and `trace`
   /// unless the engine writes it). The other ranks of a multi-rank run say false: they take
   /// the same steps, checkpoints included (their parts are gathered), and write nothing.
@@ -146,11 +153,27 @@ struct train_progress {
   double samples_per_s = 0;
 };
 
+/// A test set's predictions counted by class: `confusion[t][p]` samples of true class `t`
+/// predicted as `p` (the first largest output, as the loss counts a correct one).
+struct class_counts {
+  std::vector<std::vector<std::int64_t>> confusion;
+  /// Per true class: its samples predicted right over its samples (0 for a class with none).
+  std::vector<double> accuracy() const;
+  /// The samples of each true class (a row of `confusion` summed).
+  std::vector<std::int64_t> samples() const;
+};
+
 struct train_report {
   std::vector<epoch_stats> epochs;
   std::int64_t parameters = 0;
   std::int64_t steps = 0;
   bool interrupted = false;  ///< stopped on request (`train_options::stop`) before its last step
+  /// A resumed run whose checkpoint had reached its end (its epochs and steps): nothing
+  /// ran, no trace, metrics or checkpoint was written (`save` was, when asked).
+  bool nothing_left = false;
+  /// With `train_options::class_figures`, after the last evaluation (empty otherwise, or
+  /// when no epoch finished).
+  class_counts classes;
 };
 
 /// A network being trained, however it runs. The trainer calls it from one thread (its
@@ -165,6 +188,9 @@ class train_engine {
                                               double lr) = 0;
   /// Loss and correct count of a batch in evaluation mode, no update.
   virtual std::future<step_result> evaluate(tensor x, targets y) = 0;
+  /// The network's output for a batch (a row per sample), in evaluation mode. The
+  /// default throws: the engine cannot predict.
+  virtual std::future<tensor> predict(tensor x);
   /// The fewest rows a training batch must have (a smaller last batch is skipped).
   virtual std::size_t min_rows() const { return 1; }
   /// Steps the trainer may ask for before the first of them answers (a device's
@@ -237,8 +263,9 @@ optimizer_factory make_optimizer_factory(const train_options& options);
 
 /// A graph's parameters and buffers as a PyTorch-named state dict, and back (strict: the
 /// names must match exactly, shapes are checked).
-/// `load_weights` refuses a file holding NaN or Inf (naming the tensor and the element)
-/// unless `allow_nonfinite`.
+/// `load_weights` also takes a checkpoint (`train_options::checkpoint`): its weights and
+/// buffers, without its optimizer state and position. It refuses a file holding NaN or
+/// Inf among what it loads (naming the tensor and the element) unless `allow_nonfinite`.
 void save_weights(graph& g, const std::filesystem::path& path, const std::string& model);
 void load_weights(graph& g, const std::filesystem::path& path, bool allow_nonfinite = false);
 

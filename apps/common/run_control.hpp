@@ -60,8 +60,8 @@ struct run_state_options {
     add_whole(app, "--checkpoint-every", checkpoint_every, "Steps between checkpoints (0: after every epoch only)");
     app.add_option("--resume", resume,
                    "Continue the run saved in this checkpoint with its settings (--save, --trace, --metrics, "
-                   "--checkpoint and --json may be given again, and --data and --threads for another machine; "
-                   "--metrics appends to the file)");
+                   "--checkpoint and --json may be given again, --data and --threads for another machine, and "
+                   "--epochs and --steps above the checkpoint's to extend the run; --metrics appends to the file)");
     app.add_option("--metrics", metrics,
                    "Write the training curves here as JSON lines (a line per step and per epoch, as the run goes; "
                    "draw them with nerve-trace curves); --resume appends");

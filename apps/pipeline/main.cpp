@@ -33,10 +33,13 @@
 #include "layers/executor.hpp"
 #include "layers/gemm.hpp"
 #include "layers/pipeline/pipeline.hpp"
+#include "layers/inference.hpp"
 #include "layers/presets.hpp"
+#include "layers/summary.hpp"
 #include "layers/trainer.hpp"
 #include "apps/common/app_settings.hpp"
 #include "apps/common/job.hpp"
+#include "apps/common/model_report.hpp"
 #include "apps/common/options.hpp"
 #include "layers/pipeline/engine.hpp"
 #include "apps/common/run_control.hpp"
@@ -125,7 +128,18 @@ int main(int argc, char** argv) {
   double stall_timeout = 60;
   nerve::apps::add_stall_timeout(app, stall_timeout);
   app.add_option("--data", data, "Directory with the Fashion-MNIST IDX files")->capture_default_str();
-  app.add_option("--init", init, "Start from these weights (safetensors)");
+  app.add_option("--init", init, "Start from these weights (safetensors: weights, or the weights of a checkpoint)");
+  bool evaluate_only = false, show_summary = false;
+  std::string predict;
+  app.add_flag("--evaluate", evaluate_only,
+               "Evaluate the --init weights on the test set through the pipeline's stages (loss, accuracy; per "
+               "class with --json) and exit: nothing is trained");
+  app.add_option("--predict", predict,
+                 "Write the test set's predictions to this CSV file (a header, then per sample: index, predicted "
+                 "class, each class's probability) and exit; evaluates the --init weights as --evaluate does");
+  app.add_flag("--summary", show_summary,
+               "Print each layer's output shape, parameters, stash per micro-batch and stage, with the totals, and "
+               "exit");
   app.add_option("--save", save, "Write the final weights here (safetensors, PyTorch names)");
   app.add_option("--trace", trace, "Record every message, stage action and idle span; write a Chrome trace here");
   bool trace_exact = false;
@@ -168,8 +182,9 @@ int main(int argc, char** argv) {
       // The checkpoint's settings hold: a training option given beside --resume would be ignored.
       // Where the data lies and how many loops run the stages may change (a run moved to
       // another machine): neither changes the bits.
+      // --epochs and --steps may raise the run's limits (train: check_resumed_limits).
       for (const char* opt : {"--model", "--stages", "--microbatches", "--schedule", "--chunks", "--credits",
-                              "--replicas", "--partition", "--schedule-file", "--devices", "--epochs", "--steps",
+                              "--replicas", "--partition", "--schedule-file", "--devices",
                               "--batch", "--lr", "--momentum", "--seed", "--no-shuffle", "--normalize",
                               "--init", "--no-eval", "--allow-nonfinite"})
         if (app.count(opt) > 0)
@@ -241,6 +256,22 @@ int main(int argc, char** argv) {
     }
 
     auto o = resume.empty() ? nl::preset_defaults(model) : resumed;
+    const bool inference = evaluate_only || !predict.empty();
+    const std::string mode = evaluate_only ? "--evaluate" : "--predict";
+    if (inference) {
+      nerve::apps::refuse_beside(app, mode, {"--epochs", "--steps", "--batch", "--lr", "--momentum", "--no-shuffle",
+                                             "--save", "--checkpoint", "--checkpoint-every", "--resume", "--metrics",
+                                             "--no-eval"});
+      if (init.empty())
+        throw std::invalid_argument(mode + " needs --init FILE: the weights to evaluate (a --save file, or a --checkpoint)");
+    }
+    if (!resume.empty()) {
+      if (app.count("--epochs")) o.epochs = epochs;
+      if (app.count("--steps")) {
+        if (steps < 1) throw std::invalid_argument("--steps must be at least 1 (got " + std::to_string(steps) + ")");
+        o.steps = steps;
+      }
+    }
     if (resume.empty()) {
       // What the user gave replaces the preset's, whatever it is: check_options refuses
       // what is out of range rather than the preset's value standing in for it unseen.
@@ -318,18 +349,6 @@ int main(int argc, char** argv) {
                                     {"replicas", replicas}, {"credits", credits}, {"devices", devices}, {"cut", cut}}
                          .dump();
 
-    if (!json && speak)
-      std::printf("nerve-pipeline: %s, %u stages x %u replica%s, %s, %u micro-batches of ~%zu (batch %zu), %s lr %g, "
-                  "%u loops\npieces: %s\n",
-                  model.c_str(), stages, replicas, replicas == 1 ? "" : "s", emergent ? "emergent" : plan.name.c_str(),
-                  micro, o.batch / micro / replicas, o.batch, o.optimizer.c_str(), o.lr, threads,
-                  np::to_string(g, pieces).c_str());
-
-    np::pipeline_options po;
-    po.emergent = emergent;
-    po.credits = credits;
-
-    for (std::uint32_t s = 0; s < stages * replicas; ++s) po.loops.push_back(s % threads);
     std::vector<std::string> device_list(stages, "cpu");
     if (!devices.empty()) {
       device_list = split_list(devices);
@@ -338,6 +357,36 @@ int main(int argc, char** argv) {
                                     " names " + std::to_string(device_list.size()) + " devices for " +
                                     std::to_string(stages) + " stages");
     }
+    std::string banner_totals;
+    if (show_summary || (!json && speak && !inference)) {
+      // On a graph of its own: the summary's forward calls leave the run's graphs untouched.
+      auto sg = nl::make_preset(model, seed);
+      nl::summary_options so;
+      const std::size_t parts = std::size_t(micro) * replicas;
+      so.micro_batch = std::int64_t((o.batch + parts - 1) / parts);
+      so.places.assign(sg.nodes().size(), "");
+      for (std::size_t k = 0; k < pieces.size(); ++k)
+        for (std::size_t i : pieces[k])
+          so.places[i] = "stage " + std::to_string(k % stages) + " (" + device_list[k % stages] + ")";
+      const auto s = nl::summary(sg, so);
+      if (show_summary) {
+        if (speak) std::cout << (json ? nerve::apps::summary_json(s).dump(2) + "\n" : nl::to_text(s));
+        return 0;
+      }
+      banner_totals = "model: " + nl::totals_line(s) + "\n";
+    }
+    if (!json && speak && !inference)
+      std::printf("nerve-pipeline: %s, %u stages x %u replica%s, %s, %u micro-batches of ~%zu (batch %zu), %s lr %g, "
+                  "%u loops\npieces: %s\n%s",
+                  model.c_str(), stages, replicas, replicas == 1 ? "" : "s", emergent ? "emergent" : plan.name.c_str(),
+                  micro, o.batch / micro / replicas, o.batch, o.optimizer.c_str(), o.lr, threads,
+                  np::to_string(g, pieces).c_str(), banner_totals.c_str());
+
+    np::pipeline_options po;
+    po.emergent = emergent;
+    po.credits = credits;
+
+    for (std::uint32_t s = 0; s < stages * replicas; ++s) po.loops.push_back(s % threads);
     nerve::gpu::register_devices();  // cuda, cuda:N, standin beside the built-in cpu
     for (const auto& d : device_list) (void)nl::parse_device(d, "--devices");  // before the data: a typo costs nothing
     np::engine_outcome outcome;
@@ -353,6 +402,36 @@ int main(int argc, char** argv) {
         for (std::uint32_t s = 0; s < stages; ++s) std::printf("stage %u on %s\n", s, outcome.device_of[s].c_str());
       return e;
     };
+    if (inference) {
+      o.init = init;  // every replica has it already; the stages start from replica 0's
+      const auto e = nl::evaluate(g, o, predict, make_engine);
+      if (!speak) return 0;
+      if (!json)
+        std::printf("nerve-pipeline: %s with the weights of %s on %u stages x %u replica%s\n", model.c_str(),
+                    init.c_str(), stages, replicas, replicas == 1 ? "" : "s");
+      if (json) {
+        nlohmann::json j;
+        j["model"] = model;
+        j["weights"] = init;
+        j["stages"] = stages;
+        j["replicas"] = replicas;
+        j["ranks"] = ranks->size();
+        j["devices"] = outcome.device_of;
+        j["parameters"] = e.parameters;
+        j["test_loss"] = e.test.loss;
+        j["test_accuracy"] = e.test.accuracy;
+        j["correct"] = e.test.correct;
+        j["samples"] = e.test.samples;
+        j["classes"] = nerve::apps::classes_json(e.classes);
+        if (!predict.empty()) j["predictions"] = predict;
+        std::cout << j.dump(2) << "\n";
+      } else {
+        std::printf("%s\n", nerve::apps::test_line(e.test.loss, e.test.accuracy, e.test.correct, e.test.samples).c_str());
+        if (!predict.empty()) std::printf("predictions written to %s\n", predict.c_str());
+        if (!trace.empty()) std::printf("trace written to %s\n", trace.c_str());
+      }
+      return 0;
+    }
     progress_bar bar(quiet || json || !speak);
     install_stop_handlers();
     nlohmann::json epochs_json = nlohmann::json::array();
@@ -376,6 +455,17 @@ int main(int argc, char** argv) {
         },
         make_engine);
     const std::int64_t step = report.steps;
+    if (report.nothing_left && speak && !json)
+      std::printf("nerve-pipeline: the run in %s has ended (%d epoch%s, %lld steps): nothing left to do; --epochs "
+                  "or --steps above its own extend it\n",
+                  resume.c_str(), o.epochs, o.epochs == 1 ? "" : "s", static_cast<long long>(step));
+    if (report.nothing_left) {  // no stage ran: no figures to show
+      if (speak && json)
+        std::cout << nlohmann::json{{"model", model}, {"steps", step}, {"nothing_left", true}, {"epochs", epochs_json}}.dump(2)
+                  << "\n";
+      if (speak && !json && !save.empty()) std::printf("weights written to %s\n", save.c_str());
+      return 0;
+    }
     const double train_seconds = outcome.train_seconds;
     const std::int64_t trained = outcome.trained;
     const auto& device_of = outcome.device_of;

@@ -24,10 +24,13 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/layers/train.hpp"
+#include "layers/inference.hpp"
 #include "layers/presets.hpp"
+#include "layers/summary.hpp"
 #include "layers/trainer.hpp"
 #include "apps/common/app_settings.hpp"
 #include "apps/common/job.hpp"
+#include "apps/common/model_report.hpp"
 #include "apps/common/options.hpp"
 #include "layers/pipeline/engine.hpp"
 #include "apps/common/run_control.hpp"
@@ -45,6 +48,85 @@ std::string fmt_g(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%g", v);
   return b;
+}
+
+/// What `--evaluate` and `--predict` read of the command line.
+struct evaluation_request {
+  std::string model, init, predict, data, device, trace;
+  std::vector<double> normalize;
+  unsigned threads = 1;
+  bool spread = false;
+  unsigned long long seed = 0;
+  bool trace_exact = false, allow_nonfinite = false;
+  double stall_timeout = 60;
+  bool json = false, evaluate_flag = false;
+};
+
+/// `--evaluate` / `--predict`: the --init weights through the test set on the engine
+/// `--device` names; nothing is trained. Returns the exit status.
+int evaluate_weights(CLI::App& app, const evaluation_request& r, const nerve::apps::job& ranks) {
+  const std::string mode = r.evaluate_flag ? "--evaluate" : "--predict";
+  nerve::apps::refuse_beside(app, mode, nerve::apps::training_only);
+  if (app.count("--replicas"))
+    throw std::invalid_argument("--replicas cannot be given with " + mode +
+                                ": the test set runs through one network (on any --device)");
+  if (ranks.size() > 1)
+    throw std::invalid_argument(mode + " runs in one process, not under mpirun (" + std::to_string(ranks.size()) +
+                                " ranks)");
+  if (r.init.empty())
+    throw std::invalid_argument(mode + " needs --init FILE: the weights to evaluate (a --save file, or a --checkpoint)");
+  auto o = preset_defaults(r.model);
+  o.init = r.init;
+  o.data = r.data;
+  o.normalize = nerve::apps::normalization_of(r.normalize);
+  o.threads = r.threads;
+  o.spread = r.spread;
+  o.seed = r.seed;
+  o.device = r.device;
+  o.trace = r.trace;
+  o.trace_exact = r.trace_exact;
+  o.allow_nonfinite = r.allow_nonfinite;
+  o.stall_timeout = r.stall_timeout;
+  nerve::gpu::register_devices();  // --device cuda, cuda:N, standin beside the built-in cpu
+  auto g = make_preset(o.model, o.seed);
+  const auto e = evaluate(g, o, r.predict);
+  if (!r.json)
+    std::printf("nerve-train: %s with the weights of %s on %s\n", o.model.c_str(), o.init.c_str(), o.device.c_str());
+  if (r.json) {
+    nlohmann::json j;
+    j["model"] = o.model;
+    j["device"] = o.device;
+    j["weights"] = o.init;
+    j["parameters"] = e.parameters;
+    j["test_loss"] = e.test.loss;
+    j["test_accuracy"] = e.test.accuracy;
+    j["correct"] = e.test.correct;
+    j["samples"] = e.test.samples;
+    j["classes"] = nerve::apps::classes_json(e.classes);
+    if (!r.predict.empty()) j["predictions"] = r.predict;
+    if (!r.trace.empty()) j["trace"] = r.trace;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::printf("%s\n", nerve::apps::test_line(e.test.loss, e.test.accuracy, e.test.correct, e.test.samples).c_str());
+    if (!r.predict.empty()) std::printf("predictions written to %s\n", r.predict.c_str());
+    if (!r.trace.empty()) std::printf("trace written to %s\n", r.trace.c_str());
+  }
+  return 0;
+}
+
+/// The model of a run as `--summary` and the banner show it: stashes per micro-batch of
+/// the batch split over the replicas and micro-batches (the largest part), places as the
+/// engine puts the layers.
+model_summary summary_of(const train_options& o, std::uint32_t replicas, const std::string& device) {
+  auto g = make_preset(o.model, o.seed);
+  summary_options so;
+  const std::size_t parts = o.micro_batches * replicas;
+  so.micro_batch = std::int64_t((o.batch + parts - 1) / parts);
+  if (replicas > 1)
+    so.places.assign(g.nodes().size(), "stage 0 of each replica" + (device == "cpu" ? std::string() : " on " + device));
+  else
+    so.places = places_on_loops(g, o.threads, o.spread, device);
+  return summary(g, so);
 }
 
 
@@ -88,7 +170,18 @@ int main(int argc, char** argv) {
   double stall_timeout = 60;
   nerve::apps::add_stall_timeout(app, stall_timeout);
   app.add_option("--data", data, "Directory with the Fashion-MNIST IDX files");
-  app.add_option("--init", init, "Start from these weights (safetensors)");
+  app.add_option("--init", init, "Start from these weights (safetensors: weights, or the weights of a checkpoint)");
+  bool evaluate_only = false, show_summary = false;
+  std::string predict;
+  app.add_flag("--evaluate", evaluate_only,
+               "Evaluate the --init weights on the test set (loss, accuracy; per class with --json) and exit: "
+               "nothing is trained");
+  app.add_option("--predict", predict,
+                 "Write the test set's predictions to this CSV file (a header, then per sample: index, predicted "
+                 "class, each class's probability) and exit; evaluates the --init weights as --evaluate does");
+  app.add_flag("--summary", show_summary,
+               "Print each layer's output shape, parameters, stash per micro-batch and where it runs, with the "
+               "totals, and exit");
   app.add_option("--save", save, "Write the final weights here (safetensors, PyTorch names)");
   app.add_option("--trace", trace, "Record every message and write a Chrome trace here");
   bool trace_exact = false;
@@ -112,6 +205,7 @@ int main(int argc, char** argv) {
   if (const int status = nerve::apps::parse_command_line(app, argc, argv, "nerve-train"); status >= 0) return status;
 
   std::optional<nerve::apps::job> ranks;  // the processes of the run: one, or mpirun's ranks
+  std::string banner_totals;
   try {
     ranks.emplace(argc, argv);
     const bool speak = ranks->lead();  // rank 0 speaks for the job
@@ -119,11 +213,16 @@ int main(int argc, char** argv) {
       throw std::invalid_argument("--replicas must be between 1 and " + std::to_string(max_threads) + " (got " +
                                   std::to_string(replicas_in) + "): each replica is a group of layer actors");
     auto replicas = std::uint32_t(replicas_in);
+    if ((evaluate_only || !predict.empty()) && !show_summary)
+      return evaluate_weights(app, {model, init, predict, data, device, trace, normalize, threads, spread, seed,
+                                    trace_exact, allow_nonfinite, stall_timeout, json, evaluate_only},
+                              *ranks);
     if (!state.resume.empty()) {
       // The checkpoint's settings hold: a training option given beside --resume would be ignored.
       // Where the data lies may change (a run moved to another machine), and so may the
       // loops of replicas (checked below).
-      for (const char* opt : {"--model", "--epochs", "--steps", "--batch", "--microbatches", "--lr", "--optimizer",
+      // --epochs and --steps may raise the run's limits (train: check_resumed_limits).
+      for (const char* opt : {"--model", "--batch", "--microbatches", "--lr", "--optimizer",
                               "--momentum", "--nesterov", "--weight-decay", "--schedule", "--spread",
                               "--seed", "--no-shuffle", "--normalize", "--init", "--device", "--no-eval", "--allow-nonfinite"})
         if (app.count(opt) > 0)
@@ -131,6 +230,11 @@ int main(int argc, char** argv) {
                                       "settings its checkpoint holds");
       o = resume_options(state.resume);
       model = o.model;
+      if (app.count("--epochs")) o.epochs = epochs;
+      if (app.count("--steps")) {
+        if (steps < 1) throw std::invalid_argument("--steps must be at least 1 (got " + std::to_string(steps) + ")");
+        o.steps = steps;
+      }
       if (app.count("--replicas"))
         throw std::invalid_argument("--replicas cannot be given with --resume: the run goes on with the settings its "
                                     "checkpoint holds");
@@ -207,7 +311,17 @@ int main(int argc, char** argv) {
     }
     o.app_settings = nlohmann::json{{"app", "nerve-train"}, {"replicas", replicas}}.dump();
     o.lead = speak;
+    // The class counts cost one more pass over the test set: for --json, in one process.
+    o.class_figures = json && o.evaluate && ranks->size() == 1;
     check_options(o);  // before the banner and the data: a bad value costs nothing
+    if (show_summary || (!json && speak)) {
+      const auto s = summary_of(o, replicas, device);
+      if (show_summary) {
+        if (speak) std::cout << (json ? nerve::apps::summary_json(s).dump(2) + "\n" : to_text(s));
+        return 0;
+      }
+      banner_totals = "model: " + totals_line(s);
+    }
     ranks->agree_inputs(o);  // across ranks: the same data and checkpoint bytes on every rank
 
     if (!json && speak) {
@@ -219,6 +333,7 @@ int main(int argc, char** argv) {
                       .c_str(),
                   o.batch, o.optimizer.c_str(), o.lr, knobs.c_str(), o.threads, o.threads == 1 ? "" : "s");
     }
+    if (!json && speak) std::printf("%s\n", banner_totals.c_str());
     if (!json && speak && data_parallel)
       std::printf("%u replicas%s\n", replicas, ranks->size() > 1 ? ", one per rank" : " in this process");
     progress_bar bar(quiet || !speak);
@@ -261,6 +376,10 @@ int main(int argc, char** argv) {
           std::fflush(stdout);
         },
         make_engine);
+    if (report.nothing_left && speak && !json)
+      std::printf("nerve-train: the run in %s has ended (%d epoch%s, %lld steps): nothing left to do; --epochs or "
+                  "--steps above its own extend it\n",
+                  o.resume.c_str(), o.epochs, o.epochs == 1 ? "" : "s", static_cast<long long>(report.steps));
     if (!speak) {
     } else if (json) {
       nlohmann::json j;
@@ -276,6 +395,8 @@ int main(int argc, char** argv) {
       j["replicas"] = replicas;
       j["ranks"] = ranks->size();
       j["interrupted"] = report.interrupted;
+      if (report.nothing_left) j["nothing_left"] = true;
+      if (!report.classes.confusion.empty()) j["classes"] = nerve::apps::classes_json(report.classes);
       j["epochs"] = nlohmann::json::array();
       for (auto& e : report.epochs)
         j["epochs"].push_back({{"epoch", e.epoch},
@@ -290,8 +411,8 @@ int main(int argc, char** argv) {
       std::cout << j.dump(2) << "\n";
     } else {
       if (!o.save.empty() && !report.interrupted) std::printf("weights written to %s\n", o.save.c_str());
-      if (!o.trace.empty()) std::printf("trace written to %s\n", o.trace.c_str());
-      if (!o.metrics.empty()) std::printf("metrics written to %s\n", o.metrics.c_str());
+      if (!o.trace.empty() && !report.nothing_left) std::printf("trace written to %s\n", o.trace.c_str());
+      if (!o.metrics.empty() && !report.nothing_left) std::printf("metrics written to %s\n", o.metrics.c_str());
     }
     if (report.interrupted) {
       if (speak)  // every rank stopped at the same step; rank 0 speaks for the job

@@ -108,6 +108,17 @@ std::future<layers::step_result> pipeline_engine::evaluate(layers::tensor x, lay
   return guarded([&] { return pipe_->evaluate(std::move(x), y); });
 }
 
+std::future<layers::tensor> pipeline_engine::predict(layers::tensor x) {
+  std::promise<layers::tensor> p;
+  try {
+    p.set_value(pipe_->predict(std::move(x)));
+  } catch (const std::exception& e) {
+    if (job_.fail) job_.fail(e.what());  // as `guarded`: across ranks, leave before unwinding
+    p.set_exception(std::current_exception());
+  }
+  return p.get_future();
+}
+
 void pipeline_engine::sync_weights() {
   if (!downloaded_) pipe_->download();
   downloaded_ = true;

@@ -67,6 +67,8 @@ class pipeline_engine : public layers::train_engine {
                                               std::uint64_t step, double lr) override;
   /// On the stages' own layer actors, in evaluation mode (a collective across ranks).
   std::future<layers::step_result> evaluate(layers::tensor x, layers::targets y) override;
+  /// The same, the outputs in row order (a collective across ranks).
+  std::future<layers::tensor> predict(layers::tensor x) override;
   std::size_t min_rows() const override { return min_rows_; }
   void finish() override;
   void trace_metadata(nlohmann::json& extra) const override;
