@@ -25,9 +25,9 @@ std::string kinds_text() {
   return out;
 }
 
-/// Set while nothing registered `cuda`: a program that links nerve::gpu_layers and never
-/// called `gpu::register_devices()` has `cpu` alone, whatever its build has, and is told
-/// what to call rather than that the build lacks the device.
+// What to call, while nothing registered `cuda` (empty once something did): a program
+// that links nerve::gpu_layers but never called `gpu::register_devices()` has `cpu` alone
+// whatever its build has, and "this build has: cpu" sent its user looking for a CUDA build.
 std::string unregistered_hint() {
   const auto kinds = device_kinds();
   if (std::find(kinds.begin(), kinds.end(), "cuda") != kinds.end()) return "";
