@@ -8,7 +8,10 @@
 #                                                        include/nerve, so user code keeps
 #                                                        writing "actors/runtime.hpp"
 #   <prefix>/lib/libnerve_*.{so,a}, libnerve_gpu_cuda.so (CUDA builds)
-#   <prefix>/lib/cmake/nerve/nerveConfig.cmake, nerveConfigVersion.cmake, nerveTargets*.cmake
+#   <prefix>/bin/nerve-train, nerve-pipeline, nerve-trace (builds with the apps;
+#                                                        nerve_install_app below)
+#   <prefix>/lib/cmake/nerve/nerveConfig.cmake, nerveConfigVersion.cmake, nerveTargets*.cmake,
+#                                                        nerveApps*.cmake (the programs)
 #
 # Shared or static: BUILD_SHARED_LIBS decides, as for any CMake project. Shared is what
 # scripts/example installs and tests, and what we recommend: the CUDA module is found
@@ -99,11 +102,15 @@ target_compile_definitions(nerve_layers INTERFACE
   $<INSTALL_INTERFACE:EIGEN_MAX_ALIGN_BYTES=${NERVE_EIGEN_MAX_ALIGN_BYTES}>
   $<INSTALL_INTERFACE:EIGEN_MAX_STATIC_ALIGN_BYTES=${NERVE_EIGEN_MAX_STATIC_ALIGN_BYTES}>)
 
-# The CUDA module (a MODULE, not an exported target: nothing links it, nerve::gpu
-# dlopens it). It keeps its rpath to the CUDA toolkit's libraries (cudart, cuBLAS).
+# The CUDA module and the NCCL module (MODULEs, not exported targets: nothing links them,
+# nerve::gpu dlopens them). They keep their rpath to the CUDA toolkit's libraries.
 if(TARGET nerve_gpu_cuda)
-  set_target_properties(nerve_gpu_cuda PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
-  install(TARGETS nerve_gpu_cuda LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  foreach(_module nerve_gpu_cuda nerve_gpu_nccl)
+    if(TARGET ${_module})
+      set_target_properties(${_module} PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
+      install(TARGETS ${_module} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+    endif()
+  endforeach()
   if(NOT NERVE_INSTALL_SHARED)
     # Static nerve::gpu lives in the user's executable, whose folder holds no module:
     # its rpath lets dlopen("libnerve_gpu_cuda.so") find the installed one.
@@ -120,11 +127,41 @@ install(TARGETS ${_nerve_exported} ${_nerve_export_also} EXPORT nerveTargets
 
 # Headers: every .hpp of the library folders, detail/ included (public headers include
 # them), but not the backends' own (gpu/cuda, gpu/standin) nor kernels and benchmarks.
+# NERVE_PUBLIC_HEADERS (paths from the root) is what tests/headers compiles one by one.
+set(NERVE_PUBLIC_HEADERS "")
 foreach(_dir actors bus gpu layers)
-  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${_dir}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/nerve/${_dir}
-    FILES_MATCHING PATTERN "*.hpp"
-    PATTERN "cuda" EXCLUDE PATTERN "standin" EXCLUDE PATTERN "kernels" EXCLUDE PATTERN "bench" EXCLUDE)
+  file(GLOB_RECURSE _headers CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/${_dir}/*.hpp)
+  list(FILTER _headers EXCLUDE REGEX "/(cuda|standin|kernels|bench)/")
+  list(SORT _headers)
+  list(APPEND NERVE_PUBLIC_HEADERS ${_headers})
 endforeach()
+foreach(_header IN LISTS NERVE_PUBLIC_HEADERS)
+  get_filename_component(_folder ${_header} DIRECTORY)
+  install(FILES ${PROJECT_SOURCE_DIR}/${_header} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/nerve/${_folder})
+endforeach()
+
+# Shared builds with MPI: nerve-train and nerve-pipeline link the MPI transport's
+# libraries, which are not part of the package (no exported target): they are installed
+# beside the others so that the installed programs start.
+if(NERVE_INSTALL_SHARED)
+  foreach(_t nerve_bus_mpi nerve_pipeline_mpi)
+    if(TARGET ${_t})
+      set_target_properties(${_t} PROPERTIES DEFINE_SYMBOL "" INSTALL_RPATH "$ORIGIN")
+      install(TARGETS ${_t} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+    endif()
+  endforeach()
+endif()
+
+# nerve_install_app(target): installs an app into <prefix>/bin as the imported executable
+# nerve::<target> of find_package(nerve) (nerveApps.cmake, written by apps/CMakeLists.txt).
+# Its rpath finds the shared libraries in <prefix>/lib wherever the prefix is moved; a
+# static build links them in. What an app loads at run time is found from its libraries
+# (the CUDA module beside libnerve_gpu, or ../lib from bin/ for a static build) or is
+# compiled in (nerve-trace's pages).
+function(nerve_install_app target)
+  set_target_properties(${target} PROPERTIES INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
+  install(TARGETS ${target} EXPORT nerveApps RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endfunction()
 
 install(EXPORT nerveTargets NAMESPACE nerve:: DESTINATION ${NERVE_INSTALL_CMAKEDIR})
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/nerveConfig.cmake.in

@@ -25,6 +25,17 @@ std::string kinds_text() {
   return out;
 }
 
+// What to call, while nothing registered `cuda` (empty once something did): a program
+// that links nerve::gpu_layers but never called `gpu::register_devices()` has `cpu` alone
+// whatever its build has, and "this build has: cpu" sent its user looking for a CUDA build.
+std::string unregistered_hint() {
+  const auto kinds = device_kinds();
+  if (std::find(kinds.begin(), kinds.end(), "cuda") != kinds.end()) return "";
+  return "this program has registered " + kinds_text() +
+         " only: cuda and standin are registered by nerve::gpu::register_devices() (gpu/layers/train.hpp, "
+         "target nerve::gpu_layers), which it must call before it names a device";
+}
+
 }  // namespace
 
 void register_device(const std::string& kind, device_opener open) {
@@ -52,9 +63,12 @@ device_spec parse_device(const std::string& text, std::string_view option) {
   const auto colon = text.find(':');
   device_spec d{text.substr(0, colon), -1, text};
   const auto kinds = device_kinds();
-  if (std::find(kinds.begin(), kinds.end(), d.kind) == kinds.end())
+  if (std::find(kinds.begin(), kinds.end(), d.kind) == kinds.end()) {
+    if (const auto hint = unregistered_hint(); !hint.empty())
+      throw std::invalid_argument("unknown " + std::string(option) + " '" + text + "': " + hint);
     throw std::invalid_argument("unknown " + std::string(option) + " '" + text + "' (this build has: " + kinds_text() +
                                 ", and a number after a device kind, e.g. cuda:1)");
+  }
   if (colon == std::string::npos) return d;
   const auto n = text.substr(colon + 1);
   const bool digits =
@@ -73,9 +87,12 @@ std::unique_ptr<device_handle> open_device(const device_spec& spec, const device
     std::lock_guard lock(r.m);
     if (auto it = r.by_kind.find(spec.kind); it != r.by_kind.end()) open = it->second;
   }
-  if (!open)
+  if (!open) {
+    if (const auto hint = unregistered_hint(); !hint.empty())
+      throw std::invalid_argument("open_device: '" + spec.text + "': " + hint);
     throw std::invalid_argument("open_device: '" + spec.text + "' is not a device this build registered (it has: " +
                                 kinds_text() + ")");
+  }
   return open(spec, request);
 }
 

@@ -19,7 +19,9 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
+// The whole of nlohmann::json, not its forward declaration: a device of a user's own
+// fills `trace_metadata`'s object, which needs the type defined.
+#include <nlohmann/json.hpp>
 
 #include "layers/backend.hpp"
 
@@ -59,7 +61,9 @@ struct device_spec {
 };
 
 /// Parses `text` as `cpu`, `KIND` or `KIND:N` (N a device number) for a kind this build
-/// has. Throws `std::invalid_argument` naming `option`, the value and the kinds there are.
+/// has. Throws `std::invalid_argument` naming `option`, the value and the kinds there are;
+/// while `cuda` is not registered, it says instead that `gpu::register_devices()` registers
+/// it (a program that links nerve::gpu_layers has only `cpu` until it calls that).
 device_spec parse_device(const std::string& text, std::string_view option = "--device");
 
 /// How a device is opened.

@@ -1,6 +1,8 @@
 #include "layers/presets.hpp"
 #include "layers/trainer.hpp"
 
+#include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -75,6 +77,26 @@ basic_graph_builder<Scalar> preset_builder(std::string_view name) {
 
 template basic_graph_builder<float> preset_builder<float>(std::string_view);
 template basic_graph_builder<double> preset_builder<double>(std::string_view);
+
+bool is_preset(const basic_graph<float>& g, std::string_view name) {
+  std::optional<basic_graph<float>> preset;
+  try {
+    preset.emplace(make_preset(name));
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+  const auto& a = g.nodes();
+  const auto& b = preset->nodes();
+  auto params = [](const basic_node<float>& n) {
+    std::int64_t count = 0;
+    if (!n.is_input())
+      for (const auto& p : n.layer->parameters()) count += p.value->size();
+    return count;
+  };
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [&](const auto& x, const auto& y) {
+    return x.name == y.name && x.output_shape == y.output_shape && x.is_input() == y.is_input() && params(x) == params(y);
+  });
+}
 
 // The training settings each preset reaches its accuracy target with (declared in
 // layers/trainer.hpp beside the options they fill).

@@ -32,4 +32,10 @@ basic_graph<Scalar> make_preset(std::string_view name, std::uint64_t seed = 0) {
   return preset_builder<Scalar>(name).build(seed);
 }
 
+/// Whether `g` is preset `name` as far as a message can tell: the same nodes, in order,
+/// with the same names, output shapes and parameter counts (the weights aside). False
+/// for a name that is no preset. What `train` asks before it names a model in an error:
+/// `train_options::model` keeps its default (`mlp`) under a user's own graph.
+bool is_preset(const basic_graph<float>& g, std::string_view name);
+
 }  // namespace nerve::layers

@@ -407,9 +407,12 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
 
   const auto& in_node = g.nodes()[g.inputs()[0]];
   const shape sample = in_node.output_shape;
+  // `o.model` keeps its default under a user's own graph: it names the graph only when it is that preset.
   if (static_cast<std::size_t>(sample.numel()) != train_set->features())
-    throw std::invalid_argument("model '" + o.model + "' takes samples of " + sample.to_string() + " but the data has " +
-                                std::to_string(train_set->features()) + " features");
+    throw std::invalid_argument(
+        (is_preset(g, o.model) ? "model '" + o.model + "'" : "your graph's input '" + in_node.name + "'") +
+        " takes samples of " + sample.to_string() + " but the data has " + std::to_string(train_set->features()) +
+        " features");
 
   set_gemm_threads(static_cast<int>(o.threads));
   actors::runtime rt({.loops = o.threads,

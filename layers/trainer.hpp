@@ -34,7 +34,9 @@
 #include "layers/network.hpp"
 #include "layers/optimizer.hpp"
 
-#include <nlohmann/json_fwd.hpp>
+// The whole of nlohmann::json, not its forward declaration: an engine of a user's own
+// fills `trace_metadata`'s object (tests/headers/user_engine.cpp).
+#include <nlohmann/json.hpp>
 
 namespace nerve::layers {
 

@@ -2,6 +2,7 @@
 // user's own graph trained through it.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -13,9 +14,11 @@
 
 #include "layers/activation.hpp"
 #include "layers/checkpoint/checkpoint.hpp"
+#include "layers/flatten.hpp"
 #include "layers/join.hpp"
 #include "layers/linear.hpp"
 #include "layers/lr_schedule.hpp"
+#include "layers/presets.hpp"
 #include "layers/trainer.hpp"
 #include "tests/layers/tiny_fashion_mnist.hpp"
 
@@ -191,10 +194,43 @@ TEST_SUITE("layers.trainer") {
     CHECK(copy.layer<linear>("fc2").parameters()[0].value->data()[0] == g.layer<linear>("fc2").parameters()[0].value->data()[0]);
   }
 
-  TEST_CASE("an unknown device names the device kinds this build has") {
-    CHECK_THROWS_WITH_AS(engine_for("tpu:1"), doctest::Contains("unknown --device 'tpu:1' (this build has: cpu"),
+  TEST_CASE("a user's graph whose input does not fit the data is named as theirs, not as the default model") {
+    tiny_fashion_mnist data(8, 4);
+    train_options o;  // model: the default, mlp
+    o.data = data.dir;
+    graph_builder b;
+    b.input("image", shape{1, 32, 32});
+    b.add("flat", flatten(), {"image"});
+    b.add("head", linear(1024, 10), {"flat"});
+    auto g = b.build(5);
+    CHECK_THROWS_WITH_AS(train(g, o), "your graph's input 'image' takes samples of [1, 32, 32] but the data has 784 features",
+                         std::invalid_argument);
+    // A preset is named by its model; a graph is that preset only when its nodes are.
+    CHECK(is_preset(make_preset("mlp"), "mlp"));
+    CHECK_FALSE(is_preset(make_preset("mlp"), "resmlp"));
+    CHECK_FALSE(is_preset(users_graph(), "mlp"));
+    CHECK_FALSE(is_preset(g, "no-such-model"));
+  }
+
+  TEST_CASE("an unknown device names the device kinds this program has registered") {
+    CHECK_THROWS_WITH_AS(engine_for("tpu:1"), doctest::Contains("unknown --device 'tpu:1': this program has registered cpu only"),
                          std::invalid_argument);
     CHECK(engine_for("cpu"));
+  }
+
+  TEST_CASE("a device named before gpu::register_devices() says what to call, not that the build lacks it") {
+    // layers_test links no nerve::gpu_layers: cuda is registered by nothing here.
+    const auto kinds = device_kinds();
+    REQUIRE(std::find(kinds.begin(), kinds.end(), "cuda") == kinds.end());
+    CHECK_THROWS_WITH_AS(engine_for("cuda"),
+                         "unknown --device 'cuda': this program has registered cpu only: cuda and standin are registered by "
+                         "nerve::gpu::register_devices() (gpu/layers/train.hpp, target nerve::gpu_layers), which it must "
+                         "call before it names a device",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(open_device(device_spec{"standin", -1, "standin"}, device_request{}),
+                         doctest::Contains("open_device: 'standin': this program has registered cpu only: cuda and standin "
+                                           "are registered by nerve::gpu::register_devices()"),
+                         std::invalid_argument);
   }
 
   TEST_CASE("epochs and steps: the first limit reached ends the run, and the schedule spans that run") {
