@@ -34,6 +34,26 @@ inline constexpr std::initializer_list<const char*> training_only = {
     "--metrics", "--no-eval"};
 
 /// `{"accuracy": [per class], "samples": [per class], "confusion": [[true class][predicted]]}`.
+/// What `--evaluate`, `--predict` and `--summary` ask for (both apps).
+struct model_actions {
+  bool evaluate = false, summary = false;
+  std::string predict;
+};
+
+/// Adds `--evaluate`, `--predict` and `--summary` to `app`; `through` says where the
+/// evaluation runs and `place` what the summary's place column is.
+inline void add_model_actions(CLI::App& app, model_actions& a, const std::string& through, const std::string& place) {
+  app.add_flag("--evaluate", a.evaluate,
+               "Evaluate the --init weights on the test set" + through +
+                   " (loss, accuracy; per class with --json) and exit: nothing is trained");
+  app.add_option("--predict", a.predict,
+                 "Write the test set's predictions to this CSV file (a header, then per sample: index, predicted "
+                 "class, each class's probability) and exit; evaluates the --init weights as --evaluate does");
+  app.add_flag("--summary", a.summary,
+               "Print each layer's output shape, parameters, stash per micro-batch and " + place +
+                   ", with the totals, and exit");
+}
+
 inline nlohmann::json classes_json(const layers::class_counts& c) {
   return {{"accuracy", c.accuracy()}, {"samples", c.samples()}, {"confusion", c.confusion}};
 }

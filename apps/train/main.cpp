@@ -171,17 +171,11 @@ int main(int argc, char** argv) {
   nerve::apps::add_stall_timeout(app, stall_timeout);
   app.add_option("--data", data, "Directory with the Fashion-MNIST IDX files");
   app.add_option("--init", init, "Start from these weights (safetensors: weights, or the weights of a checkpoint)");
-  bool evaluate_only = false, show_summary = false;
-  std::string predict;
-  app.add_flag("--evaluate", evaluate_only,
-               "Evaluate the --init weights on the test set (loss, accuracy; per class with --json) and exit: "
-               "nothing is trained");
-  app.add_option("--predict", predict,
-                 "Write the test set's predictions to this CSV file (a header, then per sample: index, predicted "
-                 "class, each class's probability) and exit; evaluates the --init weights as --evaluate does");
-  app.add_flag("--summary", show_summary,
-               "Print each layer's output shape, parameters, stash per micro-batch and where it runs, with the "
-               "totals, and exit");
+  nerve::apps::model_actions actions;
+  nerve::apps::add_model_actions(app, actions, "", "where it runs");
+  bool& evaluate_only = actions.evaluate;
+  bool& show_summary = actions.summary;
+  std::string& predict = actions.predict;
   app.add_option("--save", save, "Write the final weights here (safetensors, PyTorch names)");
   app.add_option("--trace", trace, "Record every message and write a Chrome trace here");
   bool trace_exact = false;

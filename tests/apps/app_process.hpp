@@ -21,8 +21,11 @@ struct app_result {
 };
 
 /// Runs `args` (the program first) with stdout and stderr captured, both pipes drained to
-/// the end (a chatty child never blocks on a full pipe).
-inline app_result run_app(const std::vector<std::string>& args) {
+/// the end (a chatty child never blocks on a full pipe). `on_stderr` sees all of stderr
+/// so far each time more arrives, with the child's pid: a test reacts to what the app
+/// says, never to time.
+inline app_result run_app(const std::vector<std::string>& args,
+                          const std::function<void(pid_t, const std::string&)>& on_stderr = {}) {
   int out[2], err[2];
   REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
   REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
@@ -58,6 +61,7 @@ inline app_result run_app(const std::vector<std::string>& args) {
         continue;
       }
       (k == 0 ? r.out : r.err).append(buf, std::size_t(n));
+      if (k == 1 && on_stderr) on_stderr(pid, r.err);
     }
   }
   int status = 0;
