@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "layers/inference.hpp"
 #include "layers/summary.hpp"
 #include "layers/trainer.hpp"
 
@@ -59,6 +60,17 @@ inline nlohmann::json classes_json(const layers::class_counts& c) {
 }
 
 /// `--summary --json`: the nodes (name, kind, output, parameters, stash_bytes, place) and the totals.
+/// The figures of an `--evaluate`/`--predict` run that both apps print under `--json`.
+inline void add_evaluation_json(nlohmann::json& j, const layers::evaluation_report& e, const std::string& predict) {
+  j["parameters"] = e.parameters;
+  j["test_loss"] = e.test.loss;
+  j["test_accuracy"] = e.test.accuracy;
+  j["correct"] = e.test.correct;
+  j["samples"] = e.test.samples;
+  j["classes"] = classes_json(e.classes);
+  if (!predict.empty()) j["predictions"] = predict;
+}
+
 inline nlohmann::json summary_json(const layers::model_summary& s) {
   nlohmann::json nodes = nlohmann::json::array();
   for (const auto& n : s.nodes) {

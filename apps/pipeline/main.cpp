@@ -411,13 +411,7 @@ int main(int argc, char** argv) {
         j["replicas"] = replicas;
         j["ranks"] = ranks->size();
         j["devices"] = outcome.device_of;
-        j["parameters"] = e.parameters;
-        j["test_loss"] = e.test.loss;
-        j["test_accuracy"] = e.test.accuracy;
-        j["correct"] = e.test.correct;
-        j["samples"] = e.test.samples;
-        j["classes"] = nerve::apps::classes_json(e.classes);
-        if (!predict.empty()) j["predictions"] = predict;
+        nerve::apps::add_evaluation_json(j, e, predict);
         std::cout << j.dump(2) << "\n";
       } else {
         std::printf("%s\n", nerve::apps::test_line(e.test.loss, e.test.accuracy, e.test.correct, e.test.samples).c_str());

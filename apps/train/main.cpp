@@ -97,13 +97,7 @@ int evaluate_weights(CLI::App& app, const evaluation_request& r, const nerve::ap
     j["model"] = o.model;
     j["device"] = o.device;
     j["weights"] = o.init;
-    j["parameters"] = e.parameters;
-    j["test_loss"] = e.test.loss;
-    j["test_accuracy"] = e.test.accuracy;
-    j["correct"] = e.test.correct;
-    j["samples"] = e.test.samples;
-    j["classes"] = nerve::apps::classes_json(e.classes);
-    if (!r.predict.empty()) j["predictions"] = r.predict;
+    nerve::apps::add_evaluation_json(j, e, r.predict);
     if (!r.trace.empty()) j["trace"] = r.trace;
     std::cout << j.dump(2) << "\n";
   } else {
