@@ -96,7 +96,7 @@ class basic_op_set {
                     std::int64_t lda, const S* b, std::int64_t ldb, S beta, S* c, std::int64_t ldc) = 0;
   /// `y = f(x)`; `alpha` is the leaky slope. y may be x.
   virtual void unary(unary_fn f, const S* x, S* y, std::int64_t n, S alpha) = 0;
-  /// `dx = f'(x)·dy`: sigmoid and tanh read `y` (the output), the others `x`.
+  /// `dx = df(x)·dy`, df the derivative of f: sigmoid and tanh read `y` (the output), the others `x`.
   virtual void unary_grad(unary_fn f, const S* x, const S* y, const S* dy, S* dx, std::int64_t n, S alpha) = 0;
   /// `y = f(a, b)` elementwise.
   virtual void binary(binary_fn f, const S* a, const S* b, S* y, std::int64_t n) = 0;
