@@ -1,22 +1,8 @@
 #include "layers/conv2d.hpp"
 
-#include "layers/detail/im2col.hpp"
-#include "layers/gemm.hpp"
 #include "layers/init.hpp"
 
 namespace nerve::layers {
-namespace {
-
-detail::conv_geometry geometry(const conv2d_options& o, const shape& in) {
-  detail::conv_geometry g{in[0], in[1], in[2], o.kernel[0], o.kernel[1], o.stride[0], o.stride[1],
-                          o.padding[0], o.padding[1], 0, 0};
-  g.oh = (g.h + 2 * g.ph - g.kh) / g.sh + 1;
-  g.ow = (g.w + 2 * g.pw - g.kw) / g.sw + 1;
-  return g;
-}
-
-}  // namespace
-
 template <class Scalar>
 basic_conv2d<Scalar>::basic_conv2d(const conv2d_options& o)
     : o_(o), ckk_(o.in_channels * o.kernel[0] * o.kernel[1]),
@@ -47,67 +33,37 @@ shape basic_conv2d<Scalar>::infer_shape(std::span<const shape> inputs) const {
   const shape& in = inputs[0];
   const std::string want = "[" + std::to_string(o_.in_channels) + ", H, W]";
   if (in.rank() != 3 || in[0] != o_.in_channels) throw this->mismatch(0, in, want);
-  const auto g = geometry(o_, in);
-  if (in[1] + 2 * g.ph < g.kh || in[2] + 2 * g.pw < g.kw)
-    throw this->mismatch(0, in, want + " with H + 2·padding ≥ " + std::to_string(g.kh) + " and W + 2·padding ≥ " +
-                                    std::to_string(g.kw));
-  return shape{o_.out_channels, g.oh, g.ow};
+  if (in[1] + 2 * o_.padding[0] < o_.kernel[0] || in[2] + 2 * o_.padding[1] < o_.kernel[1])
+    throw this->mismatch(0, in, want + " with H + 2·padding ≥ " + std::to_string(o_.kernel[0]) +
+                                    " and W + 2·padding ≥ " + std::to_string(o_.kernel[1]));
+  const std::int64_t dims[4] = {1, in[0], in[1], in[2]};
+  const auto g = window(dims);
+  return shape{o_.out_channels, g.out_h(), g.out_w()};
 }
 
 template <class Scalar>
-auto basic_conv2d<Scalar>::do_forward(std::vector<tensor_type>& inputs, const forward_context&) -> forward_result {
-  tensor_type& x = inputs[0];
-  const auto g = geometry(o_, x.sample_shape());
-  const std::int64_t n = x.batch(), ohw = g.oh * g.ow, oc = o_.out_channels;
-  tensor_type y(n, {oc, g.oh, g.ow});
-  typename tensor_type::matrix_type col(ckk_, ohw);
-  for (std::int64_t s = 0; s < n; ++s) {
-    detail::im2col(g, x.row(s), col.data());
-    Scalar* ys = y.row(s);
-    if (o_.bias)
-      for (std::int64_t c = 0; c < oc; ++c) std::fill(ys + c * ohw, ys + (c + 1) * ohw, b_.data()[c]);
-    gemm<Scalar>(trans::no, trans::no, oc, ohw, ckk_, Scalar(1), weight_.data(), ckk_, col.data(), ohw,
-                 o_.bias ? Scalar(1) : Scalar(0), ys, ohw);
-  }
-  return this->with_stash(std::move(y), std::move(x));
+auto basic_conv2d<Scalar>::compute(basic_ops<Scalar>& o, std::span<const array> in, std::span<const array> params,
+                                   std::vector<array>& keep, const forward_context&) -> array {
+  keep.push_back(in[0]);
+  return o.conv2d(in[0], params[0], o_.bias ? params[1] : array{}, o_.stride, o_.padding);
 }
 
 template <class Scalar>
-auto basic_conv2d<Scalar>::do_backward_input(const stash_type& saved, const tensor_type& dy, input_mask wanted)
-    -> std::vector<tensor_type> {
-  std::vector<tensor_type> grads(1);
-  if (!(wanted & 1)) return grads;
-  const tensor_type& x = saved.tensors[0];
-  const auto g = geometry(o_, x.sample_shape());
-  const std::int64_t n = x.batch(), ohw = g.oh * g.ow, oc = o_.out_channels;
-  grads[0] = tensor_type::zeros(n, x.sample_shape());
-  typename tensor_type::matrix_type col(ckk_, ohw);
-  for (std::int64_t s = 0; s < n; ++s) {
-    gemm<Scalar>(trans::yes, trans::no, ckk_, ohw, oc, Scalar(1), weight_.data(), ckk_, dy.row(s), ohw, Scalar(0),
-                 col.data(), ohw);
-    detail::col2im(g, col.data(), grads[0].row(s));
-  }
-  return grads;
+auto basic_conv2d<Scalar>::grad_input(basic_ops<Scalar>& o, std::span<const array> keep,
+                                      std::span<const array> params, const array& dy, input_mask wanted)
+    -> std::vector<array> {
+  std::vector<array> g(1);
+  if (!(wanted & 1)) return g;
+  g[0] = o.empty(keep[0].dims);
+  o.set().conv2d_grad_input(window(keep[0].dims), o_.out_channels, params[0].data, dy.data, g[0].data);
+  return g;
 }
 
 template <class Scalar>
-void basic_conv2d<Scalar>::do_backward_weight(const stash_type& saved, const tensor_type& dy) {
-  const tensor_type& x = saved.tensors[0];
-  const auto g = geometry(o_, x.sample_shape());
-  const std::int64_t n = x.batch(), ohw = g.oh * g.ow, oc = o_.out_channels;
-  typename tensor_type::matrix_type col(ckk_, ohw);
-  for (std::int64_t s = 0; s < n; ++s) {
-    detail::im2col(g, x.row(s), col.data());
-    gemm<Scalar>(trans::no, trans::yes, oc, ckk_, ohw, Scalar(1), dy.row(s), ohw, col.data(), ohw, Scalar(1),
-                 weight_grad_.data(), ckk_);
-    if (o_.bias)
-      for (std::int64_t c = 0; c < oc; ++c) {
-        const Scalar* d = dy.row(s) + c * ohw;
-        Scalar acc = 0;
-        for (std::int64_t i = 0; i < ohw; ++i) acc += d[i];
-        b_grad_.data()[c] += acc;
-      }
-  }
+void basic_conv2d<Scalar>::grad_weight(basic_ops<Scalar>& o, std::span<const array> keep, std::span<const array>,
+                                       const array& dy, std::span<const array> grads) {
+  o.set().conv2d_grad_weight(window(keep[0].dims), o_.out_channels, keep[0].data, dy.data, grads[0].data,
+                             o_.bias ? grads[1].data : nullptr);
 }
 
 template class basic_conv2d<float>;

@@ -4,7 +4,7 @@
 
 #include <array>
 
-#include "layers/layer.hpp"
+#include "layers/ops.hpp"
 
 namespace nerve::layers {
 
@@ -21,17 +21,16 @@ struct conv2d_options {
 /// Conv2d on `[C, H, W]` samples. Weight `[out, in, kh, kw]` stored as a tensor of
 /// batch `out` and shape `[in, kh, kw]` (PyTorch's layout); bias `[out]`.
 ///
-/// Per sample: im2col into a `(C·kh·kw) × (OH·OW)` matrix, then one GEMM with the
-/// weight (bias fused as the GEMM's starting value). B: col2im of Wᵀ·dy. W:
-/// dW += dy·colᵀ (im2col recomputed from the stashed input rather than stashed:
-/// the columns are kh·kw times larger than the input).
+/// Written once with ops (`ops::conv2d` and the op set's two gradients): each backend
+/// convolves its own way (the CPU image by image, im2col and one product; a device
+/// im2col and one batched product). It keeps the input: the weight's gradient
+/// recomputes the patches, which are kh·kw times larger.
 template <class Scalar>
-class basic_conv2d final : public basic_layer<Scalar> {
+class basic_conv2d final : public basic_op_layer<Scalar> {
  public:
   using typename basic_layer<Scalar>::tensor_type;
-  using typename basic_layer<Scalar>::stash_type;
-  using typename basic_layer<Scalar>::forward_result;
   using typename basic_layer<Scalar>::parameter_ref;
+  using typename basic_op_layer<Scalar>::array;
 
   explicit basic_conv2d(const conv2d_options& options);
   /// Square kernel, stride and padding.
@@ -49,14 +48,21 @@ class basic_conv2d final : public basic_layer<Scalar> {
   tensor_type& weight_grad() noexcept { return weight_grad_; }
   tensor_type& bias_grad() noexcept { return b_grad_; }
 
+  array compute(basic_ops<Scalar>& o, std::span<const array> in, std::span<const array> params,
+                std::vector<array>& keep, const forward_context& context) override;
+  bool custom_backward() const noexcept override { return true; }
+  std::vector<array> grad_input(basic_ops<Scalar>& o, std::span<const array> keep, std::span<const array> params,
+                                const array& dy, input_mask wanted) override;
+  void grad_weight(basic_ops<Scalar>& o, std::span<const array> keep, std::span<const array> params,
+                   const array& dy, std::span<const array> grads) override;
+
  protected:
   shape infer_shape(std::span<const shape> inputs) const override;
-  forward_result do_forward(std::vector<tensor_type>& inputs, const forward_context& context) override;
-  std::vector<tensor_type> do_backward_input(const stash_type& saved, const tensor_type& grad_output,
-                                             input_mask wanted) override;
-  void do_backward_weight(const stash_type& saved, const tensor_type& grad_output) override;
 
  private:
+  window_geometry window(std::span<const std::int64_t> input_dims) const {
+    return window_over(input_dims, o_.kernel, o_.stride, o_.padding);
+  }
   conv2d_options o_;
   std::int64_t ckk_;
   tensor_type weight_, weight_grad_, b_, b_grad_;

@@ -1,9 +1,11 @@
 // The CPU's op set: host memory in tensors, Eigen's array expressions, the product
 // engine of gemm.hpp. The pointwise formulas are those of the CPU layers
-// (layers/activation.hpp).
+// (layers/activation.hpp). Convolution runs image by image (im2col, one product):
+// one image's patch matrix stays in cache, where the whole batch's would not.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "layers/ops.hpp"
 
@@ -15,6 +17,81 @@ template <class S>
 using vec_map = Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>>;
 template <class S>
 using const_vec_map = Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>>;
+
+/// Writes the patch matrix of one image `x` (`(C·kh·kw) × (OH·OW)`, zero padding) into `col`.
+template <class S>
+void im2col(const window_geometry& g, const S* x, S* col) {
+  const std::int64_t oh = g.out_h(), ow = g.out_w();
+  for (std::int64_t c = 0; c < g.channels; ++c)
+    for (std::int64_t i = 0; i < g.kernel_h; ++i)
+      for (std::int64_t j = 0; j < g.kernel_w; ++j) {
+        S* out = col + ((c * g.kernel_h + i) * g.kernel_w + j) * oh * ow;
+        for (std::int64_t y = 0; y < oh; ++y) {
+          const std::int64_t iy = y * g.stride_h - g.pad_h + i;
+          S* o = out + y * ow;
+          if (iy < 0 || iy >= g.height) {
+            std::fill(o, o + ow, S(0));
+            continue;
+          }
+          const S* row = x + (c * g.height + iy) * g.width;
+          for (std::int64_t x0 = 0; x0 < ow; ++x0) {
+            const std::int64_t ix = x0 * g.stride_w - g.pad_w + j;
+            o[x0] = (ix >= 0 && ix < g.width) ? row[ix] : S(0);
+          }
+        }
+      }
+}
+
+/// Adds the patch matrix `col` back into the image `dx` (which the caller zeroed).
+template <class S>
+void col2im(const window_geometry& g, const S* col, S* dx) {
+  const std::int64_t oh = g.out_h(), ow = g.out_w();
+  for (std::int64_t c = 0; c < g.channels; ++c)
+    for (std::int64_t i = 0; i < g.kernel_h; ++i)
+      for (std::int64_t j = 0; j < g.kernel_w; ++j) {
+        const S* in = col + ((c * g.kernel_h + i) * g.kernel_w + j) * oh * ow;
+        for (std::int64_t y = 0; y < oh; ++y) {
+          const std::int64_t iy = y * g.stride_h - g.pad_h + i;
+          if (iy < 0 || iy >= g.height) continue;
+          S* row = dx + (c * g.height + iy) * g.width;
+          const S* src = in + y * ow;
+          for (std::int64_t x0 = 0; x0 < ow; ++x0) {
+            const std::int64_t ix = x0 * g.stride_w - g.pad_w + j;
+            if (ix >= 0 && ix < g.width) row[ix] += src[x0];
+          }
+        }
+      }
+}
+
+/// The index in its plane of the maximum of window (oy, ox) of plane `x`: the first
+/// maximum, or the last NaN (PyTorch's rule, NaN wins); the padding never wins.
+template <class S>
+std::int64_t window_max(const window_geometry& g, const S* x, std::int64_t oy, std::int64_t ox) {
+  const std::int64_t y0 = oy * g.stride_h - g.pad_h, x0 = ox * g.stride_w - g.pad_w;
+  S best = -std::numeric_limits<S>::infinity();
+  std::int64_t best_i = -1;
+  for (std::int64_t i = std::max<std::int64_t>(y0, 0); i < std::min(y0 + g.kernel_h, g.height); ++i)
+    for (std::int64_t j = std::max<std::int64_t>(x0, 0); j < std::min(x0 + g.kernel_w, g.width); ++j) {
+      const S v = x[i * g.width + j];
+      if (best_i < 0 || v > best || std::isnan(v)) {
+        best = v;
+        best_i = i * g.width + j;
+      }
+    }
+  return best_i;
+}
+
+/// An average window clipped to the image, and its divisor: the window clipped to the
+/// padded image (PyTorch's, padding counted).
+struct average_window {
+  std::int64_t y0, y1, x0, x1, divisor;
+};
+inline average_window window_average(const window_geometry& g, std::int64_t oy, std::int64_t ox) {
+  const std::int64_t y0 = oy * g.stride_h - g.pad_h, x0 = ox * g.stride_w - g.pad_w;
+  const std::int64_t y1 = std::min(y0 + g.kernel_h, g.height + g.pad_h), x1 = std::min(x0 + g.kernel_w, g.width + g.pad_w);
+  return {std::max<std::int64_t>(y0, 0), std::min(y1, g.height), std::max<std::int64_t>(x0, 0), std::min(x1, g.width),
+          (y1 - y0) * (x1 - x0)};
+}
 
 template <class S>
 class cpu_ops final : public basic_op_set<S> {
@@ -35,6 +112,12 @@ class cpu_ops final : public basic_op_set<S> {
   void gemm(trans ta, trans tb, std::int64_t m, std::int64_t n, std::int64_t k, S alpha, const S* a, std::int64_t lda,
             const S* b, std::int64_t ldb, S beta, S* c, std::int64_t ldc) override {
     layers::gemm<S>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  void gemm_bias(trans ta, trans tb, std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std::int64_t lda,
+                 const S* b, std::int64_t ldb, const S* bias, S* c, std::int64_t ldc) override {
+    // C starts as the bias and the product accumulates onto it: one pass over C.
+    for (std::int64_t r = 0; r < m; ++r) std::copy(bias, bias + n, c + r * ldc);
+    layers::gemm<S>(ta, tb, m, n, k, S(1), a, lda, b, ldb, S(1), c, ldc);
   }
   void unary(unary_fn f, const S* x, S* y, std::int64_t n, S alpha) override {
     const_vec_map<S> X(x, n);
@@ -109,6 +192,80 @@ class cpu_ops final : public basic_op_set<S> {
   void scale(std::int64_t n, S alpha, S* x) override { vec_map<S>(x, n) *= alpha; }
   void fill(std::int64_t n, S value, S* x) override { vec_map<S>(x, n).setConstant(value); }
   void copy(std::int64_t n, const S* x, S* y) override { std::copy(x, x + n, y); }
+
+  void conv2d(const window_geometry& g, std::int64_t oc, const S* x, const S* w, const S* bias, S* y) override {
+    const std::int64_t pr = g.patch_rows(), pc = g.patch_cols(), in = g.channels * g.height * g.width;
+    Eigen::Matrix<S, Eigen::Dynamic, 1> col(pr * pc);
+    for (std::int64_t s = 0; s < g.batch; ++s) {
+      im2col(g, x + s * in, col.data());
+      S* ys = y + s * oc * pc;
+      if (bias)
+        for (std::int64_t c = 0; c < oc; ++c) std::fill(ys + c * pc, ys + (c + 1) * pc, bias[c]);
+      layers::gemm<S>(trans::no, trans::no, oc, pc, pr, S(1), w, pr, col.data(), pc, bias ? S(1) : S(0), ys, pc);
+    }
+  }
+  void conv2d_grad_input(const window_geometry& g, std::int64_t oc, const S* w, const S* dy, S* dx) override {
+    const std::int64_t pr = g.patch_rows(), pc = g.patch_cols(), in = g.channels * g.height * g.width;
+    Eigen::Matrix<S, Eigen::Dynamic, 1> col(pr * pc);
+    std::fill(dx, dx + g.batch * in, S(0));
+    for (std::int64_t s = 0; s < g.batch; ++s) {
+      layers::gemm<S>(trans::yes, trans::no, pr, pc, oc, S(1), w, pr, dy + s * oc * pc, pc, S(0), col.data(), pc);
+      col2im(g, col.data(), dx + s * in);
+    }
+  }
+  void conv2d_grad_weight(const window_geometry& g, std::int64_t oc, const S* x, const S* dy, S* dw,
+                          S* dbias) override {
+    const std::int64_t pr = g.patch_rows(), pc = g.patch_cols(), in = g.channels * g.height * g.width;
+    Eigen::Matrix<S, Eigen::Dynamic, 1> col(pr * pc);
+    for (std::int64_t s = 0; s < g.batch; ++s) {
+      im2col(g, x + s * in, col.data());  // again: the patches are kh·kw times the image
+      const S* d = dy + s * oc * pc;
+      layers::gemm<S>(trans::no, trans::yes, oc, pr, pc, S(1), d, pc, col.data(), pc, S(1), dw, pr);
+      if (dbias)
+        for (std::int64_t c = 0; c < oc; ++c) {
+          S acc = 0;
+          for (std::int64_t i = 0; i < pc; ++i) acc += d[c * pc + i];
+          dbias[c] += acc;
+        }
+    }
+  }
+  void pool2d(pool_fn f, const window_geometry& g, const S* x, S* y) override {
+    const std::int64_t plane = g.height * g.width, oh = g.out_h(), ow = g.out_w();
+    for (std::int64_t p = 0; p < g.batch * g.channels; ++p) {
+      const S* xp = x + p * plane;
+      for (std::int64_t oy = 0; oy < oh; ++oy)
+        for (std::int64_t ox = 0; ox < ow; ++ox) {
+          if (f == pool_fn::max) {
+            *y++ = xp[window_max(g, xp, oy, ox)];
+            continue;
+          }
+          const auto win = window_average(g, oy, ox);
+          S acc = 0;
+          for (std::int64_t i = win.y0; i < win.y1; ++i)
+            for (std::int64_t j = win.x0; j < win.x1; ++j) acc += xp[i * g.width + j];
+          *y++ = acc / S(win.divisor);
+        }
+    }
+  }
+  void pool2d_grad(pool_fn f, const window_geometry& g, const S* x, const S* dy, S* dx) override {
+    const std::int64_t plane = g.height * g.width, oh = g.out_h(), ow = g.out_w();
+    std::fill(dx, dx + g.batch * g.channels * plane, S(0));
+    for (std::int64_t p = 0; p < g.batch * g.channels; ++p) {
+      S* dxp = dx + p * plane;
+      for (std::int64_t oy = 0; oy < oh; ++oy)
+        for (std::int64_t ox = 0; ox < ow; ++ox) {
+          const S d = *dy++;
+          if (f == pool_fn::max) {
+            dxp[window_max(g, x + p * plane, oy, ox)] += d;
+            continue;
+          }
+          const auto win = window_average(g, oy, ox);
+          const S v = d / S(win.divisor);
+          for (std::int64_t i = win.y0; i < win.y1; ++i)
+            for (std::int64_t j = win.x0; j < win.x1; ++j) dxp[i * g.width + j] += v;
+        }
+    }
+  }
 };
 
 }  // namespace

@@ -1,6 +1,5 @@
 #include "layers/linear.hpp"
 
-#include "layers/gemm.hpp"
 #include "layers/init.hpp"
 
 namespace nerve::layers {
@@ -34,35 +33,28 @@ shape basic_linear<Scalar>::infer_shape(std::span<const shape> inputs) const {
 }
 
 template <class Scalar>
-auto basic_linear<Scalar>::do_forward(std::vector<tensor_type>& inputs, const forward_context&) -> forward_result {
-  tensor_type& x = inputs[0];
-  const std::int64_t n = x.batch();
-  tensor_type y(n, {out_});
-  if (bias_) y.matrix().rowwise() = b_.matrix().row(0);
-  gemm<Scalar>(trans::no, trans::yes, n, out_, in_, Scalar(1), x.data(), in_, weight_.data(), in_,
-               bias_ ? Scalar(1) : Scalar(0), y.data(), out_);
-  return this->with_stash(std::move(y), std::move(x));
+auto basic_linear<Scalar>::compute(basic_ops<Scalar>& o, std::span<const array> in, std::span<const array> params,
+                                   std::vector<array>& keep, const forward_context&) -> array {
+  keep.push_back(in[0]);
+  return o.linear(in[0], params[0], bias_ ? params[1] : array{});
 }
 
 template <class Scalar>
-auto basic_linear<Scalar>::do_backward_input(const stash_type& saved, const tensor_type& dy, input_mask wanted)
-    -> std::vector<tensor_type> {
-  std::vector<tensor_type> g(1);
-  if (!(wanted & 1)) return g;
-  const std::int64_t n = dy.batch();
-  g[0] = tensor_type(n, {in_});
-  gemm<Scalar>(trans::no, trans::no, n, in_, out_, Scalar(1), dy.data(), out_, weight_.data(), in_, Scalar(0),
-               g[0].data(), in_);
+auto basic_linear<Scalar>::grad_input(basic_ops<Scalar>& o, std::span<const array>, std::span<const array> params,
+                                      const array& dy, input_mask wanted) -> std::vector<array> {
+  std::vector<array> g(1);
+  if (wanted & 1) g[0] = o.matmul(dy, params[0]);
   return g;
 }
 
 template <class Scalar>
-void basic_linear<Scalar>::do_backward_weight(const stash_type& saved, const tensor_type& dy) {
-  const tensor_type& x = saved.tensors[0];
-  const std::int64_t n = dy.batch();
-  gemm<Scalar>(trans::yes, trans::no, out_, in_, n, Scalar(1), dy.data(), out_, x.data(), in_, Scalar(1),
-               weight_grad_.data(), in_);
-  if (bias_) b_grad_.matrix().row(0) += dy.matrix().colwise().sum();
+void basic_linear<Scalar>::grad_weight(basic_ops<Scalar>& o, std::span<const array> keep, std::span<const array>,
+                                       const array& dy, std::span<const array> grads) {
+  const array& x = keep[0];
+  const std::int64_t n = dy.rows();
+  o.set().gemm(trans::yes, trans::no, out_, in_, n, Scalar(1), dy.data, out_, x.data, in_, Scalar(1), grads[0].data,
+               in_);
+  if (bias_) o.set().column_sums(dy.data, n, out_, grads[1].data, Scalar(1));
 }
 
 template class basic_linear<float>;

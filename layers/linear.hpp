@@ -2,7 +2,7 @@
 /// \file
 /// `basic_linear`: y = x·Wᵀ + b, PyTorch's `nn.Linear`.
 
-#include "layers/layer.hpp"
+#include "layers/ops.hpp"
 
 namespace nerve::layers {
 
@@ -10,16 +10,15 @@ namespace nerve::layers {
 /// `[out]`. Input `[in]` per sample (anything with `in` scalars per sample is
 /// rejected unless its shape is exactly `[in]`: put a Flatten in front of images).
 ///
-/// Forward fuses the bias into the product (the output starts as the broadcast
-/// bias and the GEMM accumulates onto it). B: dx = dy·W. W: dW += dyᵀ·x, db += Σ dy.
-/// The stash holds the input (moved in, never copied).
+/// Written once with ops, for every backend: forward is one product with the bias fused
+/// (`ops::linear`). B: dx = dy·W. W: dW += dyᵀ·x, db += Σ dy, straight into the
+/// gradients. It keeps the input (moved in, never copied).
 template <class Scalar>
-class basic_linear final : public basic_layer<Scalar> {
+class basic_linear final : public basic_op_layer<Scalar> {
  public:
   using typename basic_layer<Scalar>::tensor_type;
-  using typename basic_layer<Scalar>::stash_type;
-  using typename basic_layer<Scalar>::forward_result;
   using typename basic_layer<Scalar>::parameter_ref;
+  using typename basic_op_layer<Scalar>::array;
 
   /// `in` → `out` features, with or without a bias. Parameters start at zero;
   /// `reset_parameters` (called by the graph builder) draws PyTorch's default.
@@ -37,12 +36,16 @@ class basic_linear final : public basic_layer<Scalar> {
   tensor_type& weight_grad() noexcept { return weight_grad_; }
   tensor_type& bias_grad() noexcept { return b_grad_; }
 
+  array compute(basic_ops<Scalar>& o, std::span<const array> in, std::span<const array> params,
+                std::vector<array>& keep, const forward_context& context) override;
+  bool custom_backward() const noexcept override { return true; }
+  std::vector<array> grad_input(basic_ops<Scalar>& o, std::span<const array> keep, std::span<const array> params,
+                                const array& dy, input_mask wanted) override;
+  void grad_weight(basic_ops<Scalar>& o, std::span<const array> keep, std::span<const array> params,
+                   const array& dy, std::span<const array> grads) override;
+
  protected:
   shape infer_shape(std::span<const shape> inputs) const override;
-  forward_result do_forward(std::vector<tensor_type>& inputs, const forward_context& context) override;
-  std::vector<tensor_type> do_backward_input(const stash_type& saved, const tensor_type& grad_output,
-                                             input_mask wanted) override;
-  void do_backward_weight(const stash_type& saved, const tensor_type& grad_output) override;
 
  private:
   std::int64_t in_, out_;

@@ -18,9 +18,29 @@ std::string_view to_string(unary_fn f) noexcept {
 }
 
 std::string_view to_string(op_kind k) noexcept {
-  static constexpr std::string_view names[op_kinds] = {"gemm",        "unary", "unary_grad", "binary", "broadcast",
-                                                       "column_sums", "axpy",  "scale",      "fill",   "copy"};
+  static constexpr std::string_view names[op_kinds] = {
+      "gemm", "gemm_bias", "unary", "unary_grad", "binary", "broadcast", "column_sums",
+      "axpy", "scale",     "fill",  "copy",       "conv2d", "pool2d"};
   return std::size_t(k) < op_kinds ? names[std::size_t(k)] : "?";
+}
+
+window_geometry window_over(std::span<const std::int64_t> dims, std::array<std::int64_t, 2> kernel,
+                            std::array<std::int64_t, 2> stride, std::array<std::int64_t, 2> padding) {
+  auto text = [&] {
+    std::string t = "[";
+    for (std::size_t i = 0; i < dims.size(); ++i) t += (i ? ", " : "") + std::to_string(dims[i]);
+    return t + "]";
+  };
+  if (dims.size() != 4) throw std::invalid_argument("ops: a window over " + text() + ", not [N, C, H, W]");
+  if (kernel[0] <= 0 || kernel[1] <= 0 || stride[0] <= 0 || stride[1] <= 0 || padding[0] < 0 || padding[1] < 0)
+    throw std::invalid_argument("ops: a window needs a positive kernel and stride and no negative padding");
+  window_geometry g{dims[0], dims[1], dims[2], dims[3], kernel[0], kernel[1],
+                    stride[0], stride[1], padding[0], padding[1]};
+  if (g.height + 2 * g.pad_h < g.kernel_h || g.width + 2 * g.pad_w < g.kernel_w)
+    throw std::invalid_argument("ops: a " + std::to_string(g.kernel_h) + "×" + std::to_string(g.kernel_w) +
+                                " window over images of " + text() + " with padding " + std::to_string(g.pad_h) +
+                                "×" + std::to_string(g.pad_w));
+  return g;
 }
 
 template <class S>
@@ -267,8 +287,88 @@ auto basic_ops<S>::matmul(const array& a, const array& b, trans ta, trans tb) ->
 
 template <class S>
 auto basic_ops<S>::linear(const array& x, const array& w, const array& b) -> array {
-  auto y = matmul(x, w, trans::no, trans::yes);
-  return b.empty() ? y : add_row(y, b);
+  if (b.empty()) return matmul(x, w, trans::no, trans::yes);
+  const std::int64_t n = x.rows(), in = x.cols(), out = w.rows();
+  require<S>(w.cols() == in && b.size() == out, "linear of " + x.shape_string() + " with a weight of " +
+                                                    w.shape_string() + " and a bias of " + b.shape_string());
+  auto y = set_.alloc({n, out});
+  set_.gemm_bias(trans::no, trans::yes, n, out, in, x.data, in, w.data, in, b.data, y.data, out);
+  if (recording({&x, &w, &b})) {
+    y.id = tape_->record([x, w, b, n, in, out](basic_tape<S>& t, const array& dy) {
+      auto& set = t.set();
+      if (x.id >= 0) {  // dx = dy·W
+        auto g = set.alloc(x.dims);
+        set.gemm(trans::no, trans::no, n, in, out, S(1), dy.data, out, w.data, in, S(0), g.data, in);
+        t.accumulate(x.id, std::move(g), true);
+      }
+      if (w.id >= 0) {  // dW = dyᵀ·x
+        auto g = set.alloc(w.dims);
+        set.gemm(trans::yes, trans::no, out, in, n, S(1), dy.data, out, x.data, in, S(0), g.data, in);
+        t.accumulate(w.id, std::move(g), true);
+      }
+      if (b.id >= 0) {  // db = Σ dy over the rows
+        auto g = set.alloc(b.dims);
+        set.column_sums(dy.data, n, out, g.data, S(0));
+        t.accumulate(b.id, std::move(g), true);
+      }
+    });
+  }
+  return y;
+}
+
+template <class S>
+auto basic_ops<S>::conv2d(const array& x, const array& w, const array& b, std::array<std::int64_t, 2> stride,
+                          std::array<std::int64_t, 2> padding) -> array {
+  require<S>(w.dims.size() == 4 && x.dims.size() == 4 && w.dims[1] == x.dims[1] &&
+                 (b.empty() || b.size() == w.dims[0]),
+             "conv2d of " + x.shape_string() + " with a filter of " + w.shape_string() + " and a bias of " +
+                 b.shape_string() + " (it needs [N, C, H, W], [K, C, kh, kw] and [K] or none)");
+  const auto g = window_over(x.dims, {w.dims[2], w.dims[3]}, stride, padding);
+  const std::int64_t k = w.dims[0];
+  auto y = set_.alloc({g.batch, k, g.out_h(), g.out_w()});
+  set_.conv2d(g, k, x.data, w.data, b.empty() ? nullptr : b.data, y.data);
+  if (recording({&x, &w, &b})) {
+    y.id = tape_->record([x, w, b, g, k](basic_tape<S>& t, const array& dy) {
+      auto& set = t.set();
+      if (x.id >= 0) {
+        auto gx = set.alloc(x.dims);
+        set.conv2d_grad_input(g, k, w.data, dy.data, gx.data);
+        t.accumulate(x.id, std::move(gx), true);
+      }
+      if (w.id < 0 && b.id < 0) return;
+      auto gw = set.alloc(w.dims);
+      set.fill(gw.size(), S(0), gw.data);
+      array gb;
+      if (!b.empty()) {
+        gb = set.alloc(b.dims);
+        set.fill(gb.size(), S(0), gb.data);
+      }
+      set.conv2d_grad_weight(g, k, x.data, dy.data, gw.data, gb.empty() ? nullptr : gb.data);
+      if (w.id >= 0) t.accumulate(w.id, std::move(gw), true);
+      if (b.id >= 0) t.accumulate(b.id, std::move(gb), true);
+    });
+  }
+  return y;
+}
+
+template <class S>
+auto basic_ops<S>::pool2d(pool_fn f, const array& x, std::int64_t kernel, std::int64_t stride, std::int64_t padding)
+    -> array {
+  require<S>(2 * padding <= kernel, "pool2d: padding " + std::to_string(padding) + " over half the kernel " +
+                                        std::to_string(kernel));
+  const auto g = window_over(x.dims, {kernel, kernel}, {stride, stride}, {padding, padding});
+  auto y = set_.alloc({g.batch, g.channels, g.out_h(), g.out_w()});
+  set_.pool2d(f, g, x.data, y.data);
+  if (recording({&x})) {
+    array in = x;  // the average's gradient needs only the shape
+    if (f == pool_fn::average) in.data = nullptr, in.owner = nullptr;
+    y.id = tape_->record([f, in, g](basic_tape<S>& t, const array& dy) {
+      auto gx = t.set().alloc(in.dims);
+      t.set().pool2d_grad(f, g, in.data, dy.data, gx.data);
+      t.accumulate(in.id, std::move(gx), true);
+    });
+  }
+  return y;
 }
 
 template <class S>

@@ -20,6 +20,7 @@
 ///
 /// Thread safety: an op set, its arrays and a tape belong to one actor's loop at a time.
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -34,8 +35,10 @@
 namespace nerve::layers {
 
 /// What an op set may run (`basic_op_set::supports`).
-enum class op_kind : std::uint8_t { gemm, unary, unary_grad, binary, broadcast, column_sums, axpy, scale, fill, copy };
-inline constexpr std::size_t op_kinds = 10;
+enum class op_kind : std::uint8_t {
+  gemm, gemm_bias, unary, unary_grad, binary, broadcast, column_sums, axpy, scale, fill, copy, conv2d, pool2d
+};
+inline constexpr std::size_t op_kinds = 13;
 
 // GCC 12 takes a scoped enumerator for a shadow of the layer aliases of the same name
 // (layers/activation.hpp's `relu`, …), which it cannot be.
@@ -51,7 +54,29 @@ enum class unary_fn : std::uint8_t {
 };
 /// Pointwise functions of two inputs.
 enum class binary_fn : std::uint8_t { add, sub, mul };
+/// What a pooling window computes (PyTorch's `MaxPool2d`, and `AvgPool2d` with padding
+/// counted in the divisor).
+enum class pool_fn : std::uint8_t { max, average };
 #pragma GCC diagnostic pop
+
+/// A sliding window over `[N, C, H, W]` images: a convolution's patches or a pooling
+/// window. Zero padding; the output is `[N, ·, out_h(), out_w()]`.
+struct window_geometry {
+  std::int64_t batch = 1, channels = 1, height = 1, width = 1;
+  std::int64_t kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  constexpr std::int64_t out_h() const noexcept { return (height + 2 * pad_h - kernel_h) / stride_h + 1; }
+  constexpr std::int64_t out_w() const noexcept { return (width + 2 * pad_w - kernel_w) / stride_w + 1; }
+  /// Rows of one image's patch matrix: channels·kernel_h·kernel_w.
+  constexpr std::int64_t patch_rows() const noexcept { return channels * kernel_h * kernel_w; }
+  /// Its columns: out_h·out_w.
+  constexpr std::int64_t patch_cols() const noexcept { return out_h() * out_w(); }
+};
+
+/// The window of `kernel` (height, width) over images of `dims` (`[N, C, H, W]`); throws
+/// `std::invalid_argument` when the dims are not 4, the kernel or stride not positive, the
+/// padding negative, or the padded image smaller than the kernel.
+window_geometry window_over(std::span<const std::int64_t> dims, std::array<std::int64_t, 2> kernel,
+                            std::array<std::int64_t, 2> stride, std::array<std::int64_t, 2> padding);
 
 std::string_view to_string(unary_fn f) noexcept;
 std::string_view to_string(op_kind k) noexcept;
@@ -94,6 +119,10 @@ class basic_op_set {
   /// `C = alpha·op(A)·op(B) + beta·C`, row-major (layers/gemm.hpp's contract).
   virtual void gemm(trans ta, trans tb, std::int64_t m, std::int64_t n, std::int64_t k, S alpha, const S* a,
                     std::int64_t lda, const S* b, std::int64_t ldb, S beta, S* c, std::int64_t ldc) = 0;
+  /// `C = op(A)·op(B) + 1·biasᵀ`: the product with a bias of `n` elements added to every
+  /// row (a backend fuses it where it can; the CPU starts C at the bias and accumulates).
+  virtual void gemm_bias(trans ta, trans tb, std::int64_t m, std::int64_t n, std::int64_t k, const S* a,
+                         std::int64_t lda, const S* b, std::int64_t ldb, const S* bias, S* c, std::int64_t ldc) = 0;
   /// `y = f(x)`; `alpha` is the leaky slope. y may be x.
   virtual void unary(unary_fn f, const S* x, S* y, std::int64_t n, S alpha) = 0;
   /// `dx = df(x)·dy`, df the derivative of f: sigmoid and tanh read `y` (the output), the others `x`.
@@ -109,6 +138,25 @@ class basic_op_set {
   virtual void scale(std::int64_t n, S alpha, S* x) = 0;
   virtual void fill(std::int64_t n, S value, S* x) = 0;
   virtual void copy(std::int64_t n, const S* x, S* y) = 0;
+
+  /// Convolution (cross-correlation) of the images `x` (`g`) with `w`
+  /// (`[out_channels, channels, kernel_h, kernel_w]`) plus `bias` (`[out_channels]`, or
+  /// null): `y` is `[batch, out_channels, out_h, out_w]`.
+  virtual void conv2d(const window_geometry& g, std::int64_t out_channels, const S* x, const S* w, const S* bias,
+                      S* y) = 0;
+  /// The input's gradient (overwritten) from the output's, `dy`.
+  virtual void conv2d_grad_input(const window_geometry& g, std::int64_t out_channels, const S* w, const S* dy,
+                                 S* dx) = 0;
+  /// The filter's gradient added into `dw`, and the bias's into `dbias` (null: none).
+  virtual void conv2d_grad_weight(const window_geometry& g, std::int64_t out_channels, const S* x, const S* dy,
+                                  S* dw, S* dbias) = 0;
+  /// Pooling of `x` (`g`; stride and padding as given): `y` is `[batch, channels, out_h,
+  /// out_w]`. A max window takes its first maximum (a NaN wins: PyTorch's rule) and
+  /// ignores the padding.
+  virtual void pool2d(pool_fn f, const window_geometry& g, const S* x, S* y) = 0;
+  /// The input's gradient (overwritten) from `dy`. Max reads `x` to find each window's
+  /// maximum again (as cuDNN's backward does), so nothing but the input is kept.
+  virtual void pool2d_grad(pool_fn f, const window_geometry& g, const S* x, const S* dy, S* dx) = 0;
 };
 
 /// The CPU's op set: Eigen, and the product engine of layers/gemm.hpp.
@@ -185,8 +233,15 @@ class basic_ops {
   array gelu(const array& x) { return unary(unary_fn::gelu, x); }
   /// `op(a)·op(b)` over the 2-D views (rows × cols): `[m, n]`.
   array matmul(const array& a, const array& b, trans ta = trans::no, trans tb = trans::no);
-  /// `x·wᵀ + b`, PyTorch's `Linear` (`w` is `[out, in]`, `b` `[out]` or empty).
+  /// `x·wᵀ + b`, PyTorch's `Linear` (`w` is `[out, in]`, `b` `[out]` or empty); one
+  /// product with the bias fused.
   array linear(const array& x, const array& w, const array& b);
+  /// Convolution of `x` (`[N, C, H, W]`) with `w` (`[K, C, kh, kw]`) plus `b` (`[K]` or
+  /// empty), stride and padding as (height, width): `[N, K, OH, OW]`.
+  array conv2d(const array& x, const array& w, const array& b, std::array<std::int64_t, 2> stride,
+               std::array<std::int64_t, 2> padding);
+  /// Pooling of `x` (`[N, C, H, W]`) with a square window.
+  array pool2d(pool_fn f, const array& x, std::int64_t kernel, std::int64_t stride, std::int64_t padding);
   /// The sums of x's columns over its rows: `[cols]`.
   array sum_rows(const array& x);
   /// The same memory under other dims (the same number of elements).

@@ -18,7 +18,8 @@
 #include "apps/bench/cudnn_conv.hpp"
 #include "gpu/detail/module.hpp"
 #include "gpu/device.hpp"
-#include "gpu/layers/device_layer.hpp"
+#include "gpu/layers/device_op_set.hpp"
+#include "gpu/layers/device_parameters.hpp"
 #include "gpu/memory.hpp"
 #include "gpu/stream.hpp"
 #include "gpu/testing.hpp"
@@ -92,7 +93,8 @@ json run_shape(const conv_shape& sh, int reps, int& cudnn_version) {
   for (auto& v : x) v = d(rng);
   for (auto& v : dy) v = d(rng);
 
-  // nerve: the CPU layer's weights go to its device twin.
+  // nerve: the CPU layer's weights through the device's op set (what a Conv2d layer
+  // actor runs there).
   layers::conv2d cpu(sh.c, sh.k, sh.r, 1, sh.pad);
   std::mt19937_64 init(3);
   cpu.reset_parameters(init);  // a layer starts at zero: the outputs' comparison would prove nothing
@@ -101,28 +103,29 @@ json run_shape(const conv_shape& sh, int reps, int& cudnn_version) {
   loop_thread loop;
   gpu::device dev(o);
   auto s = dev.create_stream();
-  auto layer = gpu::make_device_layer(s, cpu);
-  auto params = layer->parameters();
-  auto gx = gpu::upload(s, x.data(), {std::size_t(sh.n), std::size_t(sh.c), std::size_t(sh.h), std::size_t(sh.w)});
-  auto gdy = gpu::upload(s, dy.data(), {std::size_t(sh.n), std::size_t(sh.k), std::size_t(oh), std::size_t(ow)});
-  const gpu::device_tensor* ins[] = {&gx};
-  gpu::device_tensor out;
-  gpu::device_stash stash;
-  auto forward = [&] {
-    out = gpu::device_tensor();
-    stash = gpu::device_stash();
-    layer->forward(s, ins, out, stash);
-  };
-  std::vector<gpu::device_tensor> dx;
-  auto back_data = [&] { dx = layer->backward_input(s, stash, gdy, gpu::all_inputs); };
-  auto back_filter = [&] { layer->backward_weight(s, stash, gdy); };
+  gpu::device_op_set ops(s, "cuda");
+  const auto K = std::size_t(sh.k), C = std::size_t(sh.c), R = std::size_t(sh.r);
+  auto w = gpu::upload(s, cpu.weight().data(), {K, C, R, R});
+  auto b = gpu::upload(s, cpu.bias().data(), {K});
+  std::vector<float> zeros_w(nw, 0.0f), zeros_b(K, 0.0f);
+  auto dw = gpu::upload(s, zeros_w.data(), {K, C, R, R});
+  auto db = gpu::upload(s, zeros_b.data(), {K});
+  const std::int64_t dims[4] = {sh.n, sh.c, sh.h, sh.w};
+  const auto g = layers::window_over(dims, {sh.r, sh.r}, {1, 1}, {sh.pad, sh.pad});
+  auto gx = gpu::upload(s, x.data(), {std::size_t(sh.n), C, std::size_t(sh.h), std::size_t(sh.w)});
+  auto gdy = gpu::upload(s, dy.data(), {std::size_t(sh.n), K, std::size_t(oh), std::size_t(ow)});
+  gpu::device_tensor out(s, {std::size_t(sh.n), K, std::size_t(oh), std::size_t(ow)});
+  gpu::device_tensor dx(s, gx.shape());
+  auto forward = [&] { ops.conv2d(g, sh.k, gx.data(), w.data(), b.data(), out.data()); };
+  auto back_data = [&] { ops.conv2d_grad_input(g, sh.k, w.data(), gdy.data(), dx.data()); };
+  auto back_filter = [&] { ops.conv2d_grad_weight(g, sh.k, gx.data(), gdy.data(), dw.data(), db.data()); };
   // Warm-up: every cuBLAS product runs once before any goes behind the gate (lazy loading).
   forward();
   back_data();
   back_filter();
   s.synchronize();
   const auto nerve_y = gpu::download(s, out);
-  const auto nerve_dx = gpu::download(s, dx.at(0));
+  const auto nerve_dx = gpu::download(s, dx);
   std::vector<double> t_fwd, t_bd, t_bf;
   for (int trial = 0; trial < 5; ++trial) {
     t_fwd.push_back(gated_us(dev, s, loop, [&] { for (int i = 0; i < reps; ++i) forward(); }) / reps);
@@ -130,10 +133,11 @@ json run_shape(const conv_shape& sh, int reps, int& cudnn_version) {
     t_bf.push_back(gated_us(dev, s, loop, [&] { for (int i = 0; i < reps; ++i) back_filter(); }) / reps);
   }
   // One filter gradient for the comparison: zero, one pass, read.
-  for (auto& p : params) gpu::fill_zero_async(s, p.grad->data(), p.grad->bytes());
+  gpu::fill_zero_async(s, dw.data(), dw.bytes());
+  gpu::fill_zero_async(s, db.data(), db.bytes());
   back_filter();
-  const auto nerve_dw = gpu::download(s, *params.at(0).grad);
-  std::vector<float> w_host = gpu::download(s, *params.at(0).value), b_host = gpu::download(s, *params.at(1).value);
+  const auto nerve_dw = gpu::download(s, dw);
+  std::vector<float> w_host = gpu::download(s, w), b_host = gpu::download(s, b);
   s.synchronize();
 
   // cuDNN on a stream of its own, the same data and weights.

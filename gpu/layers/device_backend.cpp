@@ -18,21 +18,15 @@ device_backend::device_backend(device& dev, layers::graph& g, device_backend_opt
     auto& n = g.nodes()[i];
     const auto& only = m.options.nodes;
     if (n.is_input() || (!only.empty() && std::find(only.begin(), only.end(), i) == only.end())) continue;
-    auto e = std::make_unique<detail::node_entry>(detail::node_entry{&n, nullptr, n.layer->as_op_layer(), {}, {},
-                                                     device_parameters(m.options.optimizer)});
+    auto e = std::make_unique<detail::node_entry>(
+        detail::node_entry{&n, n.layer->as_op_layer(), {}, {}, device_parameters(m.options.optimizer)});
     if (e->op) {
       detail::mirror_parameters(m.s, *e);
     } else {
-      try {
-        e->layer = make_device_layer(m.s, *n.layer);
-        e->parameters = e->layer->parameters();
-      } catch (const error& err) {
-        if (err.code() != errc::not_supported) throw error(err.code(), n.name + ": " + err.what());
-        // No device kernels: the layer runs on the host in the stream's order, with a CPU
-        // optimizer of the same settings.
-        const auto& o = m.options.optimizer;
-        e->host_opt = layers::make_optimizer<float>(o.kind, o.lr, o.momentum, o.weight_decay, o.nesterov);
-      }
+      // Not written with ops: the layer runs on the host in the stream's order, with a CPU
+      // optimizer of the same settings.
+      const auto& o = m.options.optimizer;
+      e->host_opt = layers::make_optimizer<float>(o.kind, o.lr, o.momentum, o.weight_decay, o.nesterov);
     }
     for (auto& p : e->parameters) e->params.add(m.s, p.name, p);  // the layer's names, as on the CPU
     m.nodes.push_back(std::move(e));
@@ -143,10 +137,6 @@ void device_backend::download() {
   m.s.synchronize();
   for (auto& e : m.nodes) {
     if (e->on_host()) continue;  // trained in the graph's own layer
-    if (e->layer) {
-      download_parameters(m.s, *e->layer, *e->node->layer);
-      continue;
-    }
     auto host = e->op->parameters();
     for (std::size_t i = 0; i < host.size(); ++i)
       copy_async(m.s, host[i].value->data(), e->parameters[i].value->data(), e->parameters[i].value->bytes());

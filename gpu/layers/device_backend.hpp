@@ -10,8 +10,10 @@
 ///  loss figures ─D2H─► pinned ─[event]─► backend_done on the loss actor ─► loss_report
 ///  each layer: update enqueued ─[event]─► backend_done on its loop ─► node_done
 /// ```
-/// The math is `device_layer`'s (per layer), the update `device_parameters`' (per
-/// layer, PyTorch's rules); the loss is softmax cross-entropy. Every actor of the
+/// The math is each layer's own, written once with ops (layers/ops.hpp) and run with
+/// this device's op set (`device_op_set`); a layer without ops runs on the host in the
+/// stream's order. The update is `device_parameters`' (per layer, PyTorch's rules); the
+/// loss is softmax cross-entropy. Every actor of the
 /// network enqueues on the one stream, so the network puts them on one loop.
 ///
 /// A pipeline stage on a device is a backend over the stage's nodes (`options.nodes`):
@@ -44,7 +46,7 @@ struct device_backend_options {
 class device_backend final : public layers::backend {
  public:
   /// Mirrors `g`'s parameters onto a new stream of `dev` (waits). Throws `gpu::error`
-  /// (`not_supported` naming a layer without a device twin).
+  /// (`not_supported`) for a graph of more than one input.
   device_backend(device& dev, layers::graph& g, device_backend_options options = {});
   ~device_backend() override;
 
@@ -82,7 +84,7 @@ class device_backend final : public layers::backend {
   void synchronize();
   gpu::stream& stream() noexcept;
 
-  struct impl;  // the stream, the twins, the staging (device_backend.cpp; its kernels share it)
+  struct impl;  // the stream, the layers' entries, the staging (device_backend.cpp; its kernels share it)
 
   /// Steps in flight, each with its own pinned staging (inputs, labels, figures).
   static constexpr std::size_t kSlots = 2;

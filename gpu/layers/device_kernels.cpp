@@ -1,5 +1,5 @@
 // Each layer actor's kernels on a device backend: an op layer run with the backend's op
-// set (layers written once), or a built-in layer's device twin.
+// set (layers written once), or a layer without ops run on the host (host_kernels.cpp).
 #include "gpu/layers/detail/device_backend_impl.hpp"
 #include "gpu/status.hpp"
 
@@ -42,29 +42,16 @@ class device_kernels final : public layers::layer_kernels {
   layers::value forward(std::vector<layers::value>& inputs, const layers::forward_context& context, bool train,
                         layers::kept& keep) override {
     if (e_.on_host()) return host_forward(b_, e_, inputs, context, train, keep);
-    if (e_.op) {
-      std::vector<layers::array> in;
-      for (auto& v : inputs) in.push_back(device_op_set::array_of(tensor_of(v)));
-      auto run = std::make_unique<layers::basic_op_run<float>>(*e_.op, *b_.ops, std::move(in),
-                                                               parameter_arrays(e_, false), train, context);
-      auto out = wrap(b_.ops->tensor_of(run->output()));
-      if (train) {
-        auto k = std::make_unique<op_kept>();
-        k->run = std::move(run);
-        keep.device = std::move(k);
-      }
-      return out;
+    std::vector<layers::array> in;
+    for (auto& v : inputs) in.push_back(device_op_set::array_of(tensor_of(v)));
+    auto run = std::make_unique<layers::basic_op_run<float>>(*e_.op, *b_.ops, std::move(in),
+                                                             parameter_arrays(e_, false), train, context);
+    auto out = wrap(b_.ops->tensor_of(run->output()));
+    if (train) {
+      auto k = std::make_unique<op_kept>();
+      k->run = std::move(run);
+      keep.device = std::move(k);
     }
-    auto k = std::make_unique<device_kept>();
-    std::vector<const device_tensor*> ptrs;
-    for (auto& v : inputs) {
-      k->inputs.push_back(tensor_of(v));
-      ptrs.push_back(k->inputs.back().get());
-    }
-    k->output = std::make_shared<device_tensor>();
-    e_.layer->forward(b_.s, ptrs, *k->output, k->st);
-    auto out = wrap(k->output);
-    if (train) keep.device = std::move(k);
     return out;
   }
   void add(layers::value& into, const layers::value& g) override {
@@ -74,23 +61,15 @@ class device_kernels final : public layers::layer_kernels {
   std::vector<layers::value> backward_input(const layers::kept& k, const layers::value& dy,
                                             layers::input_mask wanted) override {
     if (e_.on_host()) return host_backward_input(b_, e_, k, dy, wanted);
-    if (e_.op) {
-      auto g = run_of(k).backward_input(device_op_set::array_of(tensor_of(dy)), wanted);
-      std::vector<layers::value> out(g.size());
-      for (std::size_t i = 0; i < g.size(); ++i)
-        if (!g[i].empty()) out[i] = wrap(b_.ops->tensor_of(g[i]));
-      return out;
-    }
-    auto g = e_.layer->backward_input(b_.s, stash_of(k), *tensor_of(dy), wanted);
+    auto g = run_of(k).backward_input(device_op_set::array_of(tensor_of(dy)), wanted);
     std::vector<layers::value> out(g.size());
     for (std::size_t i = 0; i < g.size(); ++i)
-      if (!g[i].empty()) out[i] = wrap(std::make_shared<device_tensor>(std::move(g[i])));
+      if (!g[i].empty()) out[i] = wrap(b_.ops->tensor_of(g[i]));
     return out;
   }
   void backward_weight(const layers::kept& k, const layers::value& dy) override {
     if (e_.on_host()) return host_backward_weight(b_, e_, k, dy);
-    if (e_.op) return run_of(k).backward_weight(device_op_set::array_of(tensor_of(dy)), parameter_arrays(e_, true));
-    e_.layer->backward_weight(b_.s, stash_of(k), *tensor_of(dy));
+    run_of(k).backward_weight(device_op_set::array_of(tensor_of(dy)), parameter_arrays(e_, true));
   }
   void set_lr(double lr) override {
     if (lr >= 0) lr_ = lr;
@@ -193,11 +172,6 @@ class device_kernels final : public layers::layer_kernels {
     auto* d = dynamic_cast<const op_kept*>(k.device.get());
     if (!d) throw std::logic_error("device backend: backward of '" + e_.node->name + "' without its stash");
     return *d->run;
-  }
-  static const device_stash& stash_of(const layers::kept& k) {
-    auto* d = dynamic_cast<const device_kept*>(k.device.get());
-    if (!d) throw std::logic_error("device backend: backward without a device stash");
-    return d->st;
   }
   device_backend::impl& b_;
   node_entry& e_;

@@ -2,6 +2,9 @@
 
 #include "gpu/blas.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/status.hpp"
+
+#include <algorithm>
 
 namespace nerve::gpu {
 namespace {
@@ -21,6 +24,11 @@ activation to_activation(layers::unary_fn f) {
     case layers::unary_fn::gelu: return activation::gelu;
   }
   return activation::relu;
+}
+/// The kernels' window (int fields) of an op's.
+window_geometry kernel_window(const layers::window_geometry& g) {
+  return {int(g.batch),    int(g.channels), int(g.height), int(g.width),    int(g.kernel_h),
+          int(g.kernel_w), int(g.pad_h),    int(g.pad_w),  int(g.stride_h), int(g.stride_w)};
 }
 binary_op to_binary(layers::binary_fn f) {
   switch (f) {
@@ -87,6 +95,88 @@ void device_op_set::scale(std::int64_t n, float alpha, float* x) { gpu::scale(s_
 void device_op_set::fill(std::int64_t n, float value, float* x) { gpu::fill(s_, std::size_t(n), value, x); }
 void device_op_set::copy(std::int64_t n, const float* x, float* y) {
   if (n) copy_async(s_, y, x, std::size_t(n) * sizeof(float));
+}
+
+
+void device_op_set::gemm_bias(layers::trans ta, layers::trans tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                              const float* a, std::int64_t lda, const float* b, std::int64_t ldb, const float* bias,
+                              float* c, std::int64_t ldc) {
+  if (ldc != n) throw error(errc::invalid_argument, "device gemm_bias: C must be tight (ldc = n)");
+  gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+  bias_add(s_, c, bias, c, std::size_t(m), std::size_t(n));
+}
+
+const float* device_op_set::ones(std::size_t n) {
+  if (ones_.size() < n) {
+    ones_ = device_tensor(s_, {n});
+    gpu::fill(s_, n, 1.0f, ones_.data());
+  }
+  return ones_.data();
+}
+
+// Convolution as im2col and one strided-batched product over the images: Y_n = W·col_n.
+void device_op_set::conv2d(const layers::window_geometry& lg, std::int64_t k, const float* x, const float* w,
+                           const float* bias, float* y) {
+  const auto g = kernel_window(lg);
+  const std::int64_t pr = lg.patch_rows(), pc = lg.patch_cols();
+  device_tensor col(s_, {std::size_t(g.batch), std::size_t(pr), std::size_t(pc)});
+  im2col(s_, x, g, col.data());
+  gemm_strided_batched(s_, transpose::no, transpose::no, int(k), int(pc), int(pr), 1.0f, w, int(pr), 0, col.data(),
+                       int(pc), pr * pc, 0.0f, y, int(pc), k * pc, g.batch);
+  if (bias)  // Y_n += b·1ᵀ: the bias over the pixels as a rank-1 product
+    gemm_strided_batched(s_, transpose::no, transpose::no, int(k), int(pc), 1, 1.0f, bias, 1, 0, ones(std::size_t(pc)),
+                         int(pc), 0, 1.0f, y, int(pc), k * pc, g.batch);
+}
+
+void device_op_set::conv2d_grad_input(const layers::window_geometry& lg, std::int64_t k, const float* w,
+                                      const float* dy, float* dx) {
+  const auto g = kernel_window(lg);
+  const std::int64_t pr = lg.patch_rows(), pc = lg.patch_cols();
+  device_tensor dcol(s_, {std::size_t(g.batch), std::size_t(pr), std::size_t(pc)});
+  // dcol_n = Wᵀ·dY_n, then col2im gathers every patch entry back onto its pixel.
+  gemm_strided_batched(s_, transpose::yes, transpose::no, int(pr), int(pc), int(k), 1.0f, w, int(pr), 0, dy, int(pc),
+                       k * pc, 0.0f, dcol.data(), int(pc), pr * pc, g.batch);
+  col2im(s_, dcol.data(), g, dx);
+}
+
+void device_op_set::conv2d_grad_weight(const layers::window_geometry& lg, std::int64_t k, const float* x,
+                                       const float* dy, float* dw, float* dbias) {
+  const auto g = kernel_window(lg);
+  const std::int64_t pr = lg.patch_rows(), pc = lg.patch_cols();
+  device_tensor col(s_, {std::size_t(g.batch), std::size_t(pr), std::size_t(pc)});
+  im2col(s_, x, g, col.data());  // again: the patches are kh·kw times the images
+  // Per image dW_n = dY_n·col_nᵀ, then a fixed-order sum over the images (no atomics:
+  // the same bits every run).
+  device_tensor per_image(s_, {std::size_t(g.batch), std::size_t(k * pr)});
+  gemm_strided_batched(s_, transpose::no, transpose::yes, int(k), int(pr), int(pc), 1.0f, dy, int(pc), k * pc,
+                       col.data(), int(pc), pr * pc, 0.0f, per_image.data(), int(pr), k * pr, g.batch);
+  gpu::column_sums(s_, per_image.data(), std::size_t(g.batch), std::size_t(k * pr), dw, 1.0f);
+  if (!dbias) return;
+  device_tensor pixel_sums(s_, {std::size_t(k * pc)});
+  gpu::column_sums(s_, dy, std::size_t(g.batch), std::size_t(k * pc), pixel_sums.data(), 0.0f);
+  gpu::gemm(s_, transpose::no, transpose::no, int(k), 1, int(pc), 1.0f, pixel_sums.data(), int(pc),
+            ones(std::size_t(pc)), 1, 1.0f, dbias, 1);
+}
+
+void device_op_set::pool2d(layers::pool_fn f, const layers::window_geometry& lg, const float* x, float* y) {
+  const auto g = kernel_window(lg);
+  if (f == layers::pool_fn::average) return avg_pool_forward(s_, x, g, y);
+  const std::size_t outputs = std::size_t(lg.batch * lg.channels * lg.patch_cols());
+  device_buffer argmax(s_, std::max<std::size_t>(1, outputs) * sizeof(std::int32_t));  // freed in stream order
+  max_pool_forward(s_, x, g, y, static_cast<std::int32_t*>(argmax.data()));
+}
+
+void device_op_set::pool2d_grad(layers::pool_fn f, const layers::window_geometry& lg, const float* x,
+                                const float* dy, float* dx) {
+  const auto g = kernel_window(lg);
+  if (f == layers::pool_fn::average) return avg_pool_backward(s_, dy, g, dx);
+  // Each window's maximum found again (the forward's rule, so the same one), then the
+  // gather of dy onto it.
+  const std::size_t outputs = std::size_t(lg.batch * lg.channels * lg.patch_cols());
+  device_tensor y(s_, {std::max<std::size_t>(1, outputs)});
+  device_buffer argmax(s_, std::max<std::size_t>(1, outputs) * sizeof(std::int32_t));
+  max_pool_forward(s_, x, g, y.data(), static_cast<std::int32_t*>(argmax.data()));
+  max_pool_backward(s_, dy, static_cast<const std::int32_t*>(argmax.data()), g, dx);
 }
 
 }  // namespace nerve::gpu

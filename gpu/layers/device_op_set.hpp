@@ -32,6 +32,18 @@ class device_op_set final : public layers::op_set {
   void scale(std::int64_t n, float alpha, float* x) override;
   void fill(std::int64_t n, float value, float* x) override;
   void copy(std::int64_t n, const float* x, float* y) override;
+  void gemm_bias(layers::trans ta, layers::trans tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                 std::int64_t lda, const float* b, std::int64_t ldb, const float* bias, float* c,
+                 std::int64_t ldc) override;
+  void conv2d(const layers::window_geometry& g, std::int64_t out_channels, const float* x, const float* w,
+              const float* bias, float* y) override;
+  void conv2d_grad_input(const layers::window_geometry& g, std::int64_t out_channels, const float* w, const float* dy,
+                         float* dx) override;
+  void conv2d_grad_weight(const layers::window_geometry& g, std::int64_t out_channels, const float* x,
+                          const float* dy, float* dw, float* dbias) override;
+  void pool2d(layers::pool_fn f, const layers::window_geometry& g, const float* x, float* y) override;
+  void pool2d_grad(layers::pool_fn f, const layers::window_geometry& g, const float* x, const float* dy,
+                   float* dx) override;
 
   /// `t` as an array that keeps it alive.
   static layers::array array_of(std::shared_ptr<device_tensor> t);
@@ -40,8 +52,11 @@ class device_op_set final : public layers::op_set {
   std::shared_ptr<device_tensor> tensor_of(const layers::array& a);
 
  private:
+  /// At least `n` ones (a bias broadcast over pixels as a rank-1 product), kept.
+  const float* ones(std::size_t n);
   stream& s_;
   std::string name_;
+  device_tensor ones_;
 };
 
 }  // namespace nerve::gpu

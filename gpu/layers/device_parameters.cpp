@@ -8,6 +8,20 @@
 
 namespace nerve::gpu {
 
+device_tensor upload(stream& s, const float* host, shape_t shape) {
+  device_tensor t(s, std::move(shape));
+  copy_async(s, t.data(), host, t.bytes());
+  s.synchronize();
+  return t;
+}
+
+std::vector<float> download(stream& s, const device_tensor& t) {
+  std::vector<float> v(t.size());
+  copy_async(s, v.data(), t.data(), t.bytes());
+  s.synchronize();
+  return v;
+}
+
 device_parameters::device_parameters(device_optimizer opt) : opt_(std::move(opt)) {
   if (opt_.kind != "sgd" && opt_.kind != "adam" && opt_.kind != "adamw")
     throw error(errc::invalid_argument, "unknown optimizer '" + opt_.kind + "' (sgd, adam, adamw)");

@@ -15,7 +15,6 @@
 /// Thread safety: none; one owner (a network's or a stage's loop) at a time. `state` and
 /// `load` wait for the stream: not on a loop.
 
-#include "gpu/layers/device_layer.hpp"
 #include "gpu/memory.hpp"
 #include "layers/optimizer.hpp"
 
@@ -24,6 +23,19 @@
 #include <vector>
 
 namespace nerve::gpu {
+
+/// A trainable tensor on the device and its gradient, with the CPU layer's name.
+struct device_parameter {
+  std::string name;  ///< "weight", "bias"
+  device_tensor* value = nullptr;
+  device_tensor* grad = nullptr;
+};
+
+/// A tensor of `shape` on `s` filled from host memory (copied through the stream,
+/// then waited for: setup and tests).
+device_tensor upload(stream& s, const float* host, shape_t shape);
+/// The contents of `t` on the host (waits: not on a loop).
+std::vector<float> download(stream& s, const device_tensor& t);
 
 /// The optimizer a device network or stage runs (the trainer's `--optimizer` names).
 struct device_optimizer {

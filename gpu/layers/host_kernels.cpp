@@ -1,4 +1,4 @@
-// A layer with no device kernels (neither written with ops nor twinned) inside a device
+// A layer with no device kernels (not written with ops) inside a device
 // backend: its CPU math runs on the host in the stream's order. Each call enqueues the
 // copies of its inputs off the device into pinned staging, a host function that runs the
 // layer (and keeps its stash), and the copy of its result back; later work on the stream

@@ -431,9 +431,9 @@ TEST_SUITE("gpu.pipeline") {
     layers::tensor x(24, layers::shape{13});  // fc1 takes 12 features
     for (std::int64_t i = 0; i < x.size(); ++i) x.data()[i] = 0.5f;
     auto b = make_batch(24, 1);
-    // The layer actor's failure, named by the actor, quoting the device layer's error.
+    // The layer actor's failure, named by the actor, quoting the op's error.
     CHECK_THROWS_WITH(p.train_step(std::move(x), b.t, 0),
-                      doctest::Contains("actor 'fc1' failed: Linear: input has shape [6, 13]"));
+                      doctest::Contains("actor 'fc1' failed: ops: linear of [6, 13] with a weight of [16, 12]"));
     CHECK(p.stopped());
   }
 

@@ -97,6 +97,22 @@ TEST_CASE("each op's derivative on the tape matches central differences") {
     CHECK(check_tape({{4, 3}, {1}}, [](auto& o, auto& l) { return o.mul_row(l[0], l[1]); }) == 13);
     CHECK(check_tape({{4, 3}}, [](auto& o, auto& l) { return o.sum_rows(l[0]); }) == 12);
   }
+  SUBCASE("the fused linear, convolution and pooling") {
+    CHECK(check_tape({{4, 3}, {2, 3}, {2}}, [](auto& o, auto& l) { return o.linear(l[0], l[1], l[2]); }) == 20);
+    for (std::int64_t stride : {1, 2}) {
+      CAPTURE(stride);
+      CHECK(check_tape({{2, 2, 5, 5}, {3, 2, 3, 3}, {3}}, [&](auto& o, auto& l) {
+              return o.conv2d(l[0], l[1], l[2], {stride, stride}, {stride - 1, stride - 1});
+            }) == 100 + 54 + 3);
+    }
+    CHECK(check_tape({{2, 2, 4, 5}, {3, 2, 2, 3}}, [](auto& o, auto& l) {
+            return o.conv2d(l[0], l[1], arr{}, {1, 2}, {1, 0});
+          }) == 80 + 36);
+    CHECK(check_tape({{2, 2, 4, 4}}, [](auto& o, auto& l) { return o.pool2d(pool_fn::max, l[0], 2, 2, 0); }) == 64);
+    CHECK(check_tape({{2, 2, 5, 5}}, [](auto& o, auto& l) { return o.pool2d(pool_fn::max, l[0], 3, 1, 1); }) == 100);
+    CHECK(check_tape({{2, 2, 5, 5}}, [](auto& o, auto& l) { return o.pool2d(pool_fn::average, l[0], 3, 2, 1); }) ==
+          100);
+  }
   SUBCASE("an input used twice gets the sum of both gradients") {
     // x + x·x: add passes dy through to x, mul adds 2 more terms; the borrowed dy is
     // copied before anything is added to it (the caller's gradient stays as it was).
@@ -136,6 +152,14 @@ TEST_CASE("ops refuse shapes that do not fit, naming both") {
   CHECK_THROWS_WITH_AS(o.add_row(a, v), "ops: a row vector of [2] over [2, 3] (it needs 3 elements or 1)",
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(o.reshape(a, {5}), "ops: reshape of [2, 3] to [5]", std::invalid_argument);
+  auto x = o.zeros({2, 3, 8, 8}), w = o.zeros({4, 2, 3, 3}), bias = o.zeros({4});
+  CHECK_THROWS_WITH_AS(o.conv2d(x, w, bias, {1, 1}, {0, 0}),
+                       "ops: conv2d of [2, 3, 8, 8] with a filter of [4, 2, 3, 3] and a bias of [4] (it needs "
+                       "[N, C, H, W], [K, C, kh, kw] and [K] or none)",
+                       std::invalid_argument);
+  auto small = o.zeros({1, 1, 3, 3});
+  CHECK_THROWS_WITH_AS(o.pool2d(pool_fn::max, small, 5, 1, 0),
+                       "ops: a 5×5 window over images of [1, 1, 3, 3] with padding 0×0", std::invalid_argument);
 }
 
 TEST_CASE("an op layer passes the gradient check, with its backward from the tape or by hand") {

@@ -32,21 +32,6 @@ struct device_value final : layers::backend_data {
   std::size_t payload_bytes() const noexcept override { return t->bytes(); }
 };
 
-/// What a device layer keeps for backward: its stash points into these tensors.
-struct device_kept final : layers::backend_data {
-  std::vector<std::shared_ptr<device_tensor>> inputs;
-  std::shared_ptr<device_tensor> output;
-  device_stash st;
-  std::unique_ptr<layers::backend_data> clone() const override {
-    throw std::logic_error("device backend: a stash is not cloned");
-  }
-  std::size_t payload_bytes() const noexcept override {
-    std::size_t b = output->bytes() + st.indices.bytes();
-    for (auto& t : inputs) b += t->bytes();
-    return b;
-  }
-};
-
 inline const std::shared_ptr<device_tensor>& tensor_of(const layers::value& v) {
   auto* d = dynamic_cast<const device_value*>(v.device.get());
   if (!d) throw std::logic_error("device backend: a host tensor reached a device layer");
@@ -76,17 +61,16 @@ struct op_kept final : layers::backend_data {
   std::size_t payload_bytes() const noexcept override { return run->kept_bytes(); }
 };
 
-/// One layer node on the device: an op layer run with the backend's op set, or a
-/// built-in layer's twin; its parameters on the device and its optimizer.
+/// One layer node on the device: an op layer run with the backend's op set, its
+/// parameters on the device and its optimizer.
 struct node_entry {
   layers::graph::node_type* node;
-  std::unique_ptr<device_layer> layer;  // a twin; null for an op layer
-  layers::op_layer* op = nullptr;       // the op layer (the graph's)
+  layers::op_layer* op = nullptr;                           // the op layer (the graph's); null: on the host
   std::vector<std::unique_ptr<device_tensor>> op_tensors;  // its parameters' values and gradients
-  std::vector<device_parameter> parameters;                // either kind's, in parameters() order
+  std::vector<device_parameter> parameters;                // in parameters() order
   device_parameters params;
-  /// A layer neither written with ops nor twinned runs on the host, in stream order (its
-  /// inputs copied off the device, its output back on), stepped by a CPU optimizer.
+  /// A layer not written with ops runs on the host, in stream order (its inputs copied
+  /// off the device, its output back on), stepped by a CPU optimizer.
   std::unique_ptr<layers::optimizer> host_opt;
   bool on_host() const noexcept { return host_opt != nullptr; }
 };
