@@ -92,7 +92,7 @@ struct runtime_options {
   /// Messages an actor handles per turn before yielding its loop to the next actor.
   unsigned batch = 64;
   placement policy = placement::automatic;
-  migration_options migration;
+  migration_options migration{};
   /// Start with the recorder on.
   bool record = false;
   /// How the recorder times handler runs (`recorder::timing`; `trace().set_timing` later).
