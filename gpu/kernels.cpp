@@ -79,6 +79,13 @@ void broadcast(stream& s, binary_op f, const float* x, const float* v, float* y,
 void scale(stream& s, std::size_t n, float alpha, float* x) {
   if (n) of(s).launch(s.impl(), n, ops::scale{alpha, x});
 }
+void copy2d(stream& s, std::size_t rows, std::size_t cols, const float* x, std::size_t ldx, float* y,
+            std::size_t ldy) {
+  if (rows && cols) of(s).launch(s.impl(), rows * cols, ops::copy2d{x, y, cols, ldx, ldy});
+}
+void dropout_mask(stream& s, std::uint64_t key, double p, float scale, float* mask, std::size_t n) {
+  if (n) of(s).launch(s.impl(), n, ops::dropout_mask{key, p, scale, mask});
+}
 void fill(stream& s, std::size_t n, float value, float* x) {
   if (n) of(s).launch(s.impl(), n, ops::fill{value, x});
 }

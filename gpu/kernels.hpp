@@ -65,6 +65,11 @@ void broadcast(stream& s, binary_op f, const float* x, const float* v, float* y,
 void scale(stream& s, std::size_t n, float alpha, float* x);
 /// x[i] = value.
 void fill(stream& s, std::size_t n, float value, float* x);
+/// `rows` rows of `cols` floats from `x` (rows `ldx` apart) to `y` (rows `ldy` apart).
+void copy2d(stream& s, std::size_t rows, std::size_t cols, const float* x, std::size_t ldx, float* y,
+            std::size_t ldy);
+/// Inverted dropout's mask (layers/ops.hpp's `dropout_mask`, the same draws).
+void dropout_mask(stream& s, std::uint64_t key, double p, float scale, float* mask, std::size_t n);
 
 /// SGD as PyTorch's: g' = g + wd·w; v = momentum·v + g'; step = nesterov ? g' + momentum·v : v
 /// (just g' without momentum); w −= lr·step. `velocity` may be null when momentum is 0.

@@ -192,6 +192,12 @@ class cpu_ops final : public basic_op_set<S> {
   void scale(std::int64_t n, S alpha, S* x) override { vec_map<S>(x, n) *= alpha; }
   void fill(std::int64_t n, S value, S* x) override { vec_map<S>(x, n).setConstant(value); }
   void copy(std::int64_t n, const S* x, S* y) override { std::copy(x, x + n, y); }
+  void copy2d(std::int64_t rows, std::int64_t cols, const S* x, std::int64_t ldx, S* y, std::int64_t ldy) override {
+    for (std::int64_t r = 0; r < rows; ++r) std::copy(x + r * ldx, x + r * ldx + cols, y + r * ldy);
+  }
+  void dropout_mask(std::uint64_t key, double p, S scale, S* mask, std::int64_t n) override {
+    for (std::int64_t i = 0; i < n; ++i) mask[i] = counter_uniform(key, std::uint64_t(i)) >= p ? scale : S(0);
+  }
 
   void conv2d(const window_geometry& g, std::int64_t oc, const S* x, const S* w, const S* bias, S* y) override {
     const std::int64_t pr = g.patch_rows(), pc = g.patch_cols(), in = g.channels * g.height * g.width;

@@ -1,7 +1,6 @@
 #include "layers/dropout.hpp"
 
 #include "layers/data/batcher.hpp"
-#include "layers/init.hpp"
 
 namespace nerve::layers {
 
@@ -13,29 +12,25 @@ basic_dropout<Scalar>::basic_dropout(double p, std::uint64_t seed) : p_(p), seed
 }
 
 template <class Scalar>
-auto basic_dropout<Scalar>::do_forward(std::vector<tensor_type>& inputs, const forward_context& context)
-    -> forward_result {
-  tensor_type& x = inputs[0];
-  if (!this->training() || p_ == 0.0) return {std::move(x), {}};
-  std::mt19937_64 rng(splitmix64(splitmix64(splitmix64(seed_) ^ context.step) ^ context.micro_batch));
-  tensor_type mask(x.batch(), x.sample_shape());
-  const Scalar scale = Scalar(1.0 / (1.0 - p_));
-  Scalar* m = mask.data();
-  Scalar* px = x.data();
-  for (std::int64_t i = 0; i < x.size(); ++i) {
-    m[i] = uniform01(rng) >= p_ ? scale : Scalar(0);
-    px[i] *= m[i];
+auto basic_dropout<Scalar>::compute(basic_ops<Scalar>& o, std::span<const array> in, std::span<const array>,
+                                    std::vector<array>& keep, const forward_context& context) -> array {
+  if (!o.training() || p_ == 0.0) {  // the identity: the input moves on as the output
+    array y = in[0];
+    y.id = -1;
+    return y;
   }
-  return this->with_stash(std::move(x), std::move(mask));
+  auto mask = o.empty(in[0].dims);
+  const std::uint64_t key = splitmix64(splitmix64(splitmix64(seed_) ^ context.step) ^ context.micro_batch);
+  o.set().dropout_mask(key, p_, Scalar(1.0 / (1.0 - p_)), mask.data, mask.size());
+  keep.push_back(mask);
+  return o.mul(in[0], mask);
 }
 
 template <class Scalar>
-auto basic_dropout<Scalar>::do_backward_input(const stash_type& saved, const tensor_type& dy, input_mask wanted)
-    -> std::vector<tensor_type> {
-  std::vector<tensor_type> g(1);
-  if (!(wanted & 1)) return g;
-  g[0] = dy.clone();
-  if (!saved.tensors.empty()) g[0].matrix().array() *= saved.tensors[0].matrix().array();
+auto basic_dropout<Scalar>::grad_input(basic_ops<Scalar>& o, std::span<const array> keep, std::span<const array>,
+                                       const array& dy, input_mask wanted) -> std::vector<array> {
+  std::vector<array> g(1);
+  if (wanted & 1) g[0] = keep.empty() ? o.clone(dy) : o.mul(dy, keep[0]);
   return g;
 }
 

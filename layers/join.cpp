@@ -1,6 +1,5 @@
 #include "layers/join.hpp"
 
-#include <cstring>
 
 namespace nerve::layers {
 
@@ -39,29 +38,26 @@ shape basic_concat<Scalar>::infer_shape(std::span<const shape> inputs) const {
 }
 
 template <class Scalar>
-auto basic_concat<Scalar>::do_forward(std::vector<tensor_type>& inputs, const forward_context&) -> forward_result {
-  std::vector<shape> shapes;
-  for (const auto& t : inputs) shapes.push_back(t.sample_shape());
-  const std::int64_t n = inputs[0].batch();
-  tensor_type y(n, infer_shape(shapes));
-  std::int64_t offset = 0;
-  for (const auto& t : inputs) {
-    y.matrix().middleCols(offset, t.features()) = t.matrix();
-    offset += t.features();
-  }
-  return {std::move(y), {}};
+auto basic_concat<Scalar>::compute(basic_ops<Scalar>& o, std::span<const array> in, std::span<const array>,
+                                   std::vector<array>& keep, const forward_context&) -> array {
+  std::vector<std::int64_t> dims = in[0].dims;  // [N, C₀, …]: the samples' first dimensions add up
+  for (std::size_t i = 1; i < in.size(); ++i) dims.at(1) += in[i].dims.at(1);
+  for (const auto& a : in) keep.push_back({a.dims, nullptr, nullptr, -1});
+  return o.concat_cols(in, std::move(dims));
 }
 
 template <class Scalar>
-auto basic_concat<Scalar>::do_backward_input(const stash_type& saved, const tensor_type& dy, input_mask wanted)
-    -> std::vector<tensor_type> {
-  std::vector<tensor_type> g(saved.input_shapes.size());
-  std::int64_t offset = 0;
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    const std::int64_t f = saved.input_shapes[i].numel();
-    if (wanted & (input_mask{1} << i))
-      g[i] = tensor_type(typename tensor_type::matrix_type(dy.matrix().middleCols(offset, f)), saved.input_shapes[i]);
-    offset += f;
+auto basic_concat<Scalar>::grad_input(basic_ops<Scalar>& o, std::span<const array> keep, std::span<const array>,
+                                      const array& dy, input_mask wanted) -> std::vector<array> {
+  std::vector<array> g(keep.size());
+  std::int64_t at = 0;
+  for (std::size_t i = 0; i < keep.size(); ++i) {
+    const std::int64_t cols = keep[i].cols();
+    if (wanted & (input_mask{1} << i)) {
+      g[i] = o.empty(keep[i].dims);
+      o.set().copy2d(dy.rows(), cols, dy.data + at, dy.cols(), g[i].data, cols);
+    }
+    at += cols;
   }
   return g;
 }

@@ -27,23 +27,24 @@ class basic_add final : public basic_op_layer<Scalar> {
 
 /// Concatenates n ≥ 2 inputs along the first sample dimension (features of
 /// `[F]` samples, channels of `[C, H, W]` samples, as `torch.cat(dim=1)`); the
-/// other dimensions must agree. Per sample that is a concatenation of rows.
+/// other dimensions must agree. Per sample that is a concatenation of rows: one
+/// strided copy per input (`ops::concat_cols`) each way. It keeps only the shapes.
 template <class Scalar>
-class basic_concat final : public basic_layer<Scalar> {
+class basic_concat final : public basic_op_layer<Scalar> {
  public:
-  using typename basic_layer<Scalar>::tensor_type;
-  using typename basic_layer<Scalar>::stash_type;
-  using typename basic_layer<Scalar>::forward_result;
+  using typename basic_op_layer<Scalar>::array;
 
   std::string_view kind() const noexcept override { return "Concat"; }
   std::size_t min_inputs() const noexcept override { return 2; }
   std::size_t max_inputs() const noexcept override { return 64; }
+  array compute(basic_ops<Scalar>& o, std::span<const array> in, std::span<const array>, std::vector<array>& keep,
+                const forward_context&) override;
+  bool custom_backward() const noexcept override { return true; }
+  std::vector<array> grad_input(basic_ops<Scalar>& o, std::span<const array> keep, std::span<const array>,
+                                const array& dy, input_mask wanted) override;
 
  protected:
   shape infer_shape(std::span<const shape> inputs) const override;
-  forward_result do_forward(std::vector<tensor_type>& inputs, const forward_context& context) override;
-  std::vector<tensor_type> do_backward_input(const stash_type& saved, const tensor_type& grad_output,
-                                             input_mask wanted) override;
 };
 
 using add = basic_add<float>;

@@ -36,9 +36,10 @@ namespace nerve::layers {
 
 /// What an op set may run (`basic_op_set::supports`).
 enum class op_kind : std::uint8_t {
-  gemm, gemm_bias, unary, unary_grad, binary, broadcast, column_sums, axpy, scale, fill, copy, conv2d, pool2d
+  gemm, gemm_bias, unary, unary_grad, binary, broadcast, column_sums, axpy, scale, fill, copy, copy2d, conv2d,
+  pool2d, dropout_mask
 };
-inline constexpr std::size_t op_kinds = 13;
+inline constexpr std::size_t op_kinds = 15;
 
 // GCC 12 takes a scoped enumerator for a shadow of the layer aliases of the same name
 // (layers/activation.hpp's `relu`, …), which it cannot be.
@@ -71,6 +72,18 @@ struct window_geometry {
   /// Its columns: out_h·out_w.
   constexpr std::int64_t patch_cols() const noexcept { return out_h() * out_w(); }
 };
+
+/// Draw `i` of the uniform stream `key`, in [0, 1): SplitMix64's output for counter
+/// `key + (i + 1)·γ` (γ = 0x9e3779b97f4a7c15), its top 53 bits. Counter-based, so every
+/// element is drawn on its own and every backend (a GPU thread per element) draws the
+/// same numbers; gpu/kernels/ops.hpp has the same formula.
+constexpr double counter_uniform(std::uint64_t key, std::uint64_t i) noexcept {
+  std::uint64_t z = key + (i + 1) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return double(z >> 11) * 0x1.0p-53;
+}
 
 /// The window of `kernel` (height, width) over images of `dims` (`[N, C, H, W]`); throws
 /// `std::invalid_argument` when the dims are not 4, the kernel or stride not positive, the
@@ -138,6 +151,10 @@ class basic_op_set {
   virtual void scale(std::int64_t n, S alpha, S* x) = 0;
   virtual void fill(std::int64_t n, S value, S* x) = 0;
   virtual void copy(std::int64_t n, const S* x, S* y) = 0;
+  /// `rows` rows of `cols` elements from `x` (rows `ldx` apart) to `y` (rows `ldy` apart).
+  virtual void copy2d(std::int64_t rows, std::int64_t cols, const S* x, std::int64_t ldx, S* y, std::int64_t ldy) = 0;
+  /// Inverted dropout's mask: `mask[i] = scale` where `counter_uniform(key, i) ≥ p`, else 0.
+  virtual void dropout_mask(std::uint64_t key, double p, S scale, S* mask, std::int64_t n) = 0;
 
   /// Convolution (cross-correlation) of the images `x` (`g`) with `w`
   /// (`[out_channels, channels, kernel_h, kernel_w]`) plus `bias` (`[out_channels]`, or
@@ -208,9 +225,12 @@ template <class S>
 class basic_ops {
  public:
   using array = basic_array<S>;
-  explicit basic_ops(basic_op_set<S>& set, basic_tape<S>* tape = nullptr) : set_(set), tape_(tape) {}
+  /// `train`: a training forward (dropout draws a mask; evaluation passes through).
+  explicit basic_ops(basic_op_set<S>& set, basic_tape<S>* tape = nullptr, bool train = false)
+      : set_(set), tape_(tape), train_(train) {}
   basic_op_set<S>& set() noexcept { return set_; }
   basic_tape<S>* tape() noexcept { return tape_; }
+  bool training() const noexcept { return train_; }
 
   array empty(std::vector<std::int64_t> dims) { return set_.alloc(std::move(dims)); }
   array zeros(std::vector<std::int64_t> dims);
@@ -246,6 +266,9 @@ class basic_ops {
   array sum_rows(const array& x);
   /// The same memory under other dims (the same number of elements).
   array reshape(const array& x, std::vector<std::int64_t> dims);
+  /// The inputs side by side along their columns (the 2-D views, the same rows):
+  /// `torch.cat(dim=1)` of flattened samples; `dims` is the result's.
+  array concat_cols(std::span<const array> in, std::vector<std::int64_t> dims);
 
  private:
   array binary(binary_fn f, const array& a, const array& b);
@@ -253,6 +276,7 @@ class basic_ops {
   bool recording(std::initializer_list<const array*> in) const noexcept;
   basic_op_set<S>& set_;
   basic_tape<S>* tape_;
+  bool train_;
 };
 
 /// A layer written once with ops: it runs on the CPU through `basic_layer`'s calls (the

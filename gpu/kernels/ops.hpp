@@ -152,6 +152,33 @@ struct fill {
   NERVE_HOST_DEVICE void operator()(std::size_t i) const { x[i] = value; }
 };
 
+/// y[r·ldy + c] = x[r·ldx + c] over a rows × cols block (element i is (i / cols, i % cols)).
+struct copy2d {
+  const float* x;
+  float* y;
+  std::size_t cols, ldx, ldy;
+  NERVE_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::size_t r = i / cols, c = i % cols;
+    y[r * ldy + c] = read_only(x[r * ldx + c]);
+  }
+};
+/// Inverted dropout's mask: scale where draw i of `key` is at least p, else 0. The draw is
+/// layers/ops.hpp's `counter_uniform` (SplitMix64 of the counter key + (i + 1)·γ, its top
+/// 53 bits), so a device draws the CPU's mask bit for bit.
+struct dropout_mask {
+  std::uint64_t key;
+  double p;
+  float scale;
+  float* mask;
+  NERVE_HOST_DEVICE void operator()(std::size_t i) const {
+    std::uint64_t z = key + (std::uint64_t(i) + 1) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    mask[i] = double(z >> 11) * 0x1.0p-53 >= p ? scale : 0.0f;
+  }
+};
+
 struct sgd_update {
   float* w;
   const float* g;
@@ -334,7 +361,7 @@ using pointwise_op =
                  activation_backward<activation::leaky_relu>, activation_backward<activation::sigmoid>,
                  activation_backward<activation::tanh>, activation_backward<activation::gelu>, bias_add,
                  softmax_xent_backward, axpy, scale, fill, sgd_update, adam_update, binary<0>, binary<1>,
-                 binary<2>, broadcast<0>, broadcast<1>, broadcast<2>>;
+                 binary<2>, broadcast<0>, broadcast<1>, broadcast<2>, copy2d, dropout_mask>;
 /// Every window op (`backend::launch`, over its `size()` elements).
 using window_op = std::variant<im2col, col2im, pool_forward<true>, pool_forward<false>, pool_backward<true>,
                                pool_backward<false>>;

@@ -97,6 +97,13 @@ void device_op_set::copy(std::int64_t n, const float* x, float* y) {
   if (n) copy_async(s_, y, x, std::size_t(n) * sizeof(float));
 }
 
+void device_op_set::copy2d(std::int64_t rows, std::int64_t cols, const float* x, std::int64_t ldx, float* y,
+                           std::int64_t ldy) {
+  gpu::copy2d(s_, std::size_t(rows), std::size_t(cols), x, std::size_t(ldx), y, std::size_t(ldy));
+}
+void device_op_set::dropout_mask(std::uint64_t key, double p, float scale, float* mask, std::int64_t n) {
+  gpu::dropout_mask(s_, key, p, scale, mask, std::size_t(n));
+}
 
 void device_op_set::gemm_bias(layers::trans ta, layers::trans tb, std::int64_t m, std::int64_t n, std::int64_t k,
                               const float* a, std::int64_t lda, const float* b, std::int64_t ldb, const float* bias,

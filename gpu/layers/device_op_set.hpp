@@ -32,6 +32,9 @@ class device_op_set final : public layers::op_set {
   void scale(std::int64_t n, float alpha, float* x) override;
   void fill(std::int64_t n, float value, float* x) override;
   void copy(std::int64_t n, const float* x, float* y) override;
+  void copy2d(std::int64_t rows, std::int64_t cols, const float* x, std::int64_t ldx, float* y,
+              std::int64_t ldy) override;
+  void dropout_mask(std::uint64_t key, double p, float scale, float* mask, std::int64_t n) override;
   void gemm_bias(layers::trans ta, layers::trans tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
                  std::int64_t lda, const float* b, std::int64_t ldb, const float* bias, float* c,
                  std::int64_t ldc) override;

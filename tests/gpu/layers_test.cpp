@@ -231,7 +231,7 @@ void compare_layer(layer_fixture& fx, const std::function<std::unique_ptr<layers
 }  // namespace
 
 TEST_SUITE("gpu.layers") {
-  TEST_CASE("every layer on the device, written with ops or twinned, matches the CPU layer on random data") {
+  TEST_CASE("every built-in layer written with ops matches the CPU layer on random data on the device") {
     layer_fixture fx;
     SUBCASE("Linear") {
       compare_layer(fx, [] { return std::make_unique<layers::linear>(37, 19); }, [&] {
@@ -272,6 +272,15 @@ TEST_SUITE("gpu.layers") {
     SUBCASE("MaxPool2d 2") { compare_layer(fx, [] { return std::make_unique<layers::max_pool2d>(2); }, one(4, {3, 6, 6}), 0, 0, 0); }
     SUBCASE("AvgPool2d 3, stride 2, padding 1") {
       compare_layer(fx, [] { return std::make_unique<layers::basic_avg_pool2d<float>>(3, 2, 1); }, one(4, {3, 7, 7}), 9, 9, 0);
+    }
+    SUBCASE("Dropout 0.3 (the CPU's mask)") {
+      compare_layer(fx, [] { return std::make_unique<layers::dropout>(0.3); }, one(5, {41}), 0, 0, 0);
+    }
+    SUBCASE("Concat of channels") {
+      std::vector<layers::tensor> v;
+      v.push_back(fx.random(6, {3, 4, 4}));
+      v.push_back(fx.random(6, {2, 4, 4}));
+      compare_layer(fx, [] { return std::make_unique<layers::concat>(); }, std::move(v), 0, 0, 0);
     }
     SUBCASE("Flatten") { compare_layer(fx, [] { return std::make_unique<layers::basic_flatten<float>>(); }, one(4, {3, 5, 5}), 0, 0, 0); }
     SUBCASE("Add") {

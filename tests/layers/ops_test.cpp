@@ -113,6 +113,11 @@ TEST_CASE("each op's derivative on the tape matches central differences") {
     CHECK(check_tape({{2, 2, 5, 5}}, [](auto& o, auto& l) { return o.pool2d(pool_fn::average, l[0], 3, 2, 1); }) ==
           100);
   }
+  SUBCASE("concatenation of columns") {
+    CHECK(check_tape({{3, 2}, {3, 4}, {3, 1}}, [](auto& o, auto& l) {
+            return o.concat_cols(std::span<const arr>(l.data(), 3), {3, 7});
+          }) == 21);
+  }
   SUBCASE("an input used twice gets the sum of both gradients") {
     // x + x·x: add passes dy through to x, mul adds 2 more terms; the borrowed dy is
     // copied before anything is added to it (the caller's gradient stays as it was).

@@ -17,9 +17,32 @@
 
 namespace nerve::test {
 
-/// input [12] → fc1 → relu1 → … → fc4 → relu4 [→ drop] → fc5 [4]: nine layers (ten with
-/// the dropout, which has no device twin).
-inline layers::graph small_chain(std::uint64_t seed = 7, bool with_dropout = false) {
+/// A layer not written with ops (a device runs it on the host): y = x/2, dx = dy/2.
+class host_half final : public layers::layer {
+ public:
+  std::string_view kind() const noexcept override { return "HostHalf"; }
+
+ protected:
+  layers::shape infer_shape(std::span<const layers::shape> in) const override { return in[0]; }
+  forward_result do_forward(std::vector<layers::tensor>& in, const layers::forward_context&) override {
+    in[0].matrix() *= 0.5f;
+    return {std::move(in[0]), {}};
+  }
+  std::vector<layers::tensor> do_backward_input(const stash_type&, const layers::tensor& dy,
+                                                layers::input_mask) override {
+    std::vector<layers::tensor> g;
+    g.push_back(dy.clone());
+    g[0].matrix() *= 0.5f;
+    return g;
+  }
+};
+
+/// What `small_chain` puts between relu4 and fc5.
+enum class chain_extra { none, dropout, host_layer };
+
+/// input [12] → fc1 → relu1 → … → fc4 → relu4 [→ extra] → fc5 [4]: nine layers (ten with
+/// the extra: a Dropout(0.5), or a `host_half`).
+inline layers::graph small_chain(std::uint64_t seed = 7, chain_extra extra = chain_extra::none) {
   layers::graph_builder b;
   b.input("input", layers::shape{12});
   std::string prev = "input";
@@ -29,9 +52,12 @@ inline layers::graph small_chain(std::uint64_t seed = 7, bool with_dropout = fal
     b.add(relu, layers::relu(), {fc});
     prev = relu;
   }
-  if (with_dropout) {
+  if (extra == chain_extra::dropout) {
     b.add("drop", layers::dropout(0.5), {prev});
     prev = "drop";
+  } else if (extra == chain_extra::host_layer) {
+    b.add("half", std::make_unique<host_half>(), {prev});
+    prev = "half";
   }
   b.add("fc5", layers::linear(16, 4), {prev});
   return b.build(seed);
