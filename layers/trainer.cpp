@@ -366,6 +366,9 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
                                   {"settings", nlohmann::ordered_json(settings_of(o))}};
     // What the resumed run replays: the steps from here on, the epoch under way.
     if (!o.resume.empty()) run["resume"] = {{"step", pos.step}, {"epoch", pos.epoch + 1}};
+    // A range test: `nerve-trace curves` draws its losses against its rates.
+    if (o.lr_find)
+      run["lr_find"] = {{"min_lr", o.lr_find->min_lr}, {"max_lr", o.lr_find->max_lr}, {"steps", o.lr_find->steps}};
     metrics->write(run);
   }
   // Asked on every rank at the same points (the engine agrees across ranks).

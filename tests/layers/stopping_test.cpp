@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <map>
 #include <stdexcept>
@@ -211,8 +212,16 @@ TEST_SUITE("layers.trainer.stopping") {
         return std::unique_ptr<train_engine>(std::move(e));
       };
     };
+    o.metrics = data.dir / "lr.jsonl";
     auto g = small_graph();
     auto report = train(g, o, {}, {}, scripted(losses));
+    {  // the curves file says it is a range test, so nerve-trace curves draws loss against rate
+      std::ifstream in(o.metrics);
+      std::string first;
+      std::getline(in, first);
+      CHECK(first.find(R"("lr_find":{"min_lr":1e-06,"max_lr":1.0,"steps":20})") != std::string::npos);
+    }
+    o.metrics.clear();
     const auto& f = report.lr_find;
     CHECK(f.diverged);
     REQUIRE(f.points.size() == 10);  // steps 0 to 9: the diverging one is the last taken
