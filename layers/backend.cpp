@@ -1,5 +1,6 @@
 #include "layers/backend.hpp"
 
+#include "layers/detail/vector_state.hpp"
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -19,12 +20,14 @@ class cpu_kernels final : public layer_kernels {
     for (auto& v : inputs) in.push_back(std::move(v.host));
     auto& lay = *node_.layer;
     lay.set_training(train);
+    detail::enter_user_code();  // the layer may be a user's, built without AVX
     auto r = lay.forward(std::move(in), context);
     if (train) keep.host = std::move(r.stash);
     return value(std::move(r.output));
   }
   void add(value& into, const value& g) override { into.host += g.host; }
   std::vector<value> backward_input(const kept& k, const value& dy, input_mask wanted) override {
+    detail::enter_user_code();
     auto g = node_.layer->backward_input(k.host, dy.host, wanted);
     std::vector<value> out;
     out.reserve(g.size());
@@ -32,7 +35,9 @@ class cpu_kernels final : public layer_kernels {
     return out;
   }
   void backward_weight(const kept& k, const value& dy) override {
-    if (node_.layer->has_parameters()) node_.layer->backward_weight(k.host, dy.host);
+    if (!node_.layer->has_parameters()) return;
+    detail::enter_user_code();
+    node_.layer->backward_weight(k.host, dy.host);
   }
   void set_lr(double lr) override {
     if (lr >= 0 && opt_) opt_->set_lr(lr);
@@ -104,10 +109,14 @@ class cpu_backend final : public backend {
             std::function<void(loss_figures&)> report) override {
     loss_figures f;
     if (!t.labels.empty() || !t.values.empty()) {
+      detail::enter_user_code();  // the loss may be a user's
       auto r = criterion.forward(output.host, t);
       f.loss = r.loss;
       f.correct = r.correct;
-      if (train) gradient(value(criterion.backward(r.stash, float(share))));
+      if (train) {
+        detail::enter_user_code();
+        gradient(value(criterion.backward(r.stash, float(share))));
+      }
     }
     if (want_output) f.output = std::move(output.host);
     report(f);

@@ -1,5 +1,6 @@
 #include "layers/executor.hpp"
 
+#include "layers/detail/vector_state.hpp"
 #include "layers/plan.hpp"
 
 namespace nerve::layers {
@@ -32,7 +33,9 @@ auto basic_direct_executor<Scalar>::run_forward(std::vector<tensor_type> inputs,
     std::vector<tensor_type> in;
     in.reserve(n.inputs.size());
     for (std::size_t p : n.inputs) in.push_back(--uses[p] == 0 ? std::move(outputs[p]) : outputs[p].clone());
+    detail::enter_user_code();  // the layer and its hooks may be a user's, built without AVX
     auto r = n.layer->forward(std::move(in), context);
+    detail::enter_user_code();
     for (auto& hook : n.forward_hooks) hook(hook_context{n.name, context.micro_batch, context.step, training}, r.output);
     outputs[i] = std::move(r.output);
     if (keep) (*keep)[i] = std::move(r.stash);
@@ -91,8 +94,11 @@ void basic_direct_executor<Scalar>::backward(std::uint64_t micro_batch, const te
     input_mask wanted = 0;
     for (std::size_t k = 0; k < n.inputs.size(); ++k)
       if (!nodes[n.inputs[k]].is_input()) wanted |= input_mask{1} << k;
+    detail::enter_user_code();
     auto g = n.layer->backward_input(stashes[i], dy, wanted);
+    detail::enter_user_code();
     n.layer->backward_weight(stashes[i], dy);
+    detail::enter_user_code();
     for (auto& hook : n.backward_hooks) hook(hook_context{n.name, micro_batch, step, true}, g, dy);
     stashes[i] = {};
     if (i != out) grads[i] = tensor_type();

@@ -1,6 +1,7 @@
 #include "layers/layer_actor.hpp"
 
 #include "actors/runtime.hpp"
+#include "layers/detail/vector_state.hpp"
 
 #include <algorithm>
 #include <stdexcept>
@@ -164,6 +165,7 @@ void layer_actor::on_forward(forward_msg& m, bool admitted) {
   if (!node_.forward_hooks.empty())
     kernels_->with_host(*this, {&out}, [this, ctx = hook_context{node_.name, std::uint64_t(m.micro_batch), m.step,
                                                                  m.train}](std::vector<tensor>& h) {
+      detail::enter_user_code();  // hooks are a user's code, built with any -march
       for (auto& hook : node_.forward_hooks) hook(ctx, h[0]);
     });
   st.inputs.clear();
@@ -225,6 +227,7 @@ void layer_actor::on_backward(backward_msg& m, bool admitted) {
     kernels_->with_host(*this, std::move(vs), [this, ctx = hook_context{node_.name, std::uint64_t(m.micro_batch),
                                                                         m.step, true}](std::vector<tensor>& h) {
       std::vector<tensor> gh(std::make_move_iterator(h.begin() + 1), std::make_move_iterator(h.end()));
+      detail::enter_user_code();
       for (auto& hook : node_.backward_hooks) hook(ctx, gh, h[0]);
       std::move(gh.begin(), gh.end(), h.begin() + 1);  // what the hooks changed goes on (on the CPU)
     });

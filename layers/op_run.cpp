@@ -4,6 +4,7 @@
 #include <memory>
 #include <stdexcept>
 
+#include "layers/detail/vector_state.hpp"
 #include "layers/ops.hpp"
 
 namespace nerve::layers {
@@ -32,6 +33,7 @@ basic_op_run<S>::basic_op_run(basic_op_layer<S>& l, basic_op_set<S>& set, std::v
     for (auto& p : params_) p.id = -1;
   }
   basic_ops<S> o(set, tape_.get(), train);
+  detail::enter_user_code();  // `compute` is the layer's: a user's, built with any -march
   out_ = l.compute(o, inputs_, params_, keep_, context);
   out_id_ = out_.id;
   out_dims_ = out_.dims;
@@ -77,6 +79,7 @@ auto basic_op_run<S>::backward_input(const array& dy, input_mask wanted) -> std:
   std::vector<array> out(in_dims_.size());
   if (layer_.custom_backward()) {
     basic_ops<S> o(set_);
+    detail::enter_user_code();
     auto g = layer_.grad_input(o, keep_, params_, dy, wanted);
     for (std::size_t i = 0; i < g.size() && i < out.size(); ++i)
       if (wanted & (input_mask{1} << i)) out[i] = std::move(g[i]);
@@ -99,6 +102,7 @@ void basic_op_run<S>::backward_weight(const array& dy, std::span<const array> gr
                                                    " gradients for " + std::to_string(params_.size()) + " parameters");
   if (layer_.custom_backward()) {
     basic_ops<S> o(set_);
+    detail::enter_user_code();
     return layer_.grad_weight(o, keep_, params_, dy, grads);
   }
   run_tape(dy);

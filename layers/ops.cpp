@@ -5,6 +5,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "layers/detail/vector_state.hpp"
+
 namespace nerve::layers {
 
 std::string_view to_string(unary_fn f) noexcept {
@@ -103,6 +105,7 @@ void basic_tape<S>::backward(int out, const array& dy) {
     auto& s = slots_[std::size_t(i)];
     if (!s.back || s.grad.empty()) continue;
     const array g = s.grad;  // the op's output gradient, complete: every consumer came later
+    detail::enter_user_code();  // a user's layer may record derivatives of its own
     s.back(*this, g);
     if (s.owned) s.grad = {};  // an intermediate's gradient is not needed again
   }

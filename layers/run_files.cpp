@@ -54,7 +54,8 @@ void check_distinct_files(const train_options& o) {
   };
   const file files[] = {{"--init", o.init, false},         {"--resume", o.resume, false},
                         {"--save", o.save, true},          {"--checkpoint", o.checkpoint, true},
-                        {"--trace", o.trace, true},        {"--metrics", o.metrics, true}};
+                        {"--trace", o.trace, true},        {"--metrics", o.metrics, true},
+                        {"--save-best", o.save_best, true}};
   std::vector<std::pair<const file*, file_identity>> named;
   for (const auto& f : files)
     if (!f.path.empty()) named.emplace_back(&f, identify(f.path));

@@ -26,6 +26,8 @@
 #include "layers/data/detail/file_bytes.hpp"
 #include "layers/detail/resume_check.hpp"
 #include "layers/detail/train_state.hpp"
+#include "layers/detail/vector_state.hpp"
+#include "layers/early_stop.hpp"
 #include "layers/gemm.hpp"
 #include "layers/inference.hpp"
 #include "layers/layer_actor.hpp"
@@ -165,6 +167,28 @@ void check_resumed_limits(const train_options& o, int planned_epochs, std::int64
         "new run from its weights with --init " + o.resume.string());
 }
 
+/// `early_stop`, `save_best` and `lr_find`: each in its range and with what it needs.
+void check_stopping_options(const train_options& o) {
+  if (o.early_stop && *o.early_stop < 1)
+    throw std::invalid_argument("--early-stop must be at least 1 evaluation without improvement (got " +
+                                std::to_string(*o.early_stop) + ")");
+  if (o.early_stop && !o.evaluate)
+    throw std::invalid_argument("--early-stop watches the test loss after each epoch: it cannot be given with --no-eval");
+  if (!o.save_best.empty() && !o.evaluate)
+    throw std::invalid_argument("--save-best keeps the weights of the best evaluation: it cannot be given with --no-eval");
+  if (!o.lr_find) return;
+  check_lr_range(*o.lr_find);
+  const std::pair<const char*, bool> excluded[] = {
+      {"--resume", !o.resume.empty()},     {"--checkpoint", !o.checkpoint.empty()},
+      {"--save", !o.save.empty()},         {"--save-best", !o.save_best.empty()},
+      {"--early-stop", bool(o.early_stop)}, {"--steps", o.steps != -1},
+      {"--schedule", o.schedule != "none"}};
+  for (const auto& [flag, given] : excluded)
+    if (given)
+      throw std::invalid_argument(std::string(flag) + " cannot be given with --lr-find: the range test sets the rate "
+                                  "of every step and its weights are those of a run driven to diverge");
+}
+
 }  // namespace
 
 train_options resume_options(const std::filesystem::path& path) {
@@ -217,10 +241,11 @@ void check_options(const train_options& o) {
   if (o.threads < 1 || o.threads > max_threads)
     refuse("--threads must be between 1 and " + std::to_string(max_threads) + " (got " + std::to_string(o.threads) +
            "): each is an event loop with its own thread and memory");
+  check_stopping_options(o);
   if (!o.lead) return;  // the files are the lead's, on its machine
   // Before a long run, not after it: a FIFO, a device or a directory that is not there is
   // refused (atomic_file).
-  for (const auto* target : {&o.save, &o.trace, &o.checkpoint, &o.metrics})
+  for (const auto* target : {&o.save, &o.trace, &o.checkpoint, &o.metrics, &o.save_best})
     if (!target->empty()) checkpoint::replace_target(*target);
   // Before anything is written: one file under two options would be overwritten by one.
   check_distinct_files(o);
@@ -242,7 +267,7 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
   const data::load_options loading{o.normalize};
   auto train_set = std::make_shared<const data::dataset>(data::load_fashion_mnist(o.data, data::split::train, loading));
   std::shared_ptr<const data::dataset> test_set;
-  if (o.evaluate)
+  if (o.evaluate && !o.lr_find)  // a range test only trains
     test_set = std::make_shared<const data::dataset>(data::load_fashion_mnist(o.data, data::split::test, loading));
 
   const auto& in_node = g.nodes()[g.inputs()[0]];
@@ -263,7 +288,10 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
                                           data::batcher_options{o.batch, o.shuffle, o.seed, false}, sample);
   // Declared after the runtime, so destroyed before it: a device engine's completions
   // post to the runtime's loops.
-  auto engine = make_engine(rt, g, o);
+  // A range test goes on through non-finite gradients: its loss says when it diverged.
+  train_options engine_options = o;
+  if (o.lr_find) engine_options.allow_nonfinite = true;
+  auto engine = make_engine(rt, g, engine_options);
   if (!o.resume.empty()) engine->load_optimizer_state(resumed_opt);
   auto save_state = [&](const run_position& at) {
     engine->sync_weights();
@@ -280,8 +308,15 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
     throw std::invalid_argument("--batch " + std::to_string(o.batch) + ": the " + std::to_string(train_set->size()) +
                                 " training rows make no batch of the " + std::to_string(engine->min_rows()) +
                                 " rows or more this engine needs");
-  const std::int64_t total_steps = o.steps >= 0 ? std::min(o.steps, per_epoch * o.epochs) : per_epoch * o.epochs;
+  // A range test takes its steps whatever the epochs: as many epochs as they need.
+  const int epochs = o.lr_find ? int((o.lr_find->steps + per_epoch - 1) / per_epoch) : o.epochs;
+  const std::int64_t total_steps = o.lr_find ? o.lr_find->steps
+                                   : o.steps >= 0 ? std::min(o.steps, per_epoch * o.epochs)
+                                                  : per_epoch * o.epochs;
+  std::optional<lr_finder> finder;
+  if (o.lr_find) finder.emplace(*o.lr_find);
   auto lr_at = [&](std::int64_t t) {
+    if (o.lr_find) return lr_range_rate(*o.lr_find, t);
     if (o.schedule == "none") return o.lr;
     if (o.schedule == "step") return step_lr{o.lr, std::max<std::int64_t>(1, total_steps / 3)}(t);
     if (o.schedule == "cosine") return cosine_lr{o.lr, std::max<std::int64_t>(1, total_steps)}(t);
@@ -302,6 +337,10 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
   train_report report;
   report.parameters = g.parameter_count();
   report.epochs = pos.done;
+  // A resumed run's best and patience go on from its checkpoint's evaluations.
+  best_evaluation best(o.early_stop);
+  for (const auto& e : pos.done)
+    if (o.evaluate && !e.interrupted) best.add(e.epoch, e.test_loss);
   std::int64_t step = pos.step;
   if (!o.resume.empty() && !(pos.epoch < o.epochs && step < total_steps)) {
     // The checkpoint's run is at its end: nothing to train, and no record of a run that
@@ -327,12 +366,19 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
                                   {"settings", nlohmann::ordered_json(settings_of(o))}};
     // What the resumed run replays: the steps from here on, the epoch under way.
     if (!o.resume.empty()) run["resume"] = {{"step", pos.step}, {"epoch", pos.epoch + 1}};
+    // A range test: `nerve-trace curves` draws its losses against its rates.
+    if (o.lr_find)
+      run["lr_find"] = {{"min_lr", o.lr_find->min_lr}, {"max_lr", o.lr_find->max_lr}, {"steps", o.lr_find->steps}};
     metrics->write(run);
   }
   // Asked on every rank at the same points (the engine agrees across ranks).
   auto stop_requested = [&] { return engine->agree_stop(o.stop && o.stop->load(std::memory_order_relaxed)); };
   bool evaluated = false;  // an epoch of this process ended with an evaluation
-  for (int epoch = pos.epoch; epoch < o.epochs && step < total_steps && !report.interrupted; ++epoch) {
+  report.early_stopped = best.exhausted();  // a resumed run that had stopped early stays stopped
+  bool diverged = false;                    // the range test's loss diverged
+  for (int epoch = pos.epoch; epoch < epochs && step < total_steps && !report.interrupted && !report.early_stopped &&
+                              !diverged;
+       ++epoch) {
     const auto t0 = std::chrono::steady_clock::now();
     const bool resumed = epoch == pos.epoch;  // a checkpoint's epoch goes on where it stood
     const std::size_t first_batch = resumed ? pos.batch : 0;
@@ -385,7 +431,8 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
                         {"samples", r.samples}, {"seconds", s},
                         {"samples_per_s", s > 0 ? double(r.samples) / s : 0.0}});
       }
-      if (!std::isfinite(r.loss) && !o.allow_nonfinite)
+      if (finder && !finder->add(f.lr, r.loss)) diverged = true;  // the range test ends here
+      if (!std::isfinite(r.loss) && !o.allow_nonfinite && !finder)
         throw std::runtime_error("step " + std::to_string(step) + " (epoch " + std::to_string(epoch + 1) + ", batch " +
                                  std::to_string(b + 1) + "): the loss is " + (std::isnan(r.loss) ? "nan" : "inf") +
                                  " (on the output of layer '" + g.nodes()[g.output()].name +
@@ -395,13 +442,15 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
       loss_sum += r.loss * double(r.samples);
       correct += r.correct;
       seen += r.samples;
-      if (on_progress)
+      if (on_progress) {
+        detail::enter_user_code();
         on_progress({epoch + 1, b + 1, batches, loss_sum / double(seen), double(seen - seen_before) / seconds_since(t0)});
+      }
       if (!o.checkpoint.empty() && o.checkpoint_every > 0 && step % o.checkpoint_every == 0)
         save_state({step, epoch, b + 1, loss_sum, correct, seen, st.steps, report.epochs});
     };
     std::size_t b = first_batch;  // after the loop: the epoch's next batch, where a step limit cut it
-    for (; b < batches && step + std::int64_t(flying.size()) < total_steps; ++b) {
+    for (; b < batches && step + std::int64_t(flying.size()) < total_steps && !diverged; ++b) {
       if (stop_requested()) {
         while (!flying.empty()) settle();
         st.interrupted = report.interrupted = true;
@@ -438,6 +487,11 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
       st.test_loss = f.loss;
       st.test_accuracy = f.accuracy;
       evaluated = true;
+      if (best.add(st.epoch, st.test_loss) && !o.save_best.empty()) {
+        engine->sync_weights();
+        if (o.lead) save_weights(g, o.save_best, o.model);
+      }
+      if (best.exhausted()) report.early_stopped = true;
     }
     report.epochs.push_back(st);
     if (!o.checkpoint.empty()) {
@@ -458,9 +512,15 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
                       {"test_accuracy", tested ? nlohmann::ordered_json(st.test_accuracy) : nullptr},
                       {"seconds", st.seconds}, {"samples_per_s", st.samples_per_s}, {"interrupted", st.interrupted}});
     }
-    if (on_epoch) on_epoch(st);
+    if (on_epoch) {
+      detail::enter_user_code();
+      on_epoch(st);
+    }
   }
   report.steps = step;
+  report.best_epoch = best.best_epoch();
+  report.best_test_loss = best.best_loss();
+  if (finder) report.lr_find = finder->result();
   // The last evaluation's predictions by class, on the same engine and weights.
   if (o.class_figures && evaluated && !report.interrupted) report.classes = count_classes(*engine, *test_set, sample);
   engine->finish();
@@ -470,7 +530,8 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
     engine->trace_metadata(extra);
     if (!engine->write_trace(rt, o.trace.string(), extra) && o.lead) rt.write_trace(o.trace.string(), extra);
   }
-  if (!o.save.empty() && !report.interrupted && o.lead) save_weights(g, o.save, o.model);
+  // A stopped run's weights too: those of its last step (`train_options::stop`).
+  if (!o.save.empty() && o.lead) save_weights(g, o.save, o.model);
   return report;
 }
 

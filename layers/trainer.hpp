@@ -31,6 +31,7 @@
 #include "layers/data/dataset.hpp"
 #include "layers/devices.hpp"
 #include "layers/graph.hpp"
+#include "layers/lr_find.hpp"
 #include "layers/network.hpp"
 #include "layers/optimizer.hpp"
 
@@ -102,13 +103,27 @@ struct train_options {
   /// with a `stall_error` saying who waits on whom; the trace so far is written (0: no watch).
   double stall_timeout = 60;
   /// When set and true, the run stops before its next step: the epoch so far is reported
-  /// (`epoch_stats::interrupted`), the engine finishes, the trace is written, the weights
-  /// are not (`save` would hold a half-trained model under the finished one's name).
+  /// (`epoch_stats::interrupted`), the engine finishes, the trace is written, and so are
+  /// the weights (`save`): those of the last step taken, the work the run did.
   /// A signal handler may set it (a lock-free atomic store is async-signal-safe).
   const std::atomic<bool>* stop = nullptr;
   /// After the run's last evaluation, runs the test set through `train_engine::predict`
   /// too and counts its classes (`train_report::classes`): one more pass over the test set.
   bool class_figures = false;
+  /// Early stopping: the run ends after the epoch whose evaluation is the `early_stop`-th
+  /// in a row not to improve on the best test loss (layers/early_stop.hpp; at least 1;
+  /// needs `evaluate`). Unset: the run goes to its epochs and steps. `save` is written.
+  /// A resumed run counts its checkpoint's evaluations too.
+  std::optional<int> early_stop;
+  /// Write the weights after each evaluation that is the best so far (lowest test loss)
+  /// here (safetensors like `save`, atomic); needs `evaluate`.
+  std::filesystem::path save_best;
+  /// A learning-rate range test instead of training (layers/lr_find.hpp): `lr_find->steps`
+  /// steps at rates rising geometrically, no evaluation, stopped when the loss diverges;
+  /// `train_report::lr_find` holds the rates, losses and the suggested rate, and `metrics`
+  /// a step line for each. Not with `resume`, `checkpoint`, `save`, `save_best`,
+  /// `early_stop`, `steps` or a `schedule`: its weights are those of a run driven to diverge.
+  std::optional<lr_range> lr_find;
   /// This process writes the run's files (`save`, `metrics`, `checkpoint`, and `trace`
   /// unless the engine writes it). The other ranks of a multi-rank run say false: they take
   /// the same steps, checkpoints included (their parts are gathered), and write nothing.
@@ -121,7 +136,9 @@ struct train_options {
 /// more, a known optimizer and schedule, 1 to `max_threads` threads, a finite `normalize`
 /// with its std above 0, a `stall_timeout` of 0 or more seconds, and `save`, `trace`,
 /// `checkpoint` and `metrics` naming regular files (or none yet) in directories that take
-/// new files, and no two of the run's files one file (`check_distinct_files`). Any thread.
+/// new files, and no two of the run's files one file (`check_distinct_files`); an
+/// `early_stop` of 1 or more and `save_best` only with `evaluate`, and `lr_find`'s range
+/// (`check_lr_range`) without the options it excludes. Any thread.
 void check_options(const train_options& options);
 
 /// Rows per evaluation call (the test set goes through in chunks of this size).
@@ -173,6 +190,13 @@ struct train_report {
   /// A resumed run whose checkpoint had reached its end (its epochs and steps): nothing
   /// ran, no trace, metrics or checkpoint was written (`save` was, when asked).
   bool nothing_left = false;
+  /// `train_options::early_stop` ended the run (after `epochs.back()`).
+  bool early_stopped = false;
+  /// The epoch of the best evaluation (lowest test loss; 0: no evaluation) and its loss.
+  int best_epoch = 0;
+  double best_test_loss = 0;
+  /// `train_options::lr_find`'s rates, losses and suggestion.
+  lr_find_result lr_find;
   /// With `train_options::class_figures`, after the last evaluation (empty otherwise, or
   /// when no epoch finished).
   class_counts classes;

@@ -16,6 +16,11 @@
 //   branches  a DAG with two independent branches (input -> 2 x [fc 784->1024, relu,
 //             fc 1024->1024] -> add -> fc 1024->10): both branches on one loop vs on two
 //             loops (products single-threaded in both): the step time and the speed-up
+//   user-layer  (only when named) a user's Swish layer (a pointwise loop with expf,
+//             apps/bench/user_layer.hpp) built twice, with nerve's -march and with the
+//             compiler's defaults, each inside the actors (input 64 -> fc 4096 -> swish ->
+//             fc 10, batch 256, one loop): the layer's own seconds per step, and the ratio
+//             of the default build to the native one (the AVX-SSE transition, issue 37)
 //
 // Every figure is the median of --repeats; ratios compare figures taken in this one run.
 #include <immintrin.h>
@@ -56,12 +61,16 @@
 #include "layers/optimizer.hpp"
 #include "layers/presets.hpp"
 #include "layers/trainer.hpp"
+#include "apps/bench/user_layer.hpp"
 
 #ifndef NERVE_BENCH_TORCH_SCRIPT
 #define NERVE_BENCH_TORCH_SCRIPT "apps/bench/torch_train.py"
 #endif
 
 namespace nerve::bench {
+// apps/bench/user_layer_native.cpp and user_layer_default.cpp.
+std::unique_ptr<layers::layer> make_user_swish_native(user_layer_clock& clock);
+std::unique_ptr<layers::layer> make_user_swish_default(user_layer_clock& clock);
 namespace {
 
 namespace nl = nerve::layers;
@@ -467,6 +476,49 @@ json run_epoch(const train_bench_options& o, unsigned threads) {
   return {{"model", "mlp"}, {"batch", 256}, {"threads", threads}, {"median_seconds", median(secs)}, {"samples_seconds", secs}};
 }
 
+// ---- user-layer ---------------------------------------------------------------------------
+
+/// Seconds per step the user layer spent in its own forward and backward, inside the
+/// actors, `steps` steps after one warm-up step.
+double user_layer_seconds(const train_bench_options& o, bool native) {
+  constexpr std::int64_t batch = 256, in = 64, hidden = 4096;
+  constexpr int steps = 10;
+  user_layer_clock clock;
+  nl::graph_builder b;
+  b.input("x", nl::shape{in});
+  b.add("fc1", std::make_unique<nl::linear>(in, hidden), {"x"});
+  b.add("swish", native ? make_user_swish_native(clock) : make_user_swish_default(clock), {"fc1"});
+  b.add("fc2", std::make_unique<nl::linear>(hidden, 10), {"swish"});
+  b.output("fc2");
+  auto g = b.build(1);
+  actors::runtime rt({.loops = 1});
+  nl::network net(rt, g, std::make_shared<nl::cross_entropy>(),
+                  [] { return std::make_unique<nl::sgd>(nl::sgd_options{.lr = 0.01}); });
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  nl::tensor x(batch, nl::shape{in});
+  for (std::int64_t i = 0; i < x.size(); ++i) x.data()[i] = u(rng);
+  nl::targets y;
+  for (std::int64_t i = 0; i < batch; ++i) y.labels.push_back(std::int32_t(i % 10));
+  net.train_step(x.clone(), y.clone(), 1, 0).get();  // warm-up: buffers, pages
+  clock = {};
+  for (int s = 1; s <= steps; ++s) net.train_step(x.clone(), y.clone(), 1, std::uint64_t(s)).get();
+  (void)o;
+  return (clock.forward_seconds + clock.backward_seconds) / steps;
+}
+
+json run_user_layer(const train_bench_options& o) {
+  std::vector<double> native, fallback;
+  for (unsigned r = 0; r < o.repeats; ++r) {  // alternating, so drift falls on both alike
+    progress(o, "user-layer repeat " + std::to_string(r + 1));
+    native.push_back(user_layer_seconds(o, true));
+    fallback.push_back(user_layer_seconds(o, false));
+  }
+  const double n = median(native), d = median(fallback);
+  return {{"batch", 256}, {"features", 4096}, {"native_seconds", n}, {"default_seconds", d},
+          {"native_runs", native}, {"default_runs", fallback}, {"ratio", n > 0 ? d / n : 0.0}};
+}
+
 // ---- branches -----------------------------------------------------------------------------
 
 json run_branches(const train_bench_options& o) {
@@ -571,6 +623,13 @@ void print_text(const json& r) {
     std::printf("branches (batch %zu): one loop %.3f ms, two loops %.3f ms, speed-up %.2fx\n", b["batch"].get<std::size_t>(),
                 1e3 * b["one_loop_seconds"].get<double>(), 1e3 * b["two_loops_seconds"].get<double>(), b["speedup"].get<double>());
   }
+  if (r.contains("user_layer")) {
+    auto& u = r["user_layer"];
+    std::printf("user layer (Swish, batch 256 x 4096, inside the actors): nerve's -march %.3f ms, compiler defaults "
+                "%.3f ms per step, ratio %.2f\n",
+                1e3 * u["native_seconds"].get<double>(), 1e3 * u["default_seconds"].get<double>(),
+                u["ratio"].get<double>());
+  }
   if (r.contains("torch"))
     for (auto& t : r["torch"]) {
       if (t.contains("skipped")) std::printf("PyTorch: skipped (%s)\n", t["skipped"].get<std::string>().c_str());
@@ -646,6 +705,7 @@ void run_train(const train_bench_options& o) {
     r["epoch"] = out;
   }
   if (wants(o, "branches")) r["branches"] = run_branches(o);
+  if (wants(o, "user-layer")) r["user_layer"] = run_user_layer(o);
   if (o.json_out) std::cout << r.dump(2) << std::endl;
   else print_text(r);
 }
@@ -661,8 +721,9 @@ void add_train(CLI::App& app) {
   list("--batches", o->batches, "Comma-separated batch sizes")->transform(nerve::apps::whole_in<std::size_t>(1, 65536));
   list("--threads", o->threads, "Comma-separated thread counts (event loops and threads per product)")
       ->transform(nerve::apps::whole_in(1u, unsigned(nl::max_threads)));
-  list("--only", o->only, "Comma-separated sections: peak, shapes, steps, epoch, branches")
-      ->check(CLI::IsMember({"peak", "shapes", "steps", "epoch", "branches"}));
+  list("--only", o->only, "Comma-separated sections: peak, shapes, steps, epoch, branches, user-layer (default: all "
+                          "but user-layer)")
+      ->check(CLI::IsMember({"peak", "shapes", "steps", "epoch", "branches", "user-layer"}));
   sub->add_option("--repeats", o->repeats, "Repeats per figure (the median is reported)")
       ->capture_default_str()
       ->transform(nerve::apps::whole_in(1u, 1000u));

@@ -32,7 +32,7 @@ inline void refuse_beside(CLI::App& app, const std::string& mode, std::initializ
 inline constexpr std::initializer_list<const char*> training_only = {
     "--epochs", "--steps", "--batch", "--microbatches", "--lr", "--optimizer", "--momentum", "--nesterov",
     "--weight-decay", "--schedule", "--no-shuffle", "--save", "--checkpoint", "--checkpoint-every", "--resume",
-    "--metrics", "--no-eval"};
+    "--metrics", "--no-eval", "--early-stop", "--save-best", "--lr-find", "--lr-find-steps", "--lr-find-range"};
 
 /// `{"accuracy": [per class], "samples": [per class], "confusion": [[true class][predicted]]}`.
 /// What `--evaluate`, `--predict` and `--summary` ask for (both apps).

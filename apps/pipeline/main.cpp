@@ -43,6 +43,7 @@
 #include "apps/common/options.hpp"
 #include "layers/pipeline/engine.hpp"
 #include "apps/common/run_control.hpp"
+#include "apps/common/stopping_options.hpp"
 
 using namespace nerve;
 namespace np = nerve::pipeline;
@@ -147,6 +148,8 @@ int main(int argc, char** argv) {
                "naming the step, or the tensor)");
   nerve::apps::run_state_options state;
   state.add_to(app);
+  nerve::apps::stopping_options stopping;
+  stopping.add_to(app, false);  // --early-stop, --save-best; the rate range test is nerve-train's
   const auto& resume = state.resume;
   const auto& metrics_file = state.metrics;
   app.add_flag("--json", json, "Print one JSON object with the results on stdout");
@@ -288,6 +291,7 @@ int main(int argc, char** argv) {
       o.allow_nonfinite = allow_nonfinite;
     }
     state.apply(app, o);
+    stopping.apply(app, o);
     o.stall_timeout = stall_timeout;
     if (o.batch < std::size_t(micro) * replicas)
       throw std::invalid_argument("--batch " + std::to_string(o.batch) + " cannot split into " +
@@ -514,7 +518,7 @@ int main(int argc, char** argv) {
                   np::to_table(plan).c_str(), outcome.measured.c_str());
       std::printf("%.0f samples/s over %lld steps\n", train_seconds > 0 ? double(trained) / train_seconds : 0,
                   static_cast<long long>(step));
-      if (!save.empty() && !report.interrupted) std::printf("weights written to %s\n", save.c_str());
+      if (!save.empty()) std::printf("weights written to %s\n", save.c_str());
       if (!trace.empty()) std::printf("trace written to %s\n", trace.c_str());
       if (!metrics_file.empty()) std::printf("metrics written to %s\n", metrics_file.c_str());
     }
@@ -522,7 +526,7 @@ int main(int argc, char** argv) {
       if (speak)  // every rank stopped at the same step; rank 0 speaks for the job
         std::fprintf(stderr, "nerve-pipeline: interrupted by %s after %lld steps%s\n",
                      nerve::apps::stop_cause().c_str(), static_cast<long long>(step),
-                     save.empty() ? "" : "; the weights were not saved (--save is for a finished run)");
+                     save.empty() ? "" : ("; the weights of its last step were written to " + save).c_str());
       return 128 + (stop_signal ? int(stop_signal) : SIGINT);
     }
   } catch (const std::exception& e) {

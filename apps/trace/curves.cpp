@@ -240,6 +240,10 @@ class metrics_reader {
         superseded_ += drop_from(steps_, r.resume_step) + drop_from(epochs_, r.resume_epoch);
       }
       if (auto s = j.find("settings"); s != j.end() && s->is_object()) r.description = describe(*s);
+      if (auto it = j.find("lr_find"); it != j.end() && it->is_object()) {
+        r.lr_find = true;
+        r.description += std::string(r.description.empty() ? "" : ", ") + "learning-rate range test";
+      }
       runs_.push_back(std::move(r));
     } else {
       warning(line, "unknown kind " + clipped(k->dump(), 40) + ", skipped (this nerve-trace knows run, step and epoch)");

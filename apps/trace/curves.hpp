@@ -27,6 +27,7 @@ struct curves_run {
   std::string description;   ///< model, optimizer, lr, schedule, batch, device, from `settings`
   std::int64_t resume_step = -1;  ///< a resumed run replays from this step (-1: a fresh run)
   std::int64_t resume_epoch = -1;
+  bool lr_find = false;  ///< a learning-rate range test (`lr_find` in the run line): loss against rate is drawn
 };
 
 /// One `step` line. Non-finite figures (written as null) are NaN.

@@ -52,7 +52,8 @@ curves_stats write_curves_page(const training_curves& c, const std::string& titl
   }
   nlohmann::json runs = nlohmann::json::array();
   for (const auto& r : c.runs)
-    runs.push_back({{"line", r.line}, {"time", r.time}, {"description", r.description}, {"resume_step", r.resume_step}});
+    runs.push_back({{"line", r.line}, {"time", r.time}, {"description", r.description}, {"resume_step", r.resume_step},
+                    {"lr_find", r.lr_find}});
   const nlohmann::json data = {
       {"title", title}, {"runs", runs}, {"steps", steps}, {"epochs", epochs}, {"superseded", c.superseded}};
 

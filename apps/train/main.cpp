@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -34,6 +35,7 @@
 #include "apps/common/options.hpp"
 #include "layers/pipeline/engine.hpp"
 #include "apps/common/run_control.hpp"
+#include "apps/common/stopping_options.hpp"
 
 using namespace nerve::layers;
 
@@ -183,6 +185,8 @@ int main(int argc, char** argv) {
                "an error naming the step and the layer, or the tensor)");
   nerve::apps::run_state_options state;
   state.add_to(app);
+  nerve::apps::stopping_options stopping;
+  stopping.add_to(app, true);
   long long replicas_in = 1;
   nerve::apps::add_whole(app, "--replicas", replicas_in,
                  "Data-parallel replicas, 1 to 256: the batch splits over them and every layer's gradients are "
@@ -283,6 +287,7 @@ int main(int argc, char** argv) {
       o.stop = &stop_requested;
     }
     state.apply(app, o);
+    stopping.apply(app, o);
     o.stall_timeout = stall_timeout;
     if (ranks->size() > 1 && ranks->size() != int(replicas))
       throw std::invalid_argument("--replicas " + std::to_string(replicas) + " places one replica on each rank: start " +
@@ -312,7 +317,11 @@ int main(int argc, char** argv) {
     }
     ranks->agree_inputs(o);  // across ranks: the same data and checkpoint bytes on every rank
 
-    if (!json && speak) {
+    if (!json && speak && o.lr_find) {
+      std::printf("nerve-train: %s, learning-rate range test: %lld steps at rates from %g to %g, batch %zu, %s\n",
+                  o.model.c_str(), static_cast<long long>(o.lr_find->steps), o.lr_find->min_lr, o.lr_find->max_lr,
+                  o.batch, o.optimizer.c_str());
+    } else if (!json && speak) {
       const std::string knobs = (o.momentum > 0 && o.optimizer == "sgd" ? " momentum " + fmt_g(o.momentum) : "") +
                                 (o.weight_decay > 0 ? " weight decay " + fmt_g(o.weight_decay) : "");
       std::printf("nerve-train: %s, %s, batch %zu, %s lr %g%s, %u thread%s\n", o.model.c_str(),
@@ -384,6 +393,20 @@ int main(int argc, char** argv) {
       j["ranks"] = ranks->size();
       j["interrupted"] = report.interrupted;
       if (report.nothing_left) j["nothing_left"] = true;
+      if (o.early_stop) j["early_stopped"] = report.early_stopped;
+      if (report.best_epoch > 0) j["best_epoch"] = report.best_epoch;
+      if (o.lr_find) {
+        auto& f = j["lr_find"];
+        f["lr"] = nlohmann::json::array();
+        f["loss"] = nlohmann::json::array();
+        for (const auto& p : report.lr_find.points) {
+          f["lr"].push_back(p.lr);
+          f["loss"].push_back(std::isfinite(p.loss) ? nlohmann::json(p.loss) : nlohmann::json(nullptr));
+        }
+        f["diverged"] = report.lr_find.diverged;
+        f["suggested_lr"] = report.lr_find.suggested_lr;
+        f["suggestion"] = "a tenth of the rate at the lowest loss";
+      }
       if (!report.classes.confusion.empty()) j["classes"] = nerve::apps::classes_json(report.classes);
       j["epochs"] = nlohmann::json::array();
       for (auto& e : report.epochs)
@@ -398,7 +421,14 @@ int main(int argc, char** argv) {
                                {"samples_per_s", e.samples_per_s}});
       std::cout << j.dump(2) << "\n";
     } else {
-      if (!o.save.empty() && !report.interrupted) std::printf("weights written to %s\n", o.save.c_str());
+      if (o.lr_find) nerve::apps::print_lr_find(report.lr_find);
+      if (report.early_stopped)
+        std::printf("stopped early after epoch %d: the test loss has not improved on epoch %d's for %d evaluations "
+                    "(--early-stop)\n",
+                    report.epochs.empty() ? 0 : report.epochs.back().epoch, report.best_epoch, *o.early_stop);
+      if (!o.save_best.empty() && report.best_epoch > 0)
+        std::printf("best weights (epoch %d) written to %s\n", report.best_epoch, o.save_best.c_str());
+      if (!o.save.empty()) std::printf("weights written to %s\n", o.save.c_str());
       if (!o.trace.empty() && !report.nothing_left) std::printf("trace written to %s\n", o.trace.c_str());
       if (!o.metrics.empty() && !report.nothing_left) std::printf("metrics written to %s\n", o.metrics.c_str());
     }
@@ -406,7 +436,7 @@ int main(int argc, char** argv) {
       if (speak)  // every rank stopped at the same step; rank 0 speaks for the job
         std::fprintf(stderr, "nerve-train: interrupted by %s after %lld steps%s\n",
                      nerve::apps::stop_cause().c_str(), static_cast<long long>(report.steps),
-                     o.save.empty() ? "" : "; the weights were not saved (--save is for a finished run)");
+                     o.save.empty() ? "" : ("; the weights of its last step were written to " + o.save.string()).c_str());
       return 128 + (stop_signal ? int(stop_signal) : SIGINT);
     }
   } catch (const std::exception& e) {

@@ -95,6 +95,18 @@ TEST_SUITE("apps.command_line") {
         {{"--epochs", "2.5"}, "--epochs: '2.5' is not a whole number from -2^31 to 2^31-1"},
         {{"--normalize", "0.286,0"}, "--normalize MEAN,STD must be finite numbers with STD above 0 (got 0.286,0)"},
         {{"--normalize", "0.286,x"}, "--normalize: 'x' is not a finite number from -1000 to 1000"},
+        {{"--early-stop", "0"}, "--early-stop must be at least 1 evaluation without improvement (got 0)"},
+        {{"--early-stop", "2", "--no-eval"},
+         "--early-stop watches the test loss after each epoch: it cannot be given with --no-eval"},
+        {{"--save-best", "best.st", "--no-eval"},
+         "--save-best keeps the weights of the best evaluation: it cannot be given with --no-eval"},
+        {{"--lr-find", "--save", "w.st"},
+         "--save cannot be given with --lr-find: the range test sets the rate of every step and its weights are "
+         "those of a run driven to diverge"},
+        {{"--lr-find", "--lr-find-steps", "1"}, "--lr-find-steps must be at least 2 (got 1)"},
+        {{"--lr-find", "--lr-find-range", "1,0.1"},
+         "--lr-find: the highest rate must be a finite number above the lowest 1 (got 0.1)"},
+        {{"--lr-find-steps", "5"}, "--lr-find-steps is an option of --lr-find, which was not given"},
     };
     for (const auto& [options, message] : cases) {
       CAPTURE(message);
@@ -147,7 +159,7 @@ TEST_SUITE("apps.command_line") {
         {{"train", "--batches", "32,-1"}, "--batches: '-1' is not a whole number from 1 to 65536"},
         {{"train", "--cpus", "-1"}, "--cpus: '-1' is not a whole number from 0 to 1023"},
         {{"train", "--min-seconds", "-1"}, "--min-seconds: '-1' is not a finite number from 0 to 3600 s"},
-        {{"train", "--only", "peak,nope"}, "--only: nope not in {peak,shapes,steps,epoch,branches}"},
+        {{"train", "--only", "peak,nope"}, "--only: nope not in {peak,shapes,steps,epoch,branches,user-layer}"},
         {{"pipeline", "--warmup", "-1"}, "--warmup: '-1' is not a whole number from 0 to 1000"},
         {{"pipeline", "--stages", "0"}, "--stages: '0' is not a whole number from 1 to 256"},
     };
@@ -243,7 +255,7 @@ TEST_SUITE("apps.command_line") {
     }
   }
 
-  TEST_CASE("Ctrl-C or SIGTERM mid-run: the trace so far, the figures marked interrupted, no weights, 128 + signal") {
+  TEST_CASE("Ctrl-C or SIGTERM mid-run: the trace so far, the figures marked interrupted, the weights, 128 + signal") {
     tiny_fashion_mnist data(64, 10);
     const auto trace = data.dir / "trace.json", save = data.dir / "w.safetensors";
     // A run far longer than any test: only the signal ends it.
@@ -287,7 +299,40 @@ TEST_SUITE("apps.command_line") {
     std::ifstream in(trace);
     auto j = nlohmann::json::parse(in);
     CHECK(j["traceEvents"].size() > 0);
-    CHECK_FALSE(fs::exists(save));
+    CHECK(fs::exists(save));  // the weights of the last step taken
+    CHECK(r.err.find("the weights of its last step were written to " + save.string()) != std::string::npos);
+  }
+
+  TEST_CASE("nerve-train --lr-find prints rate against loss, suggests a rate and writes a step line per rate") {
+    tiny_fashion_mnist data(64, 10);
+    const auto metrics = data.dir / "lr.jsonl";
+    auto r = run({train_bin, "--model", "mlp", "--data", data.dir.string(), "--batch", "16", "--lr-find",
+                  "--lr-find-steps", "6", "--lr-find-range", "0.001,0.1", "--metrics", metrics.string(), "--json",
+                  "--quiet"});
+    CAPTURE(r.err);
+    REQUIRE(r.exit_code == 0);
+    auto j = nlohmann::json::parse(r.out);
+    const auto& f = j["lr_find"];
+    REQUIRE(f["lr"].size() >= 1);
+    REQUIRE(f["lr"].size() <= 6);
+    CHECK(f["lr"][0].get<double>() == 0.001);
+    CHECK(f["suggested_lr"].get<double>() > 0);
+    CHECK(f["suggestion"] == "a tenth of the rate at the lowest loss");
+    // The curves file: a step line per rate, with the rate and the loss the table shows.
+    std::ifstream in(metrics);
+    std::vector<double> rates;
+    for (std::string line; std::getline(in, line);) {
+      auto rec = nlohmann::json::parse(line);
+      if (rec["kind"] == "step") rates.push_back(rec["lr"].get<double>());
+    }
+    REQUIRE(rates.size() == f["lr"].size());
+    for (std::size_t t = 0; t < rates.size(); ++t) CHECK(rates[t] == f["lr"][t].get<double>());
+    // Without --json: a table and the suggestion in words.
+    auto text = run({train_bin, "--model", "mlp", "--data", data.dir.string(), "--batch", "16", "--lr-find",
+                     "--lr-find-steps", "3", "--quiet"});
+    CHECK(text.exit_code == 0);
+    CHECK(text.out.find("suggested lr ") != std::string::npos);
+    CHECK(text.out.find(": a tenth of the rate at the lowest loss (") != std::string::npos);
   }
 }
 

@@ -411,7 +411,7 @@ TEST_SUITE("layers.trainer") {
     CHECK_NOTHROW(train(fresh, o));
   }
 
-  TEST_CASE("a stop request ends the run between steps: figures so far, engine finished, trace written, no weights") {
+  TEST_CASE("a stop request ends the run between steps: figures so far, engine finished, trace and weights written") {
     tiny_fashion_mnist data(320, 10);
     train_options o;
     o.model = "users";
@@ -441,7 +441,7 @@ TEST_SUITE("layers.trainer") {
     CHECK(log.eval_rows.size() == 1);  // the first epoch only: no evaluation of a stopped one
     CHECK(log.finished == 1);
     CHECK(std::filesystem::exists(o.trace));
-    CHECK_FALSE(std::filesystem::exists(o.save));
+    CHECK(std::filesystem::exists(o.save));  // the weights of the last step taken
   }
 }
 

@@ -83,5 +83,24 @@ grep 'data-series="lr"' "$work/paths.txt" | sed 's/.* d="\([^"]*\)"/\1/' | tr 'M
   fail=1
 grep -q '>resumed</text>' "$work/dom.html" || { echo "FAIL: the resume is not marked"; fail=1; }
 if [ ! -s "$work/curves.png" ]; then echo "FAIL: no screenshot"; fail=1; fi
-[ $fail = 0 ] && echo "PASS: 7 series with the file's points; screenshot $work/curves.png"
+
+# A learning-rate range test (nerve-train --lr-find): 8 steps at rates 1e-4 .. 1e-1, the
+# last diverged. Its own panel draws each loss at its rate, left to right as the rates rise.
+awk 'BEGIN {
+       print "{\"kind\":\"run\",\"format\":\"nerve-metrics-1\",\"lr_find\":{\"min_lr\":0.0001,\"max_lr\":0.1,\"steps\":8},\"settings\":{\"model\":\"mlp\"}}"
+       for (t = 0; t < 8; t++)
+         printf "{\"kind\":\"step\",\"step\":%d,\"epoch\":1,\"batch\":%d,\"loss\":%.3f,\"accuracy\":0.1,\"lr\":%.17g,\"samples\":64,\"seconds\":0.01,\"samples_per_s\":6400}\n", t, t + 1, t < 7 ? 2.3 - 0.2 * t : 9.5, 0.0001 * 1000 ^ (t / 7)
+     }' > "$work/lr.jsonl"
+"$tool" curves "$work/lr.jsonl" -o "$work/lr.html" > /dev/null
+timeout 60 "$browser" "${flags[@]}" --dump-dom "file://$work/lr.html" > "$work/lr-dom.html" 2>> "$work/chromium.log" ||
+  { echo "FAIL: chromium exited with $? on the range test's page"; exit 1; }
+lr_status=$(sed -n 's/.*<pre id="nerve-status">\([^<]*\)<\/pre>.*/\1/p' "$work/lr-dom.html")
+[ "$lr_status" = "ok steps=8 epochs=0 runs=1 paths=8" ] ||
+  { echo "FAIL: the range test's page reports '$lr_status', want 'ok steps=8 epochs=0 runs=1 paths=8'"; fail=1; }
+grep -o 'data-series="loss.lr" data-points="[0-9]*" d="[^"]*"' "$work/lr-dom.html" | sed 's/.* d="\([^"]*\)"/\1/' |
+  tr 'ML' '\n\n' | awk 'NF == 2 { if (n++ && $1 <= last) { print "FAIL: the rates do not go right at point " n; bad = 1 } last = $1 }
+    END { if (n != 8) { print "FAIL: the loss against rate draws " n " points, want 8"; bad = 1 } exit bad }' || fail=1
+grep -q 'learning rate (log scale)' "$work/lr-dom.html" || { echo "FAIL: no log-rate axis"; fail=1; }
+
+[ $fail = 0 ] && echo "PASS: 7 series with the file's points; the range test's loss against rate; screenshot $work/curves.png"
 exit $fail

@@ -152,6 +152,22 @@ TEST_SUITE("trace.curves") {
     }
   }
 
+  TEST_CASE("a range test's run line is kept, so the page draws its losses against its rates") {
+    diagnostics d;
+    const std::string lr_find_run =
+        R"({"kind":"run","format":"nerve-metrics-1","lr_find":{"min_lr":1e-07,"max_lr":10,"steps":3},)"
+        R"("settings":{"model":"mlp"}})" "\n";
+    auto c = read(lr_find_run + step_line(0, 1) + step_line(1, 1) + step_line(2, 1), d);
+    REQUIRE(c.runs.size() == 1);
+    CHECK(c.runs[0].lr_find);
+    CHECK(c.runs[0].description == "mlp, learning-rate range test");
+    std::ostringstream out;
+    write_curves_page(c, "lr", out);
+    CHECK(out.str().find("\"lr_find\":true") != std::string::npos);
+    auto plain = read(run_line + step_line(0, 1), d);
+    CHECK_FALSE(plain.runs[0].lr_find);
+  }
+
   TEST_CASE("the page needs nothing from the network and its title cannot end the script") {
     diagnostics d;
     auto c = read(run_line + step_line(0, 1) + step_line(1, 1, "null") + epoch_line(1, 2), d);
