@@ -4,19 +4,11 @@
 #include <memory>
 #include <stdexcept>
 
+#include "layers/detail/ops_require.hpp"
 #include "layers/detail/vector_state.hpp"
 #include "layers/ops.hpp"
 
 namespace nerve::layers {
-namespace {
-
-template <class S>
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument("ops: " + what);
-}
-
-}  // namespace
-
 // ---- one micro-batch of an op layer ------------------------------------------------------
 
 template <class S>
@@ -74,7 +66,7 @@ void basic_op_run<S>::run_tape(const array& dy) {
 template <class S>
 auto basic_op_run<S>::backward_input(const array& dy, input_mask wanted) -> std::vector<array> {
   basic_array<S> shape_of_out{out_dims_, nullptr, nullptr, -1};
-  require<S>(dy.size() == shape_of_out.size(), layer_.label() + ": an output gradient of " + dy.shape_string() +
+  detail::ops_require(dy.size() == shape_of_out.size(), layer_.label() + ": an output gradient of " + dy.shape_string() +
                                                    " for an output of " + shape_of_out.shape_string());
   std::vector<array> out(in_dims_.size());
   if (layer_.custom_backward()) {
@@ -98,7 +90,7 @@ auto basic_op_run<S>::backward_input(const array& dy, input_mask wanted) -> std:
 
 template <class S>
 void basic_op_run<S>::backward_weight(const array& dy, std::span<const array> grads) {
-  require<S>(grads.size() == params_.size(), layer_.label() + ": " + std::to_string(grads.size()) +
+  detail::ops_require(grads.size() == params_.size(), layer_.label() + ": " + std::to_string(grads.size()) +
                                                    " gradients for " + std::to_string(params_.size()) + " parameters");
   if (layer_.custom_backward()) {
     basic_ops<S> o(set_);
@@ -109,7 +101,7 @@ void basic_op_run<S>::backward_weight(const array& dy, std::span<const array> gr
   for (std::size_t j = 0; j < grads.size(); ++j) {
     const auto& g = param_grads_[j];
     if (g.empty()) continue;
-    require<S>(g.size() == grads[j].size(), layer_.label() + ": a gradient of " + g.shape_string() +
+    detail::ops_require(g.size() == grads[j].size(), layer_.label() + ": a gradient of " + g.shape_string() +
                                                 " for a parameter of " + grads[j].shape_string());
     set_.axpy(g.size(), S(1), g.data, grads[j].data);
   }

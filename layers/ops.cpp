@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "layers/detail/ops_require.hpp"
 #include "layers/detail/vector_state.hpp"
 
 namespace nerve::layers {
@@ -53,15 +54,6 @@ std::string basic_array<S>::shape_string() const {
   return s + "]";
 }
 
-namespace {
-
-template <class S>
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument("ops: " + what);
-}
-
-}  // namespace
-
 // ---- the tape ---------------------------------------------------------------------
 
 template <class S>
@@ -91,7 +83,7 @@ void basic_tape<S>::accumulate(int id, array g, bool owned) {
     s.grad = std::move(c);
     s.owned = true;
   }
-  require<S>(g.size() == s.grad.size(), "a gradient of " + g.shape_string() + " for " + s.grad.shape_string());
+  detail::ops_require(g.size() == s.grad.size(), "a gradient of " + g.shape_string() + " for " + s.grad.shape_string());
   set_->axpy(s.grad.size(), S(1), g.data, s.grad.data);
 }
 
@@ -137,7 +129,7 @@ auto basic_ops<S>::clone(const array& x) -> array {
 
 template <class S>
 auto basic_ops<S>::binary(binary_fn f, const array& a, const array& b) -> array {
-  require<S>(a.size() == b.size(), std::string(f == binary_fn::mul ? "mul" : f == binary_fn::add ? "add" : "sub") +
+  detail::ops_require(a.size() == b.size(), std::string(f == binary_fn::mul ? "mul" : f == binary_fn::add ? "add" : "sub") +
                                        " of " + a.shape_string() + " and " + b.shape_string());
   auto y = set_.alloc(a.dims);
   set_.binary(f, a.data, b.data, y.data, y.size());
@@ -178,7 +170,7 @@ auto basic_ops<S>::binary(binary_fn f, const array& a, const array& b) -> array 
 template <class S>
 auto basic_ops<S>::broadcast(binary_fn f, const array& x, const array& v) -> array {
   const std::int64_t period = v.size();
-  require<S>(period > 0 && x.size() % period == 0 && (period == 1 || period == x.cols()),
+  detail::ops_require(period > 0 && x.size() % period == 0 && (period == 1 || period == x.cols()),
              "a row vector of " + v.shape_string() + " over " + x.shape_string() + " (it needs " +
                  std::to_string(x.cols()) + " elements or 1)");
   auto y = set_.alloc(x.dims);
@@ -255,7 +247,7 @@ auto basic_ops<S>::matmul(const array& a, const array& b, trans ta, trans tb) ->
   const bool at = ta == trans::yes, bt = tb == trans::yes;
   const std::int64_t m = at ? a.cols() : a.rows(), k = at ? a.rows() : a.cols();
   const std::int64_t kb = bt ? b.cols() : b.rows(), n = bt ? b.rows() : b.cols();
-  require<S>(k == kb, "matmul of " + a.shape_string() + (at ? "ᵀ" : "") + " and " + b.shape_string() +
+  detail::ops_require(k == kb, "matmul of " + a.shape_string() + (at ? "ᵀ" : "") + " and " + b.shape_string() +
                           (bt ? "ᵀ" : "") + ": inner dimensions " + std::to_string(k) + " and " + std::to_string(kb));
   auto c = set_.alloc({m, n});
   set_.gemm(ta, tb, m, n, k, S(1), a.data, a.cols(), b.data, b.cols(), S(0), c.data, n);
@@ -293,7 +285,7 @@ template <class S>
 auto basic_ops<S>::linear(const array& x, const array& w, const array& b) -> array {
   if (b.empty()) return matmul(x, w, trans::no, trans::yes);
   const std::int64_t n = x.rows(), in = x.cols(), out = w.rows();
-  require<S>(w.cols() == in && b.size() == out, "linear of " + x.shape_string() + " with a weight of " +
+  detail::ops_require(w.cols() == in && b.size() == out, "linear of " + x.shape_string() + " with a weight of " +
                                                     w.shape_string() + " and a bias of " + b.shape_string());
   auto y = set_.alloc({n, out});
   set_.gemm_bias(trans::no, trans::yes, n, out, in, x.data, in, w.data, in, b.data, y.data, out);
@@ -323,7 +315,7 @@ auto basic_ops<S>::linear(const array& x, const array& w, const array& b) -> arr
 template <class S>
 auto basic_ops<S>::conv2d(const array& x, const array& w, const array& b, std::array<std::int64_t, 2> stride,
                           std::array<std::int64_t, 2> padding) -> array {
-  require<S>(w.dims.size() == 4 && x.dims.size() == 4 && w.dims[1] == x.dims[1] &&
+  detail::ops_require(w.dims.size() == 4 && x.dims.size() == 4 && w.dims[1] == x.dims[1] &&
                  (b.empty() || b.size() == w.dims[0]),
              "conv2d of " + x.shape_string() + " with a filter of " + w.shape_string() + " and a bias of " +
                  b.shape_string() + " (it needs [N, C, H, W], [K, C, kh, kw] and [K] or none)");
@@ -358,7 +350,7 @@ auto basic_ops<S>::conv2d(const array& x, const array& w, const array& b, std::a
 template <class S>
 auto basic_ops<S>::pool2d(pool_fn f, const array& x, std::int64_t kernel, std::int64_t stride, std::int64_t padding)
     -> array {
-  require<S>(2 * padding <= kernel, "pool2d: padding " + std::to_string(padding) + " over half the kernel " +
+  detail::ops_require(2 * padding <= kernel, "pool2d: padding " + std::to_string(padding) + " over half the kernel " +
                                         std::to_string(kernel));
   const auto g = window_over(x.dims, {kernel, kernel}, {stride, stride}, {padding, padding});
   auto y = set_.alloc({g.batch, g.channels, g.out_h(), g.out_w()});
@@ -394,7 +386,7 @@ template <class S>
 auto basic_ops<S>::reshape(const array& x, std::vector<std::int64_t> dims) -> array {
   array y = x;
   y.dims = std::move(dims);
-  require<S>(y.size() == x.size(), "reshape of " + x.shape_string() + " to " + y.shape_string());
+  detail::ops_require(y.size() == x.size(), "reshape of " + x.shape_string() + " to " + y.shape_string());
   if (recording({&x})) {
     y.id = tape_->record([x](basic_tape<S>& t, const array& dy) {
       array g = dy;
@@ -412,11 +404,11 @@ auto basic_ops<S>::concat_cols(std::span<const array> in, std::vector<std::int64
   const std::int64_t rows = in.empty() ? 0 : in[0].rows();
   std::int64_t cols = 0;
   for (const auto& a : in) {
-    require<S>(a.rows() == rows, "concat of " + in[0].shape_string() + " and " + a.shape_string() + ": rows differ");
+    detail::ops_require(a.rows() == rows, "concat of " + in[0].shape_string() + " and " + a.shape_string() + ": rows differ");
     cols += a.cols();
   }
   auto y = set_.alloc(std::move(dims));
-  require<S>(y.size() == rows * cols, "concat to " + y.shape_string() + " of " + std::to_string(rows * cols) +
+  detail::ops_require(y.size() == rows * cols, "concat to " + y.shape_string() + " of " + std::to_string(rows * cols) +
                                           " elements");
   std::int64_t at = 0;
   for (const auto& a : in) {

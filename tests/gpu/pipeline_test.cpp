@@ -437,47 +437,37 @@ TEST_SUITE("gpu.pipeline") {
     CHECK(p.stopped());
   }
 
-  TEST_CASE("a layer without device kernels runs on the host in the stream's order, to the CPU's weights") {
+  /// Trains the chain with `extra` on two stand-in stages and on the CPU (1F1B, 4
+  /// micro-batches, 3 steps), checks the device's weights against the CPU's, and returns
+  /// the host copies the extra layer added to the plain chain's.
+  std::int64_t extra_host_copies(test::chain_extra extra) {
     const auto plan = pl::make_schedule("1f1b", 2, 4);
-    auto cpu_g = chain(test::chain_extra::host_layer), dev_g = chain(test::chain_extra::host_layer), plain_g = chain();
+    auto cpu_g = chain(extra), dev_g = chain(extra), plain_g = chain();
     (void)train(cpu_g, plan, {false, false}, 3);
-    std::vector<std::int64_t> with_host, without;
-    (void)train(dev_g, plan, {true, true}, 3, &with_host);
+    std::vector<std::int64_t> with, without;
+    (void)train(dev_g, plan, {true, true}, 3, &with);
     (void)train(plain_g, plan, {true, true}, 3, &without);
+    REQUIRE(with.size() == 2);
+    const auto a = weights(cpu_g), b = weights(dev_g);
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      double largest = 0;
+      for (float v : a[i]) largest = std::max(largest, double(std::abs(v)));
+      gpu::test::check_within("weights of tensor " + std::to_string(i), b[i], a[i],
+                              std::vector<double>(a[i].size(), 1e-4 * largest));
+    }
+    return with[0] + with[1] - without[0] - without[1];
+  }
+
+  TEST_CASE("a layer without device kernels runs on the host in the stream's order, to the CPU's weights") {
     // Per micro-batch the layer's input goes to the host and its output back (forward),
     // and its output gradient and input gradient the same way (B): 4 copies, 4
     // micro-batches, 3 steps.
-    REQUIRE(with_host.size() == 2);
-    CHECK(with_host[0] + with_host[1] - without[0] - without[1] == 4 * 4 * 3);
-    const auto a = weights(cpu_g), b = weights(dev_g);
-    REQUIRE(a.size() == b.size());
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      double largest = 0;
-      for (float v : a[i]) largest = std::max(largest, double(std::abs(v)));
-      gpu::test::check_within("weights of tensor " + std::to_string(i), b[i], a[i],
-                              std::vector<double>(a[i].size(), 1e-4 * largest));
-    }
+    CHECK(extra_host_copies(test::chain_extra::host_layer) == 4 * 4 * 3);
   }
-}
 
-TEST_SUITE("gpu.pipeline") {
   TEST_CASE("Dropout runs on the device, with the CPU's masks: no host copies, the CPU's weights") {
-    const auto plan = pl::make_schedule("1f1b", 2, 4);
-    auto cpu_g = chain(test::chain_extra::dropout), dev_g = chain(test::chain_extra::dropout), plain_g = chain();
-    (void)train(cpu_g, plan, {false, false}, 3);
-    std::vector<std::int64_t> with_drop, without;
-    (void)train(dev_g, plan, {true, true}, 3, &with_drop);
-    (void)train(plain_g, plan, {true, true}, 3, &without);
-    REQUIRE(with_drop.size() == 2);
-    CHECK(with_drop[0] + with_drop[1] == without[0] + without[1]);
-    const auto a = weights(cpu_g), b = weights(dev_g);
-    REQUIRE(a.size() == b.size());
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      double largest = 0;
-      for (float v : a[i]) largest = std::max(largest, double(std::abs(v)));
-      gpu::test::check_within("weights of tensor " + std::to_string(i), b[i], a[i],
-                              std::vector<double>(a[i].size(), 1e-4 * largest));
-    }
+    CHECK(extra_host_copies(test::chain_extra::dropout) == 0);
   }
 }
 
