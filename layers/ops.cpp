@@ -423,14 +423,14 @@ auto basic_ops<S>::concat_cols(std::span<const array> in, std::vector<std::int64
   }
   if (tape_ && any) {
     y.id = tape_->record([parts, rows, cols](basic_tape<S>& t, const array& dy) {
-      std::int64_t at = 0;
+      std::int64_t first = 0;  // the input's first column in the output
       for (const auto& a : parts) {
         if (a.id >= 0) {
           auto g = t.set().alloc(a.dims);
-          t.set().copy2d(rows, a.cols(), dy.data + at, cols, g.data, a.cols());
+          t.set().copy2d(rows, a.cols(), dy.data + first, cols, g.data, a.cols());
           t.accumulate(a.id, std::move(g), true);
         }
-        at += a.cols();
+        first += a.cols();
       }
     });
   }
