@@ -5,6 +5,7 @@
 #include "layers/checkpoint/atomic_file.hpp"
 #include "layers/checkpoint/checkpoint.hpp"
 #include "layers/checkpoint/safetensors.hpp"
+#include "tests/layers/common.hpp"
 
 #include <doctest/doctest.h>
 
@@ -26,7 +27,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool contains(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
+using nerve::layers::testing::contains;
 
 struct temp_dir {
   fs::path path;
