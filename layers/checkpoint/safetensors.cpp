@@ -57,7 +57,7 @@ std::optional<dtype> parse_dtype(std::string_view name) noexcept {
 
 std::string in_quotes(std::string_view s) { return "'" + std::string(s) + "'"; }
 
-std::string shape_string(std::span<const std::uint64_t> shape) {
+std::string header_shape_string(std::span<const std::uint64_t> shape) {
   std::ostringstream os;
   os << '[';
   for (std::size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
@@ -276,7 +276,7 @@ void safetensors_file::parse_header(safetensors_file& f, std::span<const std::by
     auto need = byte_count(t.shape, dtype_size(t.type));
     if (!need || *need != t.end - t.begin) {
       throw fail(f.buffer_offset_ + t.begin,
-                 where + "shape " + shape_string(t.shape) + " of " + std::string(dtype_name(t.type)) + " needs " +
+                 where + "shape " + header_shape_string(t.shape) + " of " + std::string(dtype_name(t.type)) + " needs " +
                      (need ? std::to_string(*need) : std::string("more than 2^64")) + " bytes, " + offsets +
                      " hold " + std::to_string(t.end - t.begin));
     }
@@ -416,7 +416,7 @@ std::vector<std::byte> encode_header(std::span<const tensor_ref> tensors, const 
     if (header.contains(t->name)) throw std::invalid_argument("safetensors: tensor " + in_quotes(t->name) + " given twice");
     auto need = byte_count(t->shape, dtype_size(t->type));
     if (!need || *need != t->bytes.size()) {
-      throw std::invalid_argument("safetensors: tensor " + in_quotes(t->name) + " of shape " + shape_string(t->shape) +
+      throw std::invalid_argument("safetensors: tensor " + in_quotes(t->name) + " of shape " + header_shape_string(t->shape) +
                                   " and dtype " + std::string(dtype_name(t->type)) + " has " +
                                   std::to_string(t->bytes.size()) + " bytes of data");
     }

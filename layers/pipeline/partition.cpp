@@ -18,7 +18,7 @@ std::vector<std::size_t> layer_order(const layers::graph& g) {
   return v;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
+double elapsed_seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -112,7 +112,7 @@ std::vector<double> profile_layers(layers::graph& g, std::int64_t batch, int rep
       auto f = n.layer->forward(std::move(in), {});
       out[order[k]] = std::move(f.output);
       st[order[k]] = std::move(f.stash);
-      t[k] += seconds_since(t0);
+      t[k] += elapsed_seconds(t0);
     }
     const auto& y = out[g.output()];
     dy[g.output()] = layers::tensor::constant(y.batch(), y.sample_shape(), 1.0f / float(y.size()));
@@ -132,7 +132,7 @@ std::vector<double> profile_layers(layers::graph& g, std::int64_t batch, int rep
         if (a.empty()) a = std::move(gi[q]);
         else a += gi[q];
       }
-      t[k] += seconds_since(t0);
+      t[k] += elapsed_seconds(t0);
     }
     if (r > 0)
       for (std::size_t i = 0; i < order.size(); ++i) samples[i].push_back(t[i]);

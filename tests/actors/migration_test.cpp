@@ -183,9 +183,9 @@ struct start_jobs {
   std::uint32_t per_worker;
 };
 /// Spawns its workers from a handler (so they start on its loop) and feeds them.
-struct boss : actor {
+struct migration_boss : actor {
   std::vector<address> workers;
-  boss() : actor("boss") {
+  migration_boss() : actor("boss") {
     on<spawn_workers>([this](spawn_workers& s) {
       for (unsigned i = 0; i < s.n; ++i) workers.push_back(system().spawn<heavy_worker>(s.sink, *s.guards));
     });
@@ -349,10 +349,10 @@ TEST_SUITE("actors.migration") {
     guard_counts guards;
     nerve::test::event done;
     auto sink = rt.spawn_on<tally>(0, 1, &done);
-    auto b = rt.spawn_on<boss>(1);
+    auto b = rt.spawn_on<migration_boss>(1);
     rt.send(b, spawn_workers{3, sink, &guards});
     rt.synchronize();
-    for (auto& w : static_cast<boss*>(b.get())->workers) CHECK(w.loop() == 1);
+    for (auto& w : static_cast<migration_boss*>(b.get())->workers) CHECK(w.loop() == 1);
     rt.shutdown();
   }
 
@@ -370,10 +370,10 @@ TEST_SUITE("actors.migration") {
     so.capacity = std::size_t{workers} * per_worker + 16;
     auto sink = rt.spawn_with<tally>(so, std::uint64_t{workers} * per_worker, &done);
     so.capacity = 0;
-    auto b = rt.spawn_with<boss>(so);
+    auto b = rt.spawn_with<migration_boss>(so);
     rt.send(b, spawn_workers{workers, sink, &guards});
     rt.synchronize();
-    auto& ws = static_cast<boss*>(b.get())->workers;
+    auto& ws = static_cast<migration_boss*>(b.get())->workers;
     for (auto& w : ws) CHECK(w.loop() == 0);  // all on the boss's loop
     rt.send(b, start_jobs{per_worker});
     done.wait();

@@ -9,7 +9,7 @@
 using namespace nerve::actors;
 
 namespace {
-struct item {
+struct stress_item {
   long seq;
   std::vector<float> data;
 };
@@ -20,7 +20,7 @@ struct consumer : actor {
   long violations = 0;
   std::size_t max_seen = 0;
   consumer() : actor("consumer") {
-    on<item>([this](item& it) {
+    on<stress_item>([this](stress_item& it) {
       max_seen = std::max(max_seen, queued() + 1);  // +1: the one being handled
       if (it.seq != expected) ++violations;
       expected = it.seq + 1;
@@ -34,16 +34,16 @@ struct consumer : actor {
 struct go {};
 
 /// A fast producer that respects back-pressure: try_send, and when full wait for room.
-struct producer : actor {
+struct stress_producer : actor {
   address to;
   long total, next = 0;
   long refusals = 0;
-  producer(address t, long n) : actor("producer"), to(std::move(t)), total(n) {
+  stress_producer(address t, long n) : actor("producer"), to(std::move(t)), total(n) {
     on<go>([this](go&) { pump(); });
   }
   void pump() {
     while (next < total) {
-      item it{next, std::vector<float>(256, 1.f)};
+      stress_item it{next, std::vector<float>(256, 1.f)};
       if (try_send(to, std::move(it)) != send_status::ok) {
         ++refusals;
         when_writable(to, [this] { pump(); });  // resumes on our loop once there is room
@@ -59,11 +59,11 @@ struct patient_producer : actor {
   bool waiting = false, resumed = false;
   explicit patient_producer(address t) : actor("patient"), to(std::move(t)) {
     on<go>([this](go&) {
-      if (try_send(to, item{1, {}}) == send_status::ok) return;
+      if (try_send(to, stress_item{1, {}}) == send_status::ok) return;
       waiting = true;
       when_writable(to, [this] {
         resumed = true;
-        (void)try_send(to, item{1, {}});
+        (void)try_send(to, stress_item{1, {}});
       });
     });
   }
@@ -79,7 +79,7 @@ TEST_SUITE("actors.backpressure") {
     runtime cons({.loops = 1, .manual = true});
     auto c = cons.spawn_with<consumer>(spawn_options{.capacity = 1});
     cons.run_until_idle();
-    cons.send(c, item{0, {}});  // full
+    cons.send(c, stress_item{0, {}});  // full
     auto p = prod.spawn<patient_producer>(c);
     prod.send(p, go{});
     while (prod.poll() != 0) {
@@ -102,21 +102,21 @@ TEST_SUITE("actors.backpressure") {
     const long n = static_cast<long>(50000 * nerve::test::scale());
     runtime rt({.loops = 2});
     auto c = rt.spawn_with<consumer>(spawn_options{.loop = 1, .capacity = cap});
-    auto p = rt.spawn_on<producer>(0, c, n);
+    auto p = rt.spawn_on<stress_producer>(0, c, n);
     rt.send(p, go{});
     rt.synchronize();
     auto* cs = static_cast<consumer*>(c.get());
     CHECK(cs->expected == n);
     CHECK(cs->violations == 0);
     CHECK(cs->max_seen <= cap + 1);
-    CHECK(static_cast<producer*>(p.get())->refusals > 0);  // back-pressure really engaged
+    CHECK(static_cast<stress_producer*>(p.get())->refusals > 0);  // back-pressure really engaged
   }
 
   TEST_CASE("send_wait blocks an outside thread until there is room, then delivers in order") {
     const long n = static_cast<long>(20000 * nerve::test::scale());
     runtime rt({.loops = 1});
     auto c = rt.spawn_with<consumer>(spawn_options{.capacity = 4});
-    for (long i = 0; i < n; ++i) rt.send_wait(c, item{i, std::vector<float>(64, 1.f)});
+    for (long i = 0; i < n; ++i) rt.send_wait(c, stress_item{i, std::vector<float>(64, 1.f)});
     rt.synchronize();
     auto* cs = static_cast<consumer*>(c.get());
     CHECK(cs->expected == n);

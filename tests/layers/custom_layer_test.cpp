@@ -143,6 +143,7 @@ bool gradients_are_right() {
 #include "layers/join.hpp"
 #include "layers/linear.hpp"
 #include "layers/network.hpp"
+#include "tests/layers/common.hpp"
 
 namespace nl = nerve::layers;
 
@@ -175,7 +176,7 @@ std::vector<double> train_a_few_steps(nl::graph& g, const nl::tensor& images, co
 
 namespace {
 
-nl::tensor random_images(std::int64_t n, std::uint64_t seed) {
+nl::tensor random_small_images(std::int64_t n, std::uint64_t seed) {
   nl::tensor t(n, {1, 8, 8});
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(0.f, 1.f);
@@ -183,12 +184,7 @@ nl::tensor random_images(std::int64_t n, std::uint64_t seed) {
   return t;
 }
 
-nl::targets random_labels(std::int64_t n, std::uint64_t seed) {
-  nl::targets t;
-  std::mt19937_64 rng(seed);
-  for (std::int64_t i = 0; i < n; ++i) t.labels.push_back(static_cast<std::int32_t>(rng() % 10));
-  return t;
-}
+using nerve::layers::testing::random_labels;
 
 }  // namespace
 
@@ -225,7 +221,7 @@ TEST_SUITE("layers.custom") {
   TEST_CASE("a residual graph of user layers trains through network as the direct executor does") {
     auto g = make_residual_net(1);
     auto reference = make_residual_net(1);
-    const auto images = random_images(6, 3);
+    const auto images = random_small_images(6, 3);
     const auto labels = random_labels(6, 4);
 
     const auto losses = train_a_few_steps(g, images, labels);
@@ -265,7 +261,7 @@ TEST_SUITE("layers.custom") {
     b.add("act", std::make_unique<basic_swish<float>>(1.0), {"fc1"});
     b.add("fc2", nl::linear(16, 10), {"act"});
     auto g = b.build(3);
-    const auto losses = train_a_few_steps(g, random_images(6, 5), random_labels(6, 6));
+    const auto losses = train_a_few_steps(g, random_small_images(6, 5), random_labels(6, 6));
     CHECK(losses.back() < losses.front());
     CHECK(g.parameters()[2].name == "act.beta");
     CHECK(g.parameters()[2].value->data()[0] != 1.0f);  // β learned

@@ -7,6 +7,7 @@
 #include "layers/data/format_error.hpp"
 #include "layers/data/idx.hpp"
 #include "layers/plan.hpp"
+#include "tests/layers/common.hpp"
 
 #include <doctest/doctest.h>
 
@@ -25,15 +26,15 @@ using namespace nerve::data;
 
 namespace {
 
-bool contains(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
+using nerve::layers::testing::contains;
 
-struct temp_dir {
+struct temp_data_dir {
   std::filesystem::path path;
-  temp_dir() {
+  temp_data_dir() {
     std::string tmpl = (std::filesystem::temp_directory_path() / "nerve-ds-XXXXXX").string();
     path = ::mkdtemp(tmpl.data());
   }
-  ~temp_dir() { std::filesystem::remove_all(path); }
+  ~temp_data_dir() { std::filesystem::remove_all(path); }
   std::filesystem::path write(const std::string& name, std::span<const std::byte> bytes) const {
     auto p = path / name;
     std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
@@ -43,7 +44,7 @@ struct temp_dir {
 
 // n images of 2x2 whose pixels are the sample index (times 10) plus the pixel index.
 struct tiny_pair {
-  temp_dir dir;
+  temp_data_dir dir;
   std::filesystem::path images, labels;
   explicit tiny_pair(std::size_t n, std::size_t label_count = 0, int bad_label = -1) {
     if (label_count == 0) label_count = n;
@@ -59,7 +60,7 @@ struct tiny_pair {
 
 std::vector<std::uint32_t> vec(std::span<const std::uint32_t> s) { return {s.begin(), s.end()}; }
 
-const std::filesystem::path fmnist{std::string(fashion_mnist_default_dir)};
+const std::filesystem::path fashion_mnist_dir{std::string(fashion_mnist_default_dir)};
 
 }  // namespace
 
@@ -110,15 +111,15 @@ TEST_SUITE("layers.dataset") {
   }
 
   TEST_CASE("Fashion-MNIST loads both splits in well under a second each") {
-    if (!std::filesystem::exists(fmnist / "train-images-idx3-ubyte.gz")) {
+    if (!std::filesystem::exists(fashion_mnist_dir / "train-images-idx3-ubyte.gz")) {
       MESSAGE("dataset-fashion-mnist is not installed; skipping");
       return;
     }
     auto t0 = std::chrono::steady_clock::now();
-    auto train = load_fashion_mnist(fmnist, split::train);
+    auto train = load_fashion_mnist(fashion_mnist_dir, split::train);
     auto t1 = std::chrono::steady_clock::now();
     double seconds = std::chrono::duration<double>(t1 - t0).count();
-    auto test = load_fashion_mnist(fmnist, split::test);
+    auto test = load_fashion_mnist(fashion_mnist_dir, split::test);
     MESSAGE("Fashion-MNIST train split loaded in " << seconds << " s");
     CHECK(train.size() == 60000);
     CHECK(test.size() == 10000);

@@ -9,6 +9,7 @@
 #include "layers/gradcheck.hpp"
 #include "layers/join.hpp"
 #include "layers/linear.hpp"
+#include "tests/layers/common.hpp"
 
 using namespace nerve::layers;
 
@@ -24,7 +25,7 @@ struct tanh_with_bad_derivative {
   }
 };
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using nerve::layers::testing::contains;
 
 }  // namespace
 

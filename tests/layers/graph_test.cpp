@@ -11,6 +11,7 @@
 #include "layers/norm.hpp"
 #include "layers/presets.hpp"
 #include "tests/layers/gradcheck.hpp"
+#include "tests/layers/common.hpp"
 
 using namespace nerve::layers;
 using nerve::layers::testing::random_tensor;
@@ -26,16 +27,11 @@ std::string wiring_message(graph_builder& b) {
   return "(no error)";
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using nerve::layers::testing::contains;
 
-tensor random_batch(std::int64_t n, shape s, std::uint64_t seed) { return random_tensor(n, std::move(s), seed).cast<float>(); }
+tensor random_graph_input(std::int64_t n, shape s, std::uint64_t seed) { return random_tensor(n, std::move(s), seed).cast<float>(); }
 
-targets random_labels(std::int64_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  targets t;
-  for (std::int64_t i = 0; i < n; ++i) t.labels.push_back(std::int32_t(rng() % 10));
-  return t;
-}
+using nerve::layers::testing::random_labels;
 
 }  // namespace
 
@@ -306,7 +302,7 @@ TEST_SUITE("layers.executor") {
       auto a = make_preset(model, 11);
       auto b = make_preset(model, 11);
       const shape in = a.nodes()[a.inputs()[0]].output_shape;
-      const auto x = random_batch(30, in, 12);
+      const auto x = random_graph_input(30, in, 12);
       const auto t = random_labels(30, 13);
       cross_entropy ce;
       sgd opt_a(sgd_options{0.1, 0.9}), opt_b(sgd_options{0.1, 0.9});
@@ -332,7 +328,7 @@ TEST_SUITE("layers.executor") {
       cross_entropy ce;
       adam opt(adam_options{1e-3});
       for (std::uint64_t step = 0; step < 5; ++step)
-        ex.train_step(random_batch(16, {784}, 100 + step), random_labels(16, 200 + step), ce, opt, 2, step);
+        ex.train_step(random_graph_input(16, {784}, 100 + step), random_labels(16, 200 + step), ce, opt, 2, step);
       std::vector<tensor> w;
       for (auto& p : g.parameters()) w.push_back(p.value->clone());
       return w;
@@ -351,7 +347,7 @@ TEST_SUITE("layers.executor") {
   TEST_CASE("a forward hook can replace an output and a backward hook a gradient") {
     auto g = make_preset("mlp", 5);
     direct_executor ex(g);
-    const auto x = random_batch(3, {784}, 7);
+    const auto x = random_graph_input(3, {784}, 7);
     auto plain = ex.predict(x.clone());
     int forward_calls = 0;
     g.register_forward_hook("relu1", [&](const hook_context& c, tensor& out) {
@@ -379,7 +375,7 @@ TEST_SUITE("layers.executor") {
     });
     g.zero_grad();
     ex.forward(x.clone(), {0});
-    ex.backward(0, random_batch(3, {10}, 8));
+    ex.backward(0, random_graph_input(3, {10}, 8));
     CHECK(seen == std::vector<std::string>{"relu1", "fc1"});
     CHECK(g.layer<linear>("fc1").weight_grad().matrix().cwiseAbs().maxCoeff() == 0.0f);
     CHECK(g.layer<linear>("fc2").weight_grad().matrix().cwiseAbs().maxCoeff() > 0.0f);

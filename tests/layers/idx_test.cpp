@@ -3,6 +3,7 @@
 
 #include "layers/data/format_error.hpp"
 #include "layers/data/idx.hpp"
+#include "tests/layers/common.hpp"
 
 #include <doctest/doctest.h>
 
@@ -31,7 +32,7 @@ std::vector<std::byte> small_u8() {
 }
 
 // The error a parse throws, for checking its message and offset.
-format_error parse_error(std::span<const std::byte> bytes, std::string_view name = "test.idx") {
+format_error idx_parse_error(std::span<const std::byte> bytes, std::string_view name = "test.idx") {
   try {
     parse_idx(bytes, name);
   } catch (const format_error& e) {
@@ -41,15 +42,15 @@ format_error parse_error(std::span<const std::byte> bytes, std::string_view name
   return format_error("", 0, "");
 }
 
-bool contains(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
+using nerve::layers::testing::contains;
 
-struct temp_dir {
+struct temp_idx_dir {
   std::filesystem::path path;
-  temp_dir() {
+  temp_idx_dir() {
     std::string tmpl = (std::filesystem::temp_directory_path() / "nerve-idx-XXXXXX").string();
     path = ::mkdtemp(tmpl.data());
   }
-  ~temp_dir() { std::filesystem::remove_all(path); }
+  ~temp_idx_dir() { std::filesystem::remove_all(path); }
   std::filesystem::path write(const std::string& name, std::span<const std::byte> bytes) const {
     auto p = path / name;
     std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
@@ -119,36 +120,36 @@ TEST_SUITE("layers.idx") {
   TEST_CASE("a wrong magic is an error at byte 0 naming the file") {
     auto bytes = small_u8();
     bytes[0] = std::byte{0x1e};
-    auto e = parse_error(bytes, "images.idx");
+    auto e = idx_parse_error(bytes, "images.idx");
     CHECK(e.file() == "images.idx");
     CHECK(e.offset() == 0);
     CHECK(contains(e.what(), "images.idx: at byte 0: wrong magic 0x1e"));
     bytes[0] = std::byte{0};
     bytes[1] = std::byte{0x08};
-    CHECK(parse_error(bytes).offset() == 1);
+    CHECK(idx_parse_error(bytes).offset() == 1);
   }
 
   TEST_CASE("an unknown data type is an error at byte 2") {
     auto bytes = small_u8();
     bytes[2] = std::byte{0x0a};
-    auto e = parse_error(bytes);
+    auto e = idx_parse_error(bytes);
     CHECK(e.offset() == 2);
     CHECK(contains(e.what(), "unknown data type 0x0a"));
   }
 
   TEST_CASE("wrong dimensions are errors at the offending header field") {
     SUBCASE("zero dimensions") {
-      auto e = parse_error(bytes_of({0, 0, 8, 0}));
+      auto e = idx_parse_error(bytes_of({0, 0, 8, 0}));
       CHECK(e.offset() == 3);
       CHECK(contains(e.what(), "zero dimensions"));
     }
     SUBCASE("a zero-sized dimension") {
-      auto e = parse_error(bytes_of({0, 0, 8, 2, 0, 0, 0, 5, 0, 0, 0, 0}));
+      auto e = idx_parse_error(bytes_of({0, 0, 8, 2, 0, 0, 0, 5, 0, 0, 0, 0}));
       CHECK(e.offset() == 8);
       CHECK(contains(e.what(), "dimension 1 is zero"));
     }
     SUBCASE("dimensions whose product overflows") {
-      auto e = parse_error(bytes_of({0, 0, 0x0e, 3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+      auto e = idx_parse_error(bytes_of({0, 0, 0x0e, 3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
                                      0xff, 0xff}));
       CHECK(e.offset() == 8);
       CHECK(contains(e.what(), "larger than 1 TiB"));
@@ -156,7 +157,7 @@ TEST_SUITE("layers.idx") {
     SUBCASE("dimensions that claim more data than the file holds") {
       auto bytes = small_u8();
       bytes[7] = std::byte{3};  // 3x3 instead of 2x3 (dimension 0 is bytes 4..7)
-      auto e = parse_error(bytes);
+      auto e = idx_parse_error(bytes);
       CHECK(contains(e.what(), "truncated"));
       CHECK(contains(e.what(), "needs 9 bytes"));
       CHECK(e.offset() == 18);
@@ -164,7 +165,7 @@ TEST_SUITE("layers.idx") {
     SUBCASE("dimensions that claim less data than the file holds") {
       auto bytes = small_u8();
       bytes[11] = std::byte{1};  // 2x1 instead of 2x3
-      auto e = parse_error(bytes);
+      auto e = idx_parse_error(bytes);
       CHECK(contains(e.what(), "4 trailing bytes"));
       CHECK(e.offset() == 14);
     }
@@ -175,7 +176,7 @@ TEST_SUITE("layers.idx") {
     for (std::size_t n = 0; n < full.size(); ++n) {
       CAPTURE(n);
       std::span<const std::byte> cut(full.data(), n);
-      auto e = parse_error(cut);
+      auto e = idx_parse_error(cut);
       CHECK(contains(e.what(), "truncated"));
       CHECK(e.offset() == n);
     }
@@ -184,7 +185,7 @@ TEST_SUITE("layers.idx") {
   TEST_CASE("trailing garbage after the data is an error") {
     auto bytes = small_u8();
     bytes.push_back(std::byte{0});
-    auto e = parse_error(bytes);
+    auto e = idx_parse_error(bytes);
     CHECK(contains(e.what(), "1 trailing bytes"));
     CHECK(e.offset() == 18);
   }
@@ -194,20 +195,20 @@ TEST_SUITE("layers.idx") {
     SUBCASE("truncated compressed stream") {
       for (std::size_t n : {std::size_t{2}, std::size_t{10}, gz.size() - 4, gz.size() - 1}) {
         CAPTURE(n);
-        auto e = parse_error(std::span<const std::byte>(gz.data(), n));
+        auto e = idx_parse_error(std::span<const std::byte>(gz.data(), n));
         // Either the gzip layer or the IDX layer notices, never silence.
         CHECK(contains(e.what(), "truncated"));
       }
     }
     SUBCASE("a flipped CRC") {
       gz[gz.size() - 6] ^= std::byte{0xff};
-      auto e = parse_error(gz);
+      auto e = idx_parse_error(gz);
       CHECK(contains(e.what(), "corrupt gzip data"));
       CHECK(contains(e.what(), "compressed file"));
     }
     SUBCASE("bytes after the gzip stream") {
       gz.push_back(std::byte{'x'});
-      auto e = parse_error(gz);
+      auto e = idx_parse_error(gz);
       CHECK(contains(e.what(), "trailing bytes after the end of the gzip stream"));
       CHECK(e.offset() == gz.size() - 1);
     }
@@ -223,8 +224,8 @@ TEST_SUITE("layers.idx") {
   TEST_CASE("a huge claimed size in a tiny file does not allocate it") {
     // 4 GiB claimed by a 16-byte file: must fail fast as truncated (raw and gzip).
     auto bytes = bytes_of({0, 0, 8, 2, 0, 1, 0, 0, 0, 1, 0, 0, 1, 2, 3, 4});
-    CHECK(contains(parse_error(bytes).what(), "truncated"));
-    CHECK(contains(parse_error(gzip_compress(bytes)).what(), "truncated"));
+    CHECK(contains(idx_parse_error(bytes).what(), "truncated"));
+    CHECK(contains(idx_parse_error(gzip_compress(bytes)).what(), "truncated"));
   }
 
   TEST_CASE("a small gzip file that inflates far past its header's claim is not inflated whole") {
@@ -235,7 +236,7 @@ TEST_SUITE("layers.idx") {
     bytes.resize(bytes.size() + (std::size_t{16} << 20), std::byte{0});
     const auto gz = gzip_compress(bytes);
     CHECK(gz.size() < bytes.size() / 500);
-    auto e = parse_error(gz);
+    auto e = idx_parse_error(gz);
     const std::string what = e.what();
     const auto at = what.find("at least ");
     REQUIRE(at != std::string::npos);
@@ -246,11 +247,11 @@ TEST_SUITE("layers.idx") {
     CHECK(e.offset() == 18);
     // Without gzip the whole file is read anyway: the exact count.
     bytes.resize(small_u8().size() + 5);
-    CHECK(contains(parse_error(bytes).what(), " 5 trailing bytes"));
+    CHECK(contains(idx_parse_error(bytes).what(), " 5 trailing bytes"));
   }
 
   TEST_CASE("files on disk: errors name the path, missing files are system errors") {
-    temp_dir dir;
+    temp_idx_dir dir;
     auto ok = dir.write("ok.idx.gz", gzip_compress(small_u8()));
     CHECK(read_idx(ok).shape() == std::vector<std::size_t>{2, 3});
     auto bad = small_u8();

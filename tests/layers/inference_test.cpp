@@ -24,7 +24,7 @@ using nerve::testing::tiny_fashion_mnist;
 namespace {
 
 /// A short mlp run with momentum (so its checkpoint holds optimizer buffers).
-train_options short_run(const std::filesystem::path& data) {
+train_options short_run_options(const std::filesystem::path& data) {
   train_options o;
   o.model = "mlp";
   o.data = data;
@@ -55,7 +55,7 @@ std::vector<std::int32_t> test_labels(const std::filesystem::path& dir) {
 TEST_SUITE("layers.inference") {
   TEST_CASE("load_weights takes the weights out of a checkpoint and leaves its optimizer state") {
     tiny_fashion_mnist data(128, 20);
-    auto o = short_run(data.dir);
+    auto o = short_run_options(data.dir);
     o.checkpoint = data.dir / "run.ck";
     auto trained = make_preset("mlp", 0);
     train(trained, o);
@@ -68,7 +68,7 @@ TEST_SUITE("layers.inference") {
 
   TEST_CASE("evaluate on the saved weights gives bitwise the trained run's last test figures") {
     tiny_fashion_mnist data(128, 1500);  // two evaluation chunks, the second short
-    auto o = short_run(data.dir);
+    auto o = short_run_options(data.dir);
     o.save = data.dir / "w.safetensors";
     o.checkpoint = data.dir / "run.ck";
     o.class_figures = true;
@@ -92,7 +92,7 @@ TEST_SUITE("layers.inference") {
 
   TEST_CASE("the class counts agree with the accuracy, and each row sums to its class's samples") {
     tiny_fashion_mnist data(128, 1200);
-    auto o = short_run(data.dir);
+    auto o = short_run_options(data.dir);
     o.class_figures = true;
     auto g = make_preset("mlp", 0);
     const auto report = train(g, o);
@@ -117,7 +117,7 @@ TEST_SUITE("layers.inference") {
 
   TEST_CASE("predictions: a row per test sample, probabilities that sum to 1, as many right as the accuracy says") {
     tiny_fashion_mnist data(128, 1100);
-    auto o = short_run(data.dir);
+    auto o = short_run_options(data.dir);
     o.save = data.dir / "w.safetensors";
     auto trained = make_preset("mlp", 0);
     const auto report = train(trained, o);

@@ -13,6 +13,7 @@
 #include "layers/gemm.hpp"
 #include "layers/network.hpp"
 #include "layers/presets.hpp"
+#include "tests/layers/common.hpp"
 
 using namespace nerve;
 using namespace nerve::layers;
@@ -34,12 +35,7 @@ tensor random_batch(std::int64_t n, std::uint64_t seed) {
   return t;
 }
 
-targets random_labels(std::int64_t n, std::uint64_t seed) {
-  targets t;
-  std::mt19937_64 rng(seed);
-  for (std::int64_t i = 0; i < n; ++i) t.labels.push_back(static_cast<std::int32_t>(rng() % 10));
-  return t;
-}
+using nerve::layers::testing::random_labels;
 
 }  // namespace
 

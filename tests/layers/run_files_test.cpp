@@ -22,6 +22,7 @@
 #include "layers/linear.hpp"
 #include "layers/trainer.hpp"
 #include "tests/layers/tiny_fashion_mnist.hpp"
+#include "tests/layers/common.hpp"
 
 namespace fs = std::filesystem;
 using namespace nerve;
@@ -37,12 +38,9 @@ graph small_net() {
   return b.build(3);
 }
 
-std::string contents(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
+using nerve::layers::testing::contents;
 
-void put(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
+using nerve::layers::testing::put;
 
 /// The names in `dir`, sorted.
 std::vector<std::string> names_in(const fs::path& dir) {

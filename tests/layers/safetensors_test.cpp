@@ -5,6 +5,7 @@
 #include "layers/checkpoint/atomic_file.hpp"
 #include "layers/checkpoint/checkpoint.hpp"
 #include "layers/checkpoint/safetensors.hpp"
+#include "tests/layers/common.hpp"
 
 #include <doctest/doctest.h>
 
@@ -26,7 +27,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool contains(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
+using nerve::layers::testing::contains;
 
 struct temp_dir {
   fs::path path;
@@ -73,13 +74,13 @@ std::string error_of(const std::string& header, std::size_t buffer_bytes) {
   return parse_error(raw_file(header, buffer_bytes)).what();
 }
 
-const std::vector<float> w = {1, 2, 3, 4, 5, 6};
-const std::vector<float> b = {0.5f, -0.5f};
-const std::vector<std::int64_t> steps = {42};
+const std::vector<float> sample_weight = {1, 2, 3, 4, 5, 6};
+const std::vector<float> sample_bias = {0.5f, -0.5f};
+const std::vector<std::int64_t> sample_steps = {42};
 
 std::vector<tensor_ref> sample_tensors() {
-  return {f32_tensor("fc1.weight", {2, 3}, w), f32_tensor("fc1.bias", {2}, b),
-          i64_tensor("bn.num_batches_tracked", {}, steps)};
+  return {f32_tensor("fc1.weight", {2, 3}, sample_weight), f32_tensor("fc1.bias", {2}, sample_bias),
+          i64_tensor("bn.num_batches_tracked", {}, sample_steps)};
 }
 
 }  // namespace
@@ -119,8 +120,8 @@ TEST_SUITE("layers.safetensors") {
     auto& fw = f.at("fc1.weight");
     CHECK(fw.type == dtype::f32);
     CHECK(fw.shape == std::vector<std::uint64_t>{2, 3});
-    CHECK(f.to_float(fw) == w);
-    CHECK(f.to_int64(f.at("bn.num_batches_tracked")) == steps);
+    CHECK(f.to_float(fw) == sample_weight);
+    CHECK(f.to_int64(f.at("bn.num_batches_tracked")) == sample_steps);
     CHECK(f.at("bn.num_batches_tracked").shape.empty());
     auto fd = f.to_float(f.at("x.f64"));
     CHECK(fd[1] == 2.5f);
@@ -255,11 +256,11 @@ TEST_SUITE("layers.safetensors") {
 
   TEST_CASE("the writer rejects inconsistent input before touching the disk") {
     temp_dir dir;
-    std::vector<tensor_ref> dup = {f32_tensor("a", {2}, b), f32_tensor("a", {2}, b)};
+    std::vector<tensor_ref> dup = {f32_tensor("a", {2}, sample_bias), f32_tensor("a", {2}, sample_bias)};
     CHECK_THROWS_AS(write_safetensors(dir.path / "x.safetensors", dup), std::invalid_argument);
-    std::vector<tensor_ref> bad = {f32_tensor("a", {3}, b)};
+    std::vector<tensor_ref> bad = {f32_tensor("a", {3}, sample_bias)};
     CHECK_THROWS_AS(write_safetensors(dir.path / "x.safetensors", bad), std::invalid_argument);
-    std::vector<tensor_ref> reserved = {f32_tensor("__metadata__", {2}, b)};
+    std::vector<tensor_ref> reserved = {f32_tensor("__metadata__", {2}, sample_bias)};
     CHECK_THROWS_AS(encode_header(reserved), std::invalid_argument);
     CHECK(dir.entries() == 0);
   }
@@ -379,9 +380,9 @@ TEST_SUITE("layers.checkpoint") {
   TEST_CASE("a state dict round-trips through a file") {
     temp_dir dir;
     state_dict sd;
-    sd.add("fc1.weight", {2, 3}, w);
-    sd.add("fc1.bias", {2}, b);
-    sd.add_int64("bn.num_batches_tracked", {}, steps);
+    sd.add("fc1.weight", {2, 3}, sample_weight);
+    sd.add("fc1.bias", {2}, sample_bias);
+    sd.add_int64("bn.num_batches_tracked", {}, sample_steps);
     sd.metadata["model"] = "tiny";
     save_checkpoint(dir.path / "c.safetensors", sd);
     auto back = load_checkpoint(dir.path / "c.safetensors");
@@ -389,19 +390,19 @@ TEST_SUITE("layers.checkpoint") {
     CHECK(back.metadata.at("model") == "tiny");
     const std::size_t wshape[] = {2, 3};
     auto wv = back.floats("fc1.weight", wshape);
-    CHECK(std::vector<float>(wv.begin(), wv.end()) == w);
-    CHECK(back.at("bn.num_batches_tracked").ints == steps);
+    CHECK(std::vector<float>(wv.begin(), wv.end()) == sample_weight);
+    CHECK(back.at("bn.num_batches_tracked").ints == sample_steps);
     std::vector<float> dst(6);
     back.copy_to("fc1.weight", wshape, dst);
-    CHECK(dst == w);
+    CHECK(dst == sample_weight);
     CHECK_THROWS_AS(sd.add("x", {2, 2}, {1.0f}), std::invalid_argument);
   }
 
   TEST_CASE("shape and name mismatches name the file, the tensor and both shapes") {
     temp_dir dir;
     state_dict sd;
-    sd.add("fc1.weight", {2, 3}, w);
-    sd.add("fc1.bias", {2}, b);
+    sd.add("fc1.weight", {2, 3}, sample_weight);
+    sd.add("fc1.bias", {2}, sample_bias);
     save_checkpoint(dir.path / "c.safetensors", sd);
     auto back = load_checkpoint(dir.path / "c.safetensors");
     const std::size_t transposed[] = {3, 2};

@@ -23,6 +23,7 @@
 #include "layers/checkpoint/atomic_file.hpp"
 #include "layers/checkpoint/checkpoint.hpp"
 #include "layers/checkpoint/safetensors.hpp"
+#include "tests/layers/common.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -31,13 +32,13 @@ using namespace nerve;
 
 namespace {
 
-struct temp_dir {
+struct temp_save_dir {
   fs::path path;
-  temp_dir() {
+  temp_save_dir() {
     std::string tmpl = (fs::temp_directory_path() / "nerve-save-XXXXXX").string();
     path = ::mkdtemp(tmpl.data());
   }
-  ~temp_dir() { fs::remove_all(path); }
+  ~temp_save_dir() { fs::remove_all(path); }
   /// The names in the directory, sorted (a stray temporary shows here).
   std::vector<std::string> names() const {
     std::vector<std::string> out;
@@ -47,12 +48,9 @@ struct temp_dir {
   }
 };
 
-std::string contents(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
+using nerve::layers::testing::contents;
 
-void put(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
+using nerve::layers::testing::put;
 
 unsigned mode_of(const fs::path& p) {
   struct stat st {};
@@ -82,7 +80,7 @@ TEST_SUITE("layers.save_target") {
   TEST_CASE("a symlink is written through: the link stays, its target gets the new file") {
     for (auto w : {writer::checkpoint, writer::trace}) {
       CAPTURE(int(w));
-      temp_dir d;
+      temp_save_dir d;
       put(d.path / "real", "old");
       fs::create_symlink("real", d.path / "link");
       write_with(w, d.path / "link");
@@ -95,7 +93,7 @@ TEST_SUITE("layers.save_target") {
   TEST_CASE("what is not a regular file is refused, named, and left as it was") {
     for (auto w : {writer::checkpoint, writer::trace}) {
       CAPTURE(int(w));
-      temp_dir d;
+      temp_save_dir d;
       SUBCASE("a FIFO") {
         REQUIRE(::mkfifo((d.path / "fifo").c_str(), 0600) == 0);
         CHECK_THROWS_WITH(write_with(w, d.path / "fifo"), doctest::Contains("is a FIFO, not a regular file"));
@@ -123,7 +121,7 @@ TEST_SUITE("layers.save_target") {
   TEST_CASE("the replacement keeps the old file's mode") {
     for (auto w : {writer::checkpoint, writer::trace}) {
       CAPTURE(int(w));
-      temp_dir d;
+      temp_save_dir d;
       const mode_t umask_was = ::umask(022);  // a new file would be 0644
       put(d.path / "private", "old");
       fs::permissions(d.path / "private", fs::perms::owner_read | fs::perms::owner_write);
@@ -138,7 +136,7 @@ TEST_SUITE("layers.save_target") {
   TEST_CASE("a write that fails (a full disk: RLIMIT_FSIZE, SIGXFSZ ignored) leaves no temporary and the old file") {
     for (auto w : {writer::checkpoint, writer::trace}) {
       CAPTURE(int(w));
-      temp_dir d;
+      temp_save_dir d;
       put(d.path / "out", "old");
       {
         file_size_limit full(40);
@@ -152,7 +150,7 @@ TEST_SUITE("layers.save_target") {
   TEST_CASE("a safetensors file is refused by its header, before its data is read") {
     // A valid header for 8 bytes of data, then a terabyte of holes: reading the file
     // whole first cannot even allocate it.
-    temp_dir d;
+    temp_save_dir d;
     const auto path = d.path / "huge.safetensors";
     const std::vector<float> two{1.0f, 2.0f};
     const std::vector<checkpoint::tensor_ref> refs{checkpoint::f32_tensor("w", {2}, two)};

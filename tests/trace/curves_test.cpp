@@ -13,7 +13,7 @@ using namespace nerve::trace;
 
 namespace {
 
-training_curves read(const std::string& text, diagnostics& d) {
+training_curves read_curves(const std::string& text, diagnostics& d) {
   std::istringstream in(text);
   return read_metrics(in, "m.jsonl", d);
 }
@@ -34,7 +34,7 @@ const std::string run_line = R"({"kind":"run","format":"nerve-metrics-1","settin
 TEST_SUITE("trace.curves") {
   TEST_CASE("a run's lines read as steps and epochs in order, null as NaN") {
     diagnostics d;
-    auto c = read(run_line + step_line(0, 1) + step_line(1, 1, "null") + epoch_line(1, 2, "null") + "\n", d);
+    auto c = read_curves(run_line + step_line(0, 1) + step_line(1, 1, "null") + epoch_line(1, 2, "null") + "\n", d);
     CHECK(d.items.empty());
     REQUIRE(c.steps.size() == 2);
     CHECK(c.steps[0].loss == 0.5);
@@ -55,7 +55,7 @@ TEST_SUITE("trace.curves") {
     text += R"({"kind":"run","resume":{"step":3,"epoch":2}})" "\n";
     for (int t = 3; t < 6; ++t) text += step_line(t, 2, "0.25");
     text += epoch_line(2, 6);
-    auto c = read(text, d);
+    auto c = read_curves(text, d);
     CHECK(d.items.empty());
     REQUIRE(c.steps.size() == 6);
     for (int t = 0; t < 6; ++t) CHECK(c.steps[std::size_t(t)].step == t);
@@ -70,7 +70,7 @@ TEST_SUITE("trace.curves") {
 
   TEST_CASE("a step written twice with no resume between is kept once, the later, with a warning") {
     diagnostics d;
-    auto c = read(run_line + step_line(0, 1) + step_line(0, 1, "0.125"), d);
+    auto c = read_curves(run_line + step_line(0, 1) + step_line(0, 1, "0.125"), d);
     REQUIRE(c.steps.size() == 1);
     CHECK(c.steps[0].loss == 0.125);
     CHECK(d.error_count() == 0);
@@ -93,7 +93,7 @@ TEST_SUITE("trace.curves") {
     text += std::string(70, '[') + std::string(70, ']') + "\n";                                       // 12
     text += step_line(3, 1);                                                                           // 13
     text += R"({"kind":"step","step":4,"epoch":1,"loss":1,"accuracy":0.5,"lr":0.1}x)";              // 14, no newline
-    auto c = read(text, d);
+    auto c = read_curves(text, d);
     CHECK(d.mentions("m.jsonl: line 2: error: not a JSON object: syntax error"));
     CHECK(d.mentions("m.jsonl: line 3: error: not a JSON object: a metrics line is one object"));
     CHECK(d.mentions("m.jsonl: line 4: error: no \"kind\" string"));
@@ -122,7 +122,7 @@ TEST_SUITE("trace.curves") {
     text += R"({"kind":"step","step":2,"epo)" "\n";                                                   // 5: torn alone
     text += step_line(2, 1, "0.25");                                                                   // 6
     text += R"({"kind":"step","step":3,"epoch":1,"loss":0.)";                                          // 7: torn, the last
-    auto c = read(text, d);
+    auto c = read_curves(text, d);
     CHECK(d.error_count() == 0);
     CHECK(d.mentions("m.jsonl: line 4: warning: a torn line: its first 37 bytes were cut short while they were written"));
     CHECK(d.mentions("those bytes are skipped, the record is read"));
@@ -139,14 +139,14 @@ TEST_SUITE("trace.curves") {
     for (const std::string cut : {R"({"kind":"st)", R"({"kind":"step","loss":0.)", R"({"kind":"step","ok":tr)", "{"}) {
       CAPTURE(cut);
       diagnostics one;
-      read(cut + "\n", one);
+      read_curves(cut + "\n", one);
       CHECK(one.error_count() == 0);
       CHECK(one.mentions("a torn line of"));
     }
     for (const std::string bad : {R"({"kind":"run"} x)", R"({"kind":"run",])", R"({"kind":"run","resume":{"step":1)" "}]"}) {
       CAPTURE(bad);
       diagnostics one;
-      read(bad + "\n", one);
+      read_curves(bad + "\n", one);
       CHECK(one.error_count() == 1);
       CHECK(one.warning_count() == 0);
     }
@@ -170,7 +170,7 @@ TEST_SUITE("trace.curves") {
 
   TEST_CASE("the page needs nothing from the network and its title cannot end the script") {
     diagnostics d;
-    auto c = read(run_line + step_line(0, 1) + step_line(1, 1, "null") + epoch_line(1, 2), d);
+    auto c = read_curves(run_line + step_line(0, 1) + step_line(1, 1, "null") + epoch_line(1, 2), d);
     std::ostringstream out;
     auto stats = write_curves_page(c, "curves </script> of <b>", out);
     const auto page = out.str();

@@ -13,9 +13,9 @@
 using namespace nerve::trace;
 
 namespace {
-timeline read(const std::string& text, diagnostics& d) { return read_trace_text(text, "t.json", d); }
+timeline read_text(const std::string& text, diagnostics& d) { return read_trace_text(text, "t.json", d); }
 
-std::string all(const diagnostics& d) {
+std::string all_findings(const diagnostics& d) {
   std::string out;
   for (const auto& item : d.items) out += item.to_string() + "\n";
   return out;
@@ -36,24 +36,24 @@ TEST_SUITE("trace.limits") {
   TEST_CASE("a number beyond a double is an error naming the event and the field") {
     SUBCASE("1e400") {
       diagnostics d;
-      read(one_event(R"("ts":1e400,"dur":1)"), d);
-      INFO(all(d));
+      read_text(one_event(R"("ts":1e400,"dur":1)"), d);
+      INFO(all_findings(d));
       REQUIRE(d.error_count() == 1);
       CHECK(d.mentions("t.json: event 0: error: \"ts\": a number too large for a double"));
       CHECK(d.mentions("'1e400'"));
     }
     SUBCASE("a million digits, clipped in the message") {
       diagnostics d;
-      read(one_event(R"("ts":1,"dur":1)" + std::string(1000000, '9')), d);
-      INFO(all(d).substr(0, 400));
+      read_text(one_event(R"("ts":1,"dur":1)" + std::string(1000000, '9')), d);
+      INFO(all_findings(d).substr(0, 400));
       REQUIRE(d.error_count() == 1);
       CHECK(d.mentions("event 0: error: \"dur\": a number too large for a double"));
       CHECK(d.items.front().message.size() < 300);
     }
     SUBCASE("in the bare array form, after an event that reads") {
       diagnostics d;
-      read(R"([{"ph":"i","name":"a","pid":0,"tid":1,"ts":1},{"ph":"i","name":"b","pid":0,"tid":1,"ts":-1e999}])", d);
-      INFO(all(d));
+      read_text(R"([{"ph":"i","name":"a","pid":0,"tid":1,"ts":1},{"ph":"i","name":"b","pid":0,"tid":1,"ts":-1e999}])", d);
+      INFO(all_findings(d));
       CHECK(d.mentions("event 1: error: \"ts\": a number too large for a double"));
     }
   }
@@ -61,36 +61,36 @@ TEST_SUITE("trace.limits") {
   TEST_CASE("nesting deeper than max_json_depth is refused, and no later walk overflows") {
     SUBCASE("100,000 levels") {
       diagnostics d;
-      read(nested_args(100000), d);
-      INFO(all(d));
+      read_text(nested_args(100000), d);
+      INFO(all_findings(d));
       REQUIRE(d.error_count() == 1);
       CHECK(d.mentions("t.json: event 0: error: JSON nested deeper than 256 levels"));
     }
     SUBCASE("outside the event array") {
       diagnostics d;
-      read(R"({"traceEvents":[],"nerve":)" + std::string(5000, '[') + std::string(5000, ']') + "}", d);
-      INFO(all(d));
+      read_text(R"({"traceEvents":[],"nerve":)" + std::string(5000, '[') + std::string(5000, ']') + "}", d);
+      INFO(all_findings(d));
       CHECK(d.mentions("t.json: error: JSON nested deeper than 256 levels"));
     }
     SUBCASE("just inside the bound the file reads, its args kept as text") {
       diagnostics d;
       // The event array and the event object take two levels, args and "x" two more.
-      auto t = read(nested_args(max_json_depth - 4), d);
-      INFO(all(d));
+      auto t = read_text(nested_args(max_json_depth - 4), d);
+      INFO(all_findings(d));
       CHECK(d.items.empty());
       REQUIRE(t.events.size() == 1);
       CHECK(t.extras.at(t.events[0].extra).size() > std::size_t(2 * (max_json_depth - 4)));
     }
     SUBCASE("one level more is refused") {
       diagnostics d;
-      read(nested_args(max_json_depth - 3), d);
+      read_text(nested_args(max_json_depth - 3), d);
       CHECK(d.mentions("nested deeper than"));
     }
   }
 
   TEST_CASE("times outside 0 to max_time_us are errors naming the event and the range") {
     diagnostics d;
-    read(R"({"traceEvents":[
+    read_text(R"({"traceEvents":[
       {"ph":"X","name":"huge","pid":0,"tid":1,"ts":1e308,"dur":1},
       {"ph":"X","name":"negative","pid":0,"tid":1,"ts":-5,"dur":1},
       {"ph":"X","name":"sum overflows","pid":0,"tid":1,"ts":1e15,"dur":1e308},
@@ -100,7 +100,7 @@ TEST_SUITE("trace.limits") {
       {"ph":"X","name":"fine","pid":0,"tid":1,"ts":3.9e15,"dur":1e14}
     ]})",
          d);
-    INFO(all(d));
+    INFO(all_findings(d));
     CHECK(d.mentions("event 0: error: ph \"X\" name \"huge\": \"ts\" 1e+308 is out of range: times must lie from 0 to 4e+15 µs"));
     CHECK(d.mentions("event 1: error: ph \"X\" name \"negative\": \"ts\" -5 is out of range"));
     CHECK(d.mentions("event 2: error: ph \"X\" name \"sum overflows\": \"dur\" 1e+308 ends the event after 4e+15 µs"));
@@ -112,7 +112,7 @@ TEST_SUITE("trace.limits") {
 
   TEST_CASE("numbers outside their field's type are errors, not clipped") {
     diagnostics d;
-    read(R"({"traceEvents":[
+    read_text(R"({"traceEvents":[
       {"ph":"X","name":"mb","pid":0,"tid":1,"ts":1,"dur":1,"args":{"mb":1e300}},
       {"ph":"X","name":"sender","pid":0,"tid":1,"ts":1,"dur":1,"args":{"sender":18446744073709551615}},
       {"ph":"X","name":"stage","pid":0,"tid":1,"ts":1,"dur":1,"args":{"stage":-2147483649}},
@@ -122,7 +122,7 @@ TEST_SUITE("trace.limits") {
       {"ph":"f","bp":"e","name":"flow","pid":0,"tid":1,"ts":2,"id":1e300}
     ],"nerve":{"version":1,"schedule":{"stages":1,"chunks":5000,"actions":[[{"op":"F","mb":0,"chunk":1e12}]]}}})",
          d);
-    INFO(all(d));
+    INFO(all_findings(d));
     CHECK(d.mentions("event 0: error: ph \"X\" name \"mb\": \"args.mb\" 1e+300 is out of range: it must be an integer from -2^31 to 2^31-1"));
     CHECK(d.mentions("event 1: error: ph \"X\" name \"sender\": \"args.sender\" 18446744073709551615 is out of range"));
     CHECK(d.mentions("event 2: error: ph \"X\" name \"stage\": \"args.stage\" -2147483649 is out of range"));
@@ -138,7 +138,7 @@ TEST_SUITE("trace.limits") {
       const auto dir = std::filesystem::temp_directory_path().string();
       diagnostics d;
       read_trace_file(dir, d);
-      INFO(all(d));
+      INFO(all_findings(d));
       CHECK(d.mentions(dir + ": error: cannot read it: it is a directory"));
     }
     SUBCASE("a missing file") {
@@ -151,7 +151,7 @@ TEST_SUITE("trace.limits") {
       if (!std::filesystem::exists("/proc/self/mem")) return;
       diagnostics d;
       read_trace_file("/proc/self/mem", d);
-      INFO(all(d));
+      INFO(all_findings(d));
       CHECK(d.mentions("/proc/self/mem: error: cannot read the file"));
     }
   }
