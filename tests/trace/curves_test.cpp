@@ -157,14 +157,14 @@ TEST_SUITE("trace.curves") {
     const std::string lr_find_run =
         R"({"kind":"run","format":"nerve-metrics-1","lr_find":{"min_lr":1e-07,"max_lr":10,"steps":3},)"
         R"("settings":{"model":"mlp"}})" "\n";
-    auto c = read(lr_find_run + step_line(0, 1) + step_line(1, 1) + step_line(2, 1), d);
+    auto c = read_curves(lr_find_run + step_line(0, 1) + step_line(1, 1) + step_line(2, 1), d);
     REQUIRE(c.runs.size() == 1);
     CHECK(c.runs[0].lr_find);
     CHECK(c.runs[0].description == "mlp, learning-rate range test");
     std::ostringstream out;
     write_curves_page(c, "lr", out);
     CHECK(out.str().find("\"lr_find\":true") != std::string::npos);
-    auto plain = read(run_line + step_line(0, 1), d);
+    auto plain = read_curves(run_line + step_line(0, 1), d);
     CHECK_FALSE(plain.runs[0].lr_find);
   }
 
