@@ -76,6 +76,26 @@ void broadcast(stream& s, binary_op f, const float* x, const float* v, float* y,
     case binary_op::mul: return of(s).launch(s.impl(), n, ops::broadcast<2>{x, v, y, period});
   }
 }
+void normalize(stream& s, const channel_geometry& g, const float* x, bool batch, float* mean, float* var, double eps,
+               float* xhat, float* rstd) {
+  if (!g.channels) return;
+  if (batch && !g.count()) throw error(errc::invalid_argument, "normalize: a channel without values");
+  of(s).launch(s.impl(), g.channels, ops::channel_stats{x, mean, var, rstd, g, eps, batch});
+  if (g.size()) of(s).launch(s.impl(), g.size(), ops::normalize_apply{x, mean, rstd, xhat, g.channels, g.inner});
+}
+void normalize_grad(stream& s, const channel_geometry& g, const float* xhat, const float* rstd, const float* dxhat,
+                    float* dx, float* scratch) {
+  if (!g.size()) return;
+  of(s).launch(s.impl(), g.channels, ops::normalize_grad_means{xhat, dxhat, scratch, g});
+  of(s).launch(s.impl(), g.size(), ops::normalize_grad_apply{xhat, rstd, dxhat, scratch, dx, g.channels, g.inner});
+}
+void channel_affine(stream& s, const channel_geometry& g, const float* x, const float* scale, const float* shift,
+                    float* y) {
+  if (g.size()) of(s).launch(s.impl(), g.size(), ops::channel_affine{x, scale, shift, y, g.channels, g.inner});
+}
+void channel_sums(stream& s, const channel_geometry& g, const float* x, const float* z, float* out) {
+  if (g.channels) of(s).launch(s.impl(), g.channels, ops::channel_sums{x, z, out, g});
+}
 void scale(stream& s, std::size_t n, float alpha, float* x) {
   if (n) of(s).launch(s.impl(), n, ops::scale{alpha, x});
 }

@@ -71,6 +71,28 @@ void copy2d(stream& s, std::size_t rows, std::size_t cols, const float* x, std::
 /// Inverted dropout's mask (layers/ops.hpp's `dropout_mask`, the same draws).
 void dropout_mask(stream& s, std::uint64_t key, double p, float scale, float* mask, std::size_t n);
 
+/// Data viewed as `[outer, channels, inner]` (layers::norm_geometry): a channel's values
+/// are its outer·inner elements.
+struct channel_geometry {
+  std::size_t outer = 1, channels = 1, inner = 1;
+  constexpr std::size_t count() const { return outer * inner; }
+  constexpr std::size_t size() const { return outer * channels * inner; }
+};
+/// Per channel: with `batch`, mean and biased variance of its values (summed in double,
+/// in element order) written to `mean` and `var`; without, read from them. Then
+/// rstd = 1/√(var + eps) and xhat = (x − mean)·rstd (layers/ops.hpp's `normalize`).
+void normalize(stream& s, const channel_geometry& g, const float* x, bool batch, float* mean, float* var, double eps,
+               float* xhat, float* rstd);
+/// dx = rstd·(dxhat − mean(dxhat) − xhat·mean(dxhat·xhat)) per channel; `scratch` holds
+/// 2·channels floats (the two means).
+void normalize_grad(stream& s, const channel_geometry& g, const float* xhat, const float* rstd, const float* dxhat,
+                    float* dx, float* scratch);
+/// y = x·scale[c] + shift[c] (`shift` null: none); y may be x.
+void channel_affine(stream& s, const channel_geometry& g, const float* x, const float* scale, const float* shift,
+                    float* y);
+/// out[c] += Σ x·z over each channel (`z` null: Σ x), summed in double.
+void channel_sums(stream& s, const channel_geometry& g, const float* x, const float* z, float* out);
+
 /// SGD as PyTorch's: g' = g + wd·w; v = momentum·v + g'; step = nesterov ? g' + momentum·v : v
 /// (just g' without momentum); w −= lr·step. `velocity` may be null when momentum is 0.
 struct sgd_params {

@@ -199,6 +199,86 @@ class cpu_ops final : public basic_op_set<S> {
     for (std::int64_t i = 0; i < n; ++i) mask[i] = counter_uniform(key, std::uint64_t(i)) >= p ? scale : S(0);
   }
 
+  // Channel c of element (o, c, i) of a [outer, channels, inner] view is at (o·C + c)·inner + i:
+  // each sum walks o then i, the order gpu/kernels/ops.hpp's kernels sum in.
+  void normalize(const norm_geometry& g, const S* x, bool batch, S* mean, S* var, double eps, S* xhat,
+                 S* rstd) override {
+    const std::int64_t C = g.channels, in = g.inner;
+    for (std::int64_t c = 0; c < C; ++c) {
+      double v;
+      if (batch) {
+        double sum = 0;
+        for (std::int64_t o = 0; o < g.outer; ++o)
+          for (const S* p = x + (o * C + c) * in; p != x + (o * C + c + 1) * in; ++p) sum += double(*p);
+        mean[c] = S(sum / double(g.count()));
+        double sq = 0;
+        for (std::int64_t o = 0; o < g.outer; ++o)
+          for (const S* p = x + (o * C + c) * in; p != x + (o * C + c + 1) * in; ++p) {
+            const double d = double(*p) - double(mean[c]);
+            sq += d * d;
+          }
+        v = sq / double(g.count());
+        var[c] = S(v);
+      } else {
+        v = double(var[c]);
+      }
+      rstd[c] = S(1.0 / std::sqrt(v + eps));
+      const S m = mean[c], r = rstd[c];
+      for (std::int64_t o = 0; o < g.outer; ++o) {
+        const std::int64_t at = (o * C + c) * in;
+        for (std::int64_t i = 0; i < in; ++i) xhat[at + i] = (x[at + i] - m) * r;
+      }
+    }
+  }
+  void normalize_grad(const norm_geometry& g, const S* xhat, const S* rstd, const S* dxhat, S* dx) override {
+    const std::int64_t C = g.channels, in = g.inner;
+    for (std::int64_t c = 0; c < C; ++c) {
+      double sg = 0, sgx = 0;
+      for (std::int64_t o = 0; o < g.outer; ++o)
+        for (std::int64_t i = (o * C + c) * in, end = i + in; i < end; ++i) {
+          sg += double(dxhat[i]);
+          sgx += double(dxhat[i]) * double(xhat[i]);
+        }
+      const S mean_g = S(sg / double(g.count())), mean_gx = S(sgx / double(g.count())), r = rstd[c];
+      for (std::int64_t o = 0; o < g.outer; ++o)
+        for (std::int64_t i = (o * C + c) * in, end = i + in; i < end; ++i)
+          dx[i] = r * (dxhat[i] - mean_g - xhat[i] * mean_gx);
+    }
+  }
+  void channel_affine(const norm_geometry& g, const S* x, const S* scale, const S* shift, S* y) override {
+    const std::int64_t C = g.channels, in = g.inner;
+    if (in == 1) {  // a per-feature map over rows (LayerNorm's): Eigen over each row
+      const_vec_map<S> A(scale, C);
+      for (std::int64_t o = 0; o < g.outer; ++o) {
+        vec_map<S> Y(y + o * C, C);
+        if (shift)
+          Y = const_vec_map<S>(x + o * C, C) * A + const_vec_map<S>(shift, C);
+        else
+          Y = const_vec_map<S>(x + o * C, C) * A;
+      }
+      return;
+    }
+    for (std::int64_t o = 0; o < g.outer; ++o)
+      for (std::int64_t c = 0; c < C; ++c) {
+        const std::int64_t at = (o * C + c) * in;
+        const S a = scale[c];
+        if (shift)
+          vec_map<S>(y + at, in) = const_vec_map<S>(x + at, in) * a + shift[c];
+        else
+          vec_map<S>(y + at, in) = const_vec_map<S>(x + at, in) * a;
+      }
+  }
+  void channel_sums(const norm_geometry& g, const S* x, const S* z, S* out) override {
+    const std::int64_t C = g.channels, in = g.inner;
+    for (std::int64_t c = 0; c < C; ++c) {
+      double acc = 0;
+      for (std::int64_t o = 0; o < g.outer; ++o)
+        for (std::int64_t i = (o * C + c) * in, end = i + in; i < end; ++i)
+          acc += z ? double(x[i]) * double(z[i]) : double(x[i]);
+      out[c] += S(acc);
+    }
+  }
+
   void conv2d(const window_geometry& g, std::int64_t oc, const S* x, const S* w, const S* bias, S* y) override {
     const std::int64_t pr = g.patch_rows(), pc = g.patch_cols(), in = g.channels * g.height * g.width;
     Eigen::Matrix<S, Eigen::Dynamic, 1> col(pr * pc);

@@ -37,9 +37,9 @@ namespace nerve::layers {
 /// What an op set may run (`basic_op_set::supports`).
 enum class op_kind : std::uint8_t {
   gemm, gemm_bias, unary, unary_grad, binary, broadcast, column_sums, axpy, scale, fill, copy, copy2d, conv2d,
-  pool2d, dropout_mask
+  pool2d, dropout_mask, norm
 };
-inline constexpr std::size_t op_kinds = 15;
+inline constexpr std::size_t op_kinds = 16;
 
 // GCC 12 takes a scoped enumerator for a shadow of the layer aliases of the same name
 // (layers/activation.hpp's `relu`, …), which it cannot be.
@@ -71,6 +71,17 @@ struct window_geometry {
   constexpr std::int64_t patch_rows() const noexcept { return channels * kernel_h * kernel_w; }
   /// Its columns: out_h·out_w.
   constexpr std::int64_t patch_cols() const noexcept { return out_h() * out_w(); }
+};
+
+/// Data viewed as `[outer, channels, inner]`, row-major: what the normalisation and
+/// per-channel ops work over. A channel's values are its `outer·inner` elements
+/// (BatchNorm: `[N, C, H·W]`; LayerNorm's statistics: `[1, N, features]`, a channel per
+/// sample; a per-feature affine map: `[N, features, 1]`).
+struct norm_geometry {
+  std::int64_t outer = 1, channels = 1, inner = 1;
+  /// The values of one channel: outer·inner.
+  constexpr std::int64_t count() const noexcept { return outer * inner; }
+  constexpr std::int64_t size() const noexcept { return outer * channels * inner; }
 };
 
 /// Draw `i` of the uniform stream `key`, in [0, 1): SplitMix64's output for counter
@@ -155,6 +166,21 @@ class basic_op_set {
   virtual void copy2d(std::int64_t rows, std::int64_t cols, const S* x, std::int64_t ldx, S* y, std::int64_t ldy) = 0;
   /// Inverted dropout's mask: `mask[i] = scale` where `counter_uniform(key, i) ≥ p`, else 0.
   virtual void dropout_mask(std::uint64_t key, double p, S scale, S* mask, std::int64_t n) = 0;
+
+  /// Normalises each channel of `x` (`g`): with `batch`, the channel's mean and biased
+  /// variance are computed (summed in double, in element order) and written to `mean`
+  /// and `var`; without, they are read from there (running statistics). Then
+  /// `rstd[c] = 1/√(var[c] + eps)` and `xhat = (x − mean[c])·rstd[c]`.
+  virtual void normalize(const norm_geometry& g, const S* x, bool batch, S* mean, S* var, double eps, S* xhat,
+                         S* rstd) = 0;
+  /// The input's gradient of a normalisation with batch statistics, from x̂'s `dxhat`:
+  /// `dx = rstd[c]·(dxhat − mean_c(dxhat) − xhat·mean_c(dxhat·xhat))`, the means summed
+  /// in double.
+  virtual void normalize_grad(const norm_geometry& g, const S* xhat, const S* rstd, const S* dxhat, S* dx) = 0;
+  /// `y = x·scale[c] + shift[c]` per channel (`shift` null: none). y may be x.
+  virtual void channel_affine(const norm_geometry& g, const S* x, const S* scale, const S* shift, S* y) = 0;
+  /// `out[c] += Σ x·z` over each channel's values (`z` null: `Σ x`), summed in double.
+  virtual void channel_sums(const norm_geometry& g, const S* x, const S* z, S* out) = 0;
 
   /// Convolution (cross-correlation) of the images `x` (`g`) with `w`
   /// (`[out_channels, channels, kernel_h, kernel_w]`) plus `bias` (`[out_channels]`, or
@@ -281,8 +307,10 @@ class basic_ops {
 
 /// A layer written once with ops: it runs on the CPU through `basic_layer`'s calls (the
 /// CPU's op set) and on any backend that runs op layers (gpu's device backend) with the
-/// same `compute`. Parameters are the layer's host tensors (`parameters()`); a backend
-/// passes them as arrays in that order, mirrored where it keeps them.
+/// same `compute`. Parameters are the layer's host tensors (`parameters()`), then its
+/// buffers (`buffers()`, BatchNorm's running statistics); a backend passes them as
+/// arrays in that order, mirrored where it keeps them. `compute` may change a buffer
+/// (in training); only parameters get gradients.
 template <class S>
 class basic_op_layer : public basic_layer<S> {
  public:
@@ -291,8 +319,8 @@ class basic_op_layer : public basic_layer<S> {
   using typename basic_layer<S>::stash_type;
   using typename basic_layer<S>::forward_result;
 
-  /// Forward, written once: `inputs` and `params` (in `parameters()` order) are arrays
-  /// on `o`'s backend. Without a hand-written backward the tape records the ops in
+  /// Forward, written once: `inputs` and `params` (`parameters()`, then `buffers()`) are
+  /// arrays on `o`'s backend. Without a hand-written backward the tape records the ops in
   /// training; with one, `keep` gets what `backward` needs.
   virtual array compute(basic_ops<S>& o, std::span<const array> inputs, std::span<const array> params,
                         std::vector<array>& keep, const forward_context& context) = 0;
@@ -308,7 +336,7 @@ class basic_op_layer : public basic_layer<S> {
     return {};
   }
   /// Hand-written W: this micro-batch's parameter gradients added into `grads` (in
-  /// `parameters()` order).
+  /// `parameters()` order; `params` as `compute` had them).
   virtual void grad_weight(basic_ops<S>& o, std::span<const array> keep, std::span<const array> params,
                            const array& dy, std::span<const array> grads) {
     (void)o, (void)keep, (void)params, (void)dy, (void)grads;
@@ -330,9 +358,10 @@ template <class S>
 class basic_op_run {
  public:
   using array = basic_array<S>;
-  /// Forward of `l` on `set` with `inputs`, `params`; records when `train`.
-  basic_op_run(basic_op_layer<S>& l, basic_op_set<S>& set, std::vector<array> inputs,
-               std::vector<array> params, bool train, const forward_context& context);
+  /// Forward of `l` on `set` with `inputs`, `params` (the parameters, then the buffers:
+  /// `parameters` of them are parameters); records when `train`.
+  basic_op_run(basic_op_layer<S>& l, basic_op_set<S>& set, std::vector<array> inputs, std::vector<array> params,
+               std::size_t parameters, bool train, const forward_context& context);
   /// The output; the caller may move it out (the run keeps its dims and tape slot).
   array& output() noexcept { return out_; }
   /// B: the wanted inputs' gradients (fresh memory, empty where not wanted).
@@ -349,6 +378,7 @@ class basic_op_run {
   basic_op_layer<S>& layer_;
   basic_op_set<S>& set_;
   std::vector<array> inputs_, params_, keep_;
+  std::size_t parameters_;  // params_' leading parameters (the rest: buffers)
   std::vector<std::vector<std::int64_t>> in_dims_;
   array out_;
   int out_id_ = -1;

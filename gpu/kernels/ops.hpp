@@ -135,6 +135,107 @@ struct broadcast {
   NERVE_HOST_DEVICE void operator()(std::size_t i) const { y[i] = combine<Op>(x[i], read_only(v[i % period])); }
 };
 
+/// Channel c of a [outer, channels, inner] view: where its row `o` starts.
+NERVE_HOST_DEVICE inline std::size_t channel_row(const channel_geometry& g, std::size_t o, std::size_t c) {
+  return (o * g.channels + c) * g.inner;
+}
+/// A channel's statistics (element i is channel i; one thread per channel): with `batch`
+/// its mean and biased variance, summed in double over rows then positions (the CPU's
+/// order); then 1/√(var + eps).
+struct channel_stats {
+  const float* x;
+  float* mean;
+  float* var;
+  float* rstd;
+  channel_geometry g;
+  double eps;
+  bool batch;
+  NERVE_HOST_DEVICE void operator()(std::size_t c) const {
+    double v;
+    if (batch) {
+      double sum = 0;
+      for (std::size_t o = 0; o < g.outer; ++o)
+        for (std::size_t i = channel_row(g, o, c), end = i + g.inner; i < end; ++i) sum += double(read_only(x[i]));
+      const float m = float(sum / double(g.count()));
+      double sq = 0;
+      for (std::size_t o = 0; o < g.outer; ++o)
+        for (std::size_t i = channel_row(g, o, c), end = i + g.inner; i < end; ++i) {
+          const double d = double(read_only(x[i])) - double(m);
+          sq += d * d;
+        }
+      v = sq / double(g.count());
+      mean[c] = m;
+      var[c] = float(v);
+    } else {
+      v = double(var[c]);
+    }
+    rstd[c] = float(1.0 / sqrt(v + eps));
+  }
+};
+/// xhat[i] = (x[i] − mean[c])·rstd[c].
+struct normalize_apply {
+  const float *x, *mean, *rstd;
+  float* xhat;
+  std::size_t channels, inner;
+  NERVE_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::size_t c = (i / inner) % channels;
+    xhat[i] = (read_only(x[i]) - read_only(mean[c])) * read_only(rstd[c]);
+  }
+};
+/// The two means normalisation's backward needs, per channel (one thread each):
+/// means[c] = mean(dxhat), means[channels + c] = mean(dxhat·xhat), summed in double.
+struct normalize_grad_means {
+  const float *xhat, *dxhat;
+  float* means;
+  channel_geometry g;
+  NERVE_HOST_DEVICE void operator()(std::size_t c) const {
+    double sg = 0, sgx = 0;
+    for (std::size_t o = 0; o < g.outer; ++o)
+      for (std::size_t i = channel_row(g, o, c), end = i + g.inner; i < end; ++i) {
+        const double d = double(read_only(dxhat[i]));
+        sg += d;
+        sgx += d * double(read_only(xhat[i]));
+      }
+    means[c] = float(sg / double(g.count()));
+    means[g.channels + c] = float(sgx / double(g.count()));
+  }
+};
+/// dx[i] = rstd[c]·(dxhat[i] − means[c] − xhat[i]·means[channels + c]).
+struct normalize_grad_apply {
+  const float *xhat, *rstd, *dxhat, *means;
+  float* dx;
+  std::size_t channels, inner;
+  NERVE_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::size_t c = (i / inner) % channels;
+    dx[i] = read_only(rstd[c]) *
+            (read_only(dxhat[i]) - read_only(means[c]) - read_only(xhat[i]) * read_only(means[channels + c]));
+  }
+};
+/// y[i] = x[i]·scale[c] + shift[c] (no shift when null). y may be x.
+struct channel_affine {
+  const float *x, *scale, *shift;
+  float* y;
+  std::size_t channels, inner;
+  NERVE_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::size_t c = (i / inner) % channels;
+    const float v = x[i] * read_only(scale[c]);
+    y[i] = shift ? v + read_only(shift[c]) : v;
+  }
+};
+/// out[c] += Σ x·z over channel c (z null: Σ x), in double; one thread per channel.
+struct channel_sums {
+  const float *x, *z;
+  float* out;
+  channel_geometry g;
+  NERVE_HOST_DEVICE void operator()(std::size_t c) const {
+    double acc = 0;
+    for (std::size_t o = 0; o < g.outer; ++o)
+      for (std::size_t i = channel_row(g, o, c), end = i + g.inner; i < end; ++i)
+        acc += z ? double(read_only(x[i])) * double(read_only(z[i])) : double(read_only(x[i]));
+    out[c] += float(acc);
+  }
+};
+
 struct axpy {
   float alpha;
   const float* x;
@@ -361,7 +462,8 @@ using pointwise_op =
                  activation_backward<activation::leaky_relu>, activation_backward<activation::sigmoid>,
                  activation_backward<activation::tanh>, activation_backward<activation::gelu>, bias_add,
                  softmax_xent_backward, axpy, scale, fill, sgd_update, adam_update, binary<0>, binary<1>,
-                 binary<2>, broadcast<0>, broadcast<1>, broadcast<2>, copy2d, dropout_mask>;
+                 binary<2>, broadcast<0>, broadcast<1>, broadcast<2>, copy2d, dropout_mask, channel_stats,
+                 normalize_apply, normalize_grad_means, normalize_grad_apply, channel_affine, channel_sums>;
 /// Every window op (`backend::launch`, over its `size()` elements).
 using window_op = std::variant<im2col, col2im, pool_forward<true>, pool_forward<false>, pool_backward<true>,
                                pool_backward<false>>;

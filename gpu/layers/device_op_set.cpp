@@ -30,6 +30,9 @@ window_geometry kernel_window(const layers::window_geometry& g) {
   return {int(g.batch),    int(g.channels), int(g.height), int(g.width),    int(g.kernel_h),
           int(g.kernel_w), int(g.pad_h),    int(g.pad_w),  int(g.stride_h), int(g.stride_w)};
 }
+channel_geometry kernel_channels(const layers::norm_geometry& g) {
+  return {std::size_t(g.outer), std::size_t(g.channels), std::size_t(g.inner)};
+}
 binary_op to_binary(layers::binary_fn f) {
   switch (f) {
     case layers::binary_fn::add: return binary_op::add;
@@ -163,6 +166,26 @@ void device_op_set::conv2d_grad_weight(const layers::window_geometry& lg, std::i
   gpu::column_sums(s_, dy, std::size_t(g.batch), std::size_t(k * pc), pixel_sums.data(), 0.0f);
   gpu::gemm(s_, transpose::no, transpose::no, int(k), 1, int(pc), 1.0f, pixel_sums.data(), int(pc),
             ones(std::size_t(pc)), 1, 1.0f, dbias, 1);
+}
+
+void device_op_set::normalize(const layers::norm_geometry& g, const float* x, bool batch, float* mean, float* var,
+                              double eps, float* xhat, float* rstd) {
+  gpu::normalize(s_, kernel_channels(g), x, batch, mean, var, eps, xhat, rstd);
+}
+
+void device_op_set::normalize_grad(const layers::norm_geometry& g, const float* xhat, const float* rstd,
+                                   const float* dxhat, float* dx) {
+  device_tensor means(s_, {2, std::max<std::size_t>(1, std::size_t(g.channels))});  // freed in stream order
+  gpu::normalize_grad(s_, kernel_channels(g), xhat, rstd, dxhat, dx, means.data());
+}
+
+void device_op_set::channel_affine(const layers::norm_geometry& g, const float* x, const float* scale,
+                                   const float* shift, float* y) {
+  gpu::channel_affine(s_, kernel_channels(g), x, scale, shift, y);
+}
+
+void device_op_set::channel_sums(const layers::norm_geometry& g, const float* x, const float* z, float* out) {
+  gpu::channel_sums(s_, kernel_channels(g), x, z, out);
 }
 
 void device_op_set::pool2d(layers::pool_fn f, const layers::window_geometry& lg, const float* x, float* y) {

@@ -44,6 +44,13 @@ class device_op_set final : public layers::op_set {
                          float* dx) override;
   void conv2d_grad_weight(const layers::window_geometry& g, std::int64_t out_channels, const float* x,
                           const float* dy, float* dw, float* dbias) override;
+  void normalize(const layers::norm_geometry& g, const float* x, bool batch, float* mean, float* var, double eps,
+                 float* xhat, float* rstd) override;
+  void normalize_grad(const layers::norm_geometry& g, const float* xhat, const float* rstd, const float* dxhat,
+                      float* dx) override;
+  void channel_affine(const layers::norm_geometry& g, const float* x, const float* scale, const float* shift,
+                      float* y) override;
+  void channel_sums(const layers::norm_geometry& g, const float* x, const float* z, float* out) override;
   void pool2d(layers::pool_fn f, const layers::window_geometry& g, const float* x, float* y) override;
   void pool2d_grad(layers::pool_fn f, const layers::window_geometry& g, const float* x, const float* dy,
                    float* dx) override;
