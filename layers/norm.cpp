@@ -1,6 +1,6 @@
 #include "layers/norm.hpp"
 
-#include <cmath>
+#include <stdexcept>
 
 namespace nerve::layers {
 
@@ -34,56 +34,55 @@ shape basic_layer_norm<Scalar>::infer_shape(std::span<const shape> inputs) const
 }
 
 template <class Scalar>
-auto basic_layer_norm<Scalar>::do_forward(std::vector<tensor_type>& inputs, const forward_context&)
-    -> forward_result {
-  const tensor_type& x = inputs[0];
-  const std::int64_t n = x.batch(), f = x.features();
-  tensor_type xhat(n, shape_), rstd(n, {1});
-  for (std::int64_t s = 0; s < n; ++s) {
-    auto row = x.matrix().row(s).array();
-    const Scalar mean = row.sum() / Scalar(f);
-    const Scalar var = (row - mean).square().sum() / Scalar(f);
-    const Scalar r = Scalar(1) / std::sqrt(var + Scalar(eps_));
-    xhat.matrix().row(s).array() = (row - mean) * r;
-    rstd.data()[s] = r;
-  }
-  tensor_type y(n, shape_);
+auto basic_layer_norm<Scalar>::compute(basic_ops<Scalar>& o, std::span<const array> in, std::span<const array> params,
+                                       std::vector<array>& keep, const forward_context&) -> array {
+  const array& x = in[0];
+  const std::int64_t n = x.rows(), f = x.cols();
+  auto& set = o.set();
+  array xhat = o.empty(x.dims), rstd = o.empty({n}), mean = o.empty({n}), var = o.empty({n});
+  set.normalize({1, n, f}, x.data, true, mean.data, var.data, eps_, xhat.data, rstd.data);
+  array y;
   if (affine_) {
-    y.matrix().array() = xhat.matrix().array().rowwise() * weight_.matrix().row(0).array();
-    if (bias_) y.matrix().array().rowwise() += b_.matrix().row(0).array();
-  } else {
-    y.matrix() = xhat.matrix();
+    y = o.empty(x.dims);
+    set.channel_affine({n, f, 1}, xhat.data, params[0].data, bias_ ? params[1].data : nullptr, y.data);
+  } else {  // x̂ is the output; kept as well, it leaves as a copy
+    y = o.training() ? o.clone(xhat) : xhat;
   }
-  return this->with_stash(std::move(y), std::move(xhat), std::move(rstd));
+  if (o.training()) {
+    keep.push_back(std::move(xhat));
+    keep.push_back(std::move(rstd));
+  }
+  return y;
 }
 
 template <class Scalar>
-auto basic_layer_norm<Scalar>::do_backward_input(const stash_type& saved, const tensor_type& dy, input_mask wanted)
-    -> std::vector<tensor_type> {
-  std::vector<tensor_type> g(1);
+auto basic_layer_norm<Scalar>::grad_input(basic_ops<Scalar>& o, std::span<const array> keep,
+                                          std::span<const array> params, const array& dy, input_mask wanted)
+    -> std::vector<array> {
+  std::vector<array> g(1);
   if (!(wanted & 1)) return g;
-  const tensor_type& xhat = saved.tensors[0];
-  const tensor_type& rstd = saved.tensors[1];
-  const std::int64_t n = dy.batch(), f = dy.features();
-  g[0] = tensor_type(n, shape_);
-  typename tensor_type::matrix_type gy =
-      affine_ ? typename tensor_type::matrix_type(dy.matrix().array().rowwise() * weight_.matrix().row(0).array())
-              : dy.matrix();
-  for (std::int64_t s = 0; s < n; ++s) {
-    auto gr = gy.row(s).array();
-    auto xr = xhat.matrix().row(s).array();
-    const Scalar mean_g = gr.sum() / Scalar(f);
-    const Scalar mean_gx = (gr * xr).sum() / Scalar(f);
-    g[0].matrix().row(s).array() = rstd.data()[s] * (gr - mean_g - xr * mean_gx);
+  const array &xhat = keep[0], &rstd = keep[1];
+  const std::int64_t n = xhat.rows(), f = xhat.cols();
+  auto& set = o.set();
+  const Scalar* dxhat = dy.data;  // dL/dx̂ = dy·weight
+  array scaled;
+  if (affine_) {
+    scaled = o.empty(xhat.dims);
+    set.channel_affine({n, f, 1}, dy.data, params[0].data, nullptr, scaled.data);
+    dxhat = scaled.data;
   }
+  g[0] = o.empty(xhat.dims);
+  set.normalize_grad({1, n, f}, xhat.data, rstd.data, dxhat, g[0].data);
   return g;
 }
 
 template <class Scalar>
-void basic_layer_norm<Scalar>::do_backward_weight(const stash_type& saved, const tensor_type& dy) {
+void basic_layer_norm<Scalar>::grad_weight(basic_ops<Scalar>& o, std::span<const array> keep, std::span<const array>,
+                                           const array& dy, std::span<const array> grads) {
   if (!affine_) return;
-  weight_grad_.matrix().row(0) += (dy.matrix().array() * saved.tensors[0].matrix().array()).matrix().colwise().sum();
-  if (bias_) b_grad_.matrix().row(0) += dy.matrix().colwise().sum();
+  const norm_geometry per_feature{keep[0].rows(), keep[0].cols(), 1};
+  o.set().channel_sums(per_feature, dy.data, keep[0].data, grads[0].data);  // Σ dy·x̂
+  if (bias_) o.set().channel_sums(per_feature, dy.data, nullptr, grads[1].data);
 }
 
 // ---- BatchNorm ---------------------------------------------------------------
@@ -128,103 +127,79 @@ shape basic_batch_norm<Scalar>::infer_shape(std::span<const shape> inputs) const
   return in;
 }
 
-// Channel c of sample s is the contiguous block [c·S, (c+1)·S) of row s, S = spatial size.
 template <class Scalar>
-auto basic_batch_norm<Scalar>::do_forward(std::vector<tensor_type>& inputs, const forward_context&)
-    -> forward_result {
-  const tensor_type& x = inputs[0];
-  const std::int64_t n = x.batch(), sp = x.features() / c_, count = n * sp;
-  tensor_type xhat(n, x.sample_shape()), rstd(1, {c_}), y(n, x.sample_shape());
-  const bool train = this->training();
-  if (train && count <= 1)
-    throw std::invalid_argument(this->label() + ": expected more than 1 value per channel when training, got input " +
-                                x.shape_string());
-  for (std::int64_t c = 0; c < c_; ++c) {
-    Scalar mean, r;
-    if (train) {
-      double sum = 0;
-      for (std::int64_t s = 0; s < n; ++s)
-        for (std::int64_t i = 0; i < sp; ++i) sum += x.row(s)[c * sp + i];
-      mean = Scalar(sum / double(count));
-      double sq = 0;
-      for (std::int64_t s = 0; s < n; ++s)
-        for (std::int64_t i = 0; i < sp; ++i) {
-          const double d = double(x.row(s)[c * sp + i]) - double(mean);
-          sq += d * d;
-        }
-      const double var = sq / double(count);
-      r = Scalar(1.0 / std::sqrt(var + eps_));
-      Scalar& rm = running_mean_.data()[c];
-      Scalar& rv = running_var_.data()[c];
-      rm = Scalar((1.0 - momentum_) * double(rm) + momentum_ * double(mean));
-      rv = Scalar((1.0 - momentum_) * double(rv) + momentum_ * var * double(count) / double(count - 1));
-    } else {
-      mean = running_mean_.data()[c];
-      r = Scalar(1.0 / std::sqrt(double(running_var_.data()[c]) + eps_));
-    }
-    rstd.data()[c] = r;
-    const Scalar w = affine_ ? weight_.data()[c] : Scalar(1), b = affine_ ? b_.data()[c] : Scalar(0);
-    for (std::int64_t s = 0; s < n; ++s)
-      for (std::int64_t i = 0; i < sp; ++i) {
-        const Scalar h = (x.row(s)[c * sp + i] - mean) * r;
-        xhat.row(s)[c * sp + i] = h;
-        y.row(s)[c * sp + i] = h * w + b;
-      }
-  }
-  if (train) ++batches_tracked_;
-  auto res = this->with_stash(std::move(y), std::move(xhat), std::move(rstd));
-  res.stash.indices.push_back(train ? 1 : 0);
-  return res;
+norm_geometry basic_batch_norm<Scalar>::channels_of(const std::vector<std::int64_t>& dims) const {
+  const array a{dims, nullptr, nullptr, -1};
+  return {a.rows(), c_, a.cols() / c_};
 }
 
 template <class Scalar>
-auto basic_batch_norm<Scalar>::do_backward_input(const stash_type& saved, const tensor_type& dy, input_mask wanted)
-    -> std::vector<tensor_type> {
-  std::vector<tensor_type> g(1);
-  if (!(wanted & 1)) return g;
-  const tensor_type& xhat = saved.tensors[0];
-  const tensor_type& rstd = saved.tensors[1];
-  const bool train = saved.indices[0] != 0;
-  const std::int64_t n = dy.batch(), sp = dy.features() / c_, count = n * sp;
-  g[0] = tensor_type(n, xhat.sample_shape());
-  for (std::int64_t c = 0; c < c_; ++c) {
-    const Scalar w = affine_ ? weight_.data()[c] : Scalar(1), r = rstd.data()[c];
-    Scalar mean_g = 0, mean_gx = 0;
-    if (train) {
-      double sg = 0, sgx = 0;
-      for (std::int64_t s = 0; s < n; ++s)
-        for (std::int64_t i = 0; i < sp; ++i) {
-          const double gy = double(dy.row(s)[c * sp + i]) * double(w);
-          sg += gy;
-          sgx += gy * double(xhat.row(s)[c * sp + i]);
-        }
-      mean_g = Scalar(sg / double(count));
-      mean_gx = Scalar(sgx / double(count));
-    }
-    for (std::int64_t s = 0; s < n; ++s)
-      for (std::int64_t i = 0; i < sp; ++i) {
-        const Scalar gy = dy.row(s)[c * sp + i] * w;
-        g[0].row(s)[c * sp + i] = r * (gy - mean_g - xhat.row(s)[c * sp + i] * mean_gx);
-      }
+auto basic_batch_norm<Scalar>::compute(basic_ops<Scalar>& o, std::span<const array> in, std::span<const array> params,
+                                       std::vector<array>& keep, const forward_context&) -> array {
+  const array& x = in[0];
+  const norm_geometry g = channels_of(x.dims);
+  const bool train = o.training();
+  const array &running_mean = params[affine_ ? 2 : 0], &running_var = params[affine_ ? 3 : 1];
+  auto& set = o.set();
+  array xhat = o.empty(x.dims), rstd = o.empty({c_});
+  if (train) {
+    if (g.count() <= 1)
+      throw std::invalid_argument(this->label() + ": expected more than 1 value per channel when training, got input " +
+                                  x.shape_string());
+    array mean = o.empty({c_}), var = o.empty({c_});
+    set.normalize(g, x.data, true, mean.data, var.data, eps_, xhat.data, rstd.data);
+    // running = (1 − momentum)·running + momentum·batch, the variance unbiased.
+    const double unbiased = double(g.count()) / double(g.count() - 1);
+    set.scale(c_, Scalar(1.0 - momentum_), running_mean.data);
+    set.axpy(c_, Scalar(momentum_), mean.data, running_mean.data);
+    set.scale(c_, Scalar(1.0 - momentum_), running_var.data);
+    set.axpy(c_, Scalar(momentum_ * unbiased), var.data, running_var.data);
+    ++batches_tracked_;
+  } else {
+    set.normalize(g, x.data, false, running_mean.data, running_var.data, eps_, xhat.data, rstd.data);
   }
+  array y;
+  if (affine_) {
+    y = o.empty(x.dims);
+    set.channel_affine(g, xhat.data, params[0].data, params[1].data, y.data);
+  } else {  // x̂ is the output; kept as well, it leaves as a copy
+    y = train ? o.clone(xhat) : xhat;
+  }
+  if (train) {
+    keep.push_back(std::move(xhat));
+    keep.push_back(std::move(rstd));
+  }
+  return y;
+}
+
+template <class Scalar>
+auto basic_batch_norm<Scalar>::grad_input(basic_ops<Scalar>& o, std::span<const array> keep,
+                                          std::span<const array> params, const array& dy, input_mask wanted)
+    -> std::vector<array> {
+  std::vector<array> g(1);
+  if (!(wanted & 1)) return g;
+  const array &xhat = keep[0], &rstd = keep[1];
+  const norm_geometry geo = channels_of(xhat.dims);
+  auto& set = o.set();
+  const Scalar* dxhat = dy.data;  // dL/dx̂ = dy·weight[c]
+  array scaled;
+  if (affine_) {
+    scaled = o.empty(xhat.dims);
+    set.channel_affine(geo, dy.data, params[0].data, nullptr, scaled.data);
+    dxhat = scaled.data;
+  }
+  g[0] = o.empty(xhat.dims);
+  set.normalize_grad(geo, xhat.data, rstd.data, dxhat, g[0].data);
   return g;
 }
 
 template <class Scalar>
-void basic_batch_norm<Scalar>::do_backward_weight(const stash_type& saved, const tensor_type& dy) {
+void basic_batch_norm<Scalar>::grad_weight(basic_ops<Scalar>& o, std::span<const array> keep, std::span<const array>,
+                                           const array& dy, std::span<const array> grads) {
   if (!affine_) return;
-  const tensor_type& xhat = saved.tensors[0];
-  const std::int64_t n = dy.batch(), sp = dy.features() / c_;
-  for (std::int64_t c = 0; c < c_; ++c) {
-    double sw = 0, sb = 0;
-    for (std::int64_t s = 0; s < n; ++s)
-      for (std::int64_t i = 0; i < sp; ++i) {
-        sw += double(dy.row(s)[c * sp + i]) * double(xhat.row(s)[c * sp + i]);
-        sb += double(dy.row(s)[c * sp + i]);
-      }
-    weight_grad_.data()[c] += Scalar(sw);
-    b_grad_.data()[c] += Scalar(sb);
-  }
+  const norm_geometry geo = channels_of(keep[0].dims);
+  o.set().channel_sums(geo, dy.data, keep[0].data, grads[0].data);  // Σ dy·x̂
+  o.set().channel_sums(geo, dy.data, nullptr, grads[1].data);
 }
 
 template class basic_layer_norm<float>;

@@ -2,21 +2,23 @@
 /// \file
 /// LayerNorm and BatchNorm (PyTorch semantics).
 
-#include "layers/layer.hpp"
+#include "layers/ops.hpp"
 
 namespace nerve::layers {
 
 /// Normalises each sample over all its scalars (PyTorch's `nn.LayerNorm` with
 /// `normalized_shape` equal to the whole sample shape), biased variance, then an
 /// elementwise affine map. Weight (ones) and bias (zeros) have the sample shape.
-/// Stash: x̂ and 1/σ per sample.
+///
+/// Written once with ops, for every backend: the statistics with `normalize` over
+/// `[1, N, features]` (a channel per sample), the affine map with `channel_affine` over
+/// `[N, features, 1]`. It keeps x̂ and 1/σ per sample.
 template <class Scalar>
-class basic_layer_norm final : public basic_layer<Scalar> {
+class basic_layer_norm final : public basic_op_layer<Scalar> {
  public:
   using typename basic_layer<Scalar>::tensor_type;
-  using typename basic_layer<Scalar>::stash_type;
-  using typename basic_layer<Scalar>::forward_result;
   using typename basic_layer<Scalar>::parameter_ref;
+  using typename basic_op_layer<Scalar>::array;
 
   explicit basic_layer_norm(shape normalized_shape, double eps = 1e-5, bool affine = true, bool bias = true);
   std::string_view kind() const noexcept override { return "LayerNorm"; }
@@ -27,12 +29,16 @@ class basic_layer_norm final : public basic_layer<Scalar> {
   tensor_type& weight_grad() noexcept { return weight_grad_; }
   tensor_type& bias_grad() noexcept { return b_grad_; }
 
+  array compute(basic_ops<Scalar>& o, std::span<const array> in, std::span<const array> params,
+                std::vector<array>& keep, const forward_context& context) override;
+  bool custom_backward() const noexcept override { return true; }
+  std::vector<array> grad_input(basic_ops<Scalar>& o, std::span<const array> keep, std::span<const array> params,
+                                const array& dy, input_mask wanted) override;
+  void grad_weight(basic_ops<Scalar>& o, std::span<const array> keep, std::span<const array> params,
+                   const array& dy, std::span<const array> grads) override;
+
  protected:
   shape infer_shape(std::span<const shape> inputs) const override;
-  forward_result do_forward(std::vector<tensor_type>& inputs, const forward_context& context) override;
-  std::vector<tensor_type> do_backward_input(const stash_type& saved, const tensor_type& grad_output,
-                                             input_mask wanted) override;
-  void do_backward_weight(const stash_type& saved, const tensor_type& grad_output) override;
 
  private:
   shape shape_;
@@ -52,14 +58,18 @@ class basic_layer_norm final : public basic_layer<Scalar> {
 /// accumulation over micro-batches is not the same as one large batch here.
 /// Buffers: `running_mean`, `running_var` (PyTorch also keeps
 /// `num_batches_tracked`, available from `batches_tracked()`).
+///
+/// Written once with ops, for every backend: `normalize` and `channel_affine` over
+/// `[N, C, H·W]`; the running statistics are buffers, so a device keeps and updates
+/// them where it runs the layer (and hands them back with the parameters). It keeps x̂
+/// and 1/σ per channel.
 template <class Scalar>
-class basic_batch_norm final : public basic_layer<Scalar> {
+class basic_batch_norm final : public basic_op_layer<Scalar> {
  public:
   using typename basic_layer<Scalar>::tensor_type;
-  using typename basic_layer<Scalar>::stash_type;
-  using typename basic_layer<Scalar>::forward_result;
   using typename basic_layer<Scalar>::parameter_ref;
   using typename basic_layer<Scalar>::buffer_ref;
+  using typename basic_op_layer<Scalar>::array;
 
   explicit basic_batch_norm(std::int64_t num_features, double eps = 1e-5, double momentum = 0.1,
                             bool affine = true);
@@ -75,14 +85,20 @@ class basic_batch_norm final : public basic_layer<Scalar> {
   tensor_type& running_var() noexcept { return running_var_; }
   std::int64_t batches_tracked() const noexcept { return batches_tracked_; }
 
+  array compute(basic_ops<Scalar>& o, std::span<const array> in, std::span<const array> params,
+                std::vector<array>& keep, const forward_context& context) override;
+  bool custom_backward() const noexcept override { return true; }
+  std::vector<array> grad_input(basic_ops<Scalar>& o, std::span<const array> keep, std::span<const array> params,
+                                const array& dy, input_mask wanted) override;
+  void grad_weight(basic_ops<Scalar>& o, std::span<const array> keep, std::span<const array> params,
+                   const array& dy, std::span<const array> grads) override;
+
  protected:
   shape infer_shape(std::span<const shape> inputs) const override;
-  forward_result do_forward(std::vector<tensor_type>& inputs, const forward_context& context) override;
-  std::vector<tensor_type> do_backward_input(const stash_type& saved, const tensor_type& grad_output,
-                                             input_mask wanted) override;
-  void do_backward_weight(const stash_type& saved, const tensor_type& grad_output) override;
 
  private:
+  /// `dims` (`[N, C, …]`) as `[N, C, H·W]`.
+  norm_geometry channels_of(const std::vector<std::int64_t>& dims) const;
   std::int64_t c_;
   double eps_, momentum_;
   bool affine_;

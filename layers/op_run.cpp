@@ -13,16 +13,19 @@ namespace nerve::layers {
 
 template <class S>
 basic_op_run<S>::basic_op_run(basic_op_layer<S>& l, basic_op_set<S>& set, std::vector<array> inputs,
-                              std::vector<array> params, bool train, const forward_context& context)
-    : layer_(l), set_(set), inputs_(std::move(inputs)), params_(std::move(params)) {
+                              std::vector<array> params, std::size_t parameters, bool train,
+                              const forward_context& context)
+    : layer_(l), set_(set), inputs_(std::move(inputs)), params_(std::move(params)), parameters_(parameters) {
+  detail::ops_require(parameters_ <= params_.size(), l.label() + ": " + std::to_string(parameters_) +
+                                                         " parameters among " + std::to_string(params_.size()) +
+                                                         " arrays");
   for (const auto& a : inputs_) in_dims_.push_back(a.dims);
-  if (train && !l.custom_backward()) {
+  for (auto& a : inputs_) a.id = -1;
+  for (auto& p : params_) p.id = -1;
+  if (train && !l.custom_backward()) {  // the inputs and parameters are the tape's leaves; buffers are not
     tape_ = std::make_unique<basic_tape<S>>(set);
     for (auto& a : inputs_) a.id = tape_->leaf();
-    for (auto& p : params_) p.id = tape_->leaf();
-  } else {
-    for (auto& a : inputs_) a.id = -1;
-    for (auto& p : params_) p.id = -1;
+    for (std::size_t j = 0; j < parameters_; ++j) params_[j].id = tape_->leaf();
   }
   basic_ops<S> o(set, tape_.get(), train);
   detail::enter_user_code();  // `compute` is the layer's: a user's, built with any -march
@@ -48,7 +51,7 @@ void basic_op_run<S>::run_tape(const array& dy) {
   if (!tape_) throw std::logic_error(layer_.label() + ": backward of a forward run in evaluation");
   tape_->backward(out_id_, dy);
   in_grads_.assign(inputs_.size(), array{});
-  param_grads_.assign(params_.size(), array{});
+  param_grads_.assign(parameters_, array{});
   for (std::size_t i = 0; i < inputs_.size(); ++i) {
     auto& g = tape_->grad(inputs_[i].id);
     if (g.empty()) continue;
@@ -60,7 +63,7 @@ void basic_op_run<S>::run_tape(const array& dy) {
     g.dims = inputs_[i].dims;
     in_grads_[i] = std::move(g);
   }
-  for (std::size_t j = 0; j < params_.size(); ++j) param_grads_[j] = tape_->grad(params_[j].id);
+  for (std::size_t j = 0; j < parameters_; ++j) param_grads_[j] = tape_->grad(params_[j].id);
 }
 
 template <class S>
@@ -90,8 +93,8 @@ auto basic_op_run<S>::backward_input(const array& dy, input_mask wanted) -> std:
 
 template <class S>
 void basic_op_run<S>::backward_weight(const array& dy, std::span<const array> grads) {
-  detail::ops_require(grads.size() == params_.size(), layer_.label() + ": " + std::to_string(grads.size()) +
-                                                   " gradients for " + std::to_string(params_.size()) + " parameters");
+  detail::ops_require(grads.size() == parameters_, layer_.label() + ": " + std::to_string(grads.size()) +
+                                                   " gradients for " + std::to_string(parameters_) + " parameters");
   if (layer_.custom_backward()) {
     basic_ops<S> o(set_);
     detail::enter_user_code();
@@ -145,6 +148,7 @@ basic_tensor<S> to_tensor(basic_array<S>&& a) {
   return t;
 }
 
+/// The layer's parameter values (then its buffers) or gradients, as arrays borrowing them.
 template <class S>
 std::vector<basic_array<S>> host_parameters(basic_layer<S>& l, bool grads) {
   std::vector<basic_array<S>> out;
@@ -153,6 +157,12 @@ std::vector<basic_array<S>> host_parameters(basic_layer<S>& l, bool grads) {
     a.dims = p.torch_shape;
     out.push_back(std::move(a));
   }
+  if (!grads)
+    for (auto& b : l.buffers()) {
+      auto a = host_array(*b.value);
+      a.dims = b.torch_shape;
+      out.push_back(std::move(a));
+    }
   return out;
 }
 
@@ -178,7 +188,7 @@ auto basic_op_layer<S>::do_forward(std::vector<tensor_type>& inputs, const forwa
   in.reserve(inputs.size());
   for (auto& t : inputs) in.push_back(owning_array(std::move(t)));
   auto run = std::make_unique<basic_op_run<S>>(*this, cpu_op_set<S>(), std::move(in), host_parameters(*this, false),
-                                               this->training(), context);
+                                               this->parameters().size(), this->training(), context);
   forward_result r{to_tensor(std::move(run->output())), {}};
   if (this->training()) {
     auto keep = std::make_shared<cpu_run<S>>();

@@ -140,6 +140,9 @@ void device_backend::download() {
     auto host = e->op->parameters();
     for (std::size_t i = 0; i < host.size(); ++i)
       copy_async(m.s, host[i].value->data(), e->parameters[i].value->data(), e->parameters[i].value->bytes());
+    auto host_buffers = e->op->buffers();  // running statistics, which training changed here
+    for (std::size_t i = 0; i < host_buffers.size(); ++i)
+      copy_async(m.s, host_buffers[i].value->data(), e->buffers[i]->data(), e->buffers[i]->bytes());
     m.s.synchronize();  // pageable host memory
   }
 }

@@ -14,10 +14,17 @@ void mirror_parameters(stream& s, node_entry& e) {
     fill_zero_async(s, g->data(), g->bytes());
     e.parameters.push_back({p.name, v, g});
   }
+  for (auto& b : e.op->buffers()) {
+    const shape_t shape{std::size_t(b.value->batch()), std::size_t(b.value->features())};
+    auto* v = e.op_tensors.emplace_back(std::make_unique<device_tensor>(s, shape)).get();
+    copy_async(s, v->data(), b.value->data(), v->bytes());
+    e.buffers.push_back(v);
+  }
   s.synchronize();  // pageable host memory
 }
 
-/// The op layer's parameter values (or gradients) as arrays the op set reads.
+/// The op layer's parameter values, then its buffers (or the parameters' gradients), as
+/// arrays the op set reads.
 std::vector<layers::array> parameter_arrays(node_entry& e, bool grads) {
   std::vector<layers::array> out;
   auto host = e.op->parameters();
@@ -25,6 +32,10 @@ std::vector<layers::array> parameter_arrays(node_entry& e, bool grads) {
     auto* t = grads ? e.parameters[i].grad : e.parameters[i].value;
     out.push_back({host[i].torch_shape, t->data(), nullptr, -1});
   }
+  if (grads) return out;
+  auto host_buffers = e.op->buffers();
+  for (std::size_t i = 0; i < e.buffers.size(); ++i)
+    out.push_back({host_buffers[i].torch_shape, e.buffers[i]->data(), nullptr, -1});
   return out;
 }
 
@@ -45,7 +56,8 @@ class device_kernels final : public layers::layer_kernels {
     std::vector<layers::array> in;
     for (auto& v : inputs) in.push_back(device_op_set::array_of(tensor_of(v)));
     auto run = std::make_unique<layers::basic_op_run<float>>(*e_.op, *b_.ops, std::move(in),
-                                                             parameter_arrays(e_, false), train, context);
+                                                             parameter_arrays(e_, false), e_.parameters.size(),
+                                                             train, context);
     auto out = wrap(b_.ops->tensor_of(run->output()));
     if (train) {
       auto k = std::make_unique<op_kept>();

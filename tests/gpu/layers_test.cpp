@@ -32,6 +32,7 @@
 #include "layers/linear.hpp"
 #include "layers/loss.hpp"
 #include "layers/network.hpp"
+#include "layers/norm.hpp"
 #include "layers/plan.hpp"
 #include "layers/optimizer.hpp"
 #include "layers/pool.hpp"
@@ -131,6 +132,15 @@ std::vector<double> product_tolerance(const layers::tensor& magnitude, double k)
   return tol;
 }
 
+/// A normalisation's results: sums of a channel's values in double, then a few float
+/// operations, cancellation included (x − mean, dxhat − its mean): `rel` of the largest
+/// magnitude in `want`.
+std::vector<double> spread_tolerance(const layers::tensor& want, double rel) {
+  double top = 0;
+  for (std::int64_t i = 0; i < want.size(); ++i) top = std::max(top, std::abs(double(want.data()[i])));
+  return std::vector<double>(std::size_t(want.size()), rel * top + 1e-30);
+}
+
 std::vector<double> pointwise_tolerance(const layers::tensor& want, const layers::tensor* scale = nullptr) {
   std::vector<double> tol(std::size_t(want.size()));
   for (std::size_t i = 0; i < tol.size(); ++i) {
@@ -144,11 +154,12 @@ std::vector<double> pointwise_tolerance(const layers::tensor& want, const layers
 /// A layer's forward, B and W on the device: its own `compute` on the device's op set. Downloads what the checks compare.
 struct device_result {
   std::vector<float> y;
-  std::vector<std::vector<float>> dx, dw;
+  std::vector<std::vector<float>> dx, dw, buffers;
 };
 
+/// `buffers`: the layer's buffers as they were before the CPU's forward changed them.
 device_result run_on_device(layer_fixture& fx, layers::layer& cpu, std::vector<layers::tensor>& inputs,
-                            const layers::tensor& dy) {
+                            const layers::tensor& dy, const std::vector<layers::tensor>& buffers) {
   device_result r;
   std::vector<std::shared_ptr<gpu::device_tensor>> din;
   for (auto& t : inputs) din.push_back(std::make_shared<gpu::device_tensor>(gpu::upload(fx.s, t.data(), full_shape(t))));
@@ -165,12 +176,21 @@ device_result run_on_device(layer_fixture& fx, layers::layer& cpu, std::vector<l
       keep.push_back(std::make_shared<gpu::device_tensor>(gpu::upload(fx.s, zeros.data(), full_shape(*p.grad))));
       grads.push_back({p.torch_shape, keep.back()->data(), nullptr, -1});
     }
-    layers::basic_op_run<float> run(*op, set, std::move(in), std::move(params), true, {});
+    const std::size_t parameters = params.size();
+    auto host_buffers = cpu.buffers();
+    std::vector<gpu::device_tensor*> device_buffers;
+    for (std::size_t i = 0; i < host_buffers.size(); ++i) {  // running statistics, after the parameters
+      keep.push_back(std::make_shared<gpu::device_tensor>(gpu::upload(fx.s, buffers[i].data(), full_shape(buffers[i]))));
+      params.push_back({host_buffers[i].torch_shape, keep.back()->data(), nullptr, -1});
+      device_buffers.push_back(keep.back().get());
+    }
+    layers::basic_op_run<float> run(*op, set, std::move(in), std::move(params), parameters, true, {});
     r.y = gpu::download(fx.s, *set.tensor_of(run.output()));
     for (auto& g : run.backward_input(gpu::device_op_set::array_of(gpu_dy), layers::all_inputs))
       r.dx.push_back(gpu::download(fx.s, *set.tensor_of(g)));
     run.backward_weight(gpu::device_op_set::array_of(gpu_dy), grads);
     for (auto& g : grads) r.dw.push_back(gpu::download(fx.s, *set.tensor_of(g)));
+    for (auto* b : device_buffers) r.buffers.push_back(gpu::download(fx.s, *b));
     return r;
   }
   FAIL(cpu.kind() << " is not written with ops: a device would run it on the host");
@@ -178,11 +198,15 @@ device_result run_on_device(layer_fixture& fx, layers::layer& cpu, std::vector<l
 }
 
 /// One layer through forward, B and W on both sides. `make` builds a fresh CPU layer;
-/// `k_fwd`, `k_dx`, `k_dw` are the reduction lengths (0: pointwise, exact-ish).
+/// `k_fwd`, `k_dx`, `k_dw` are the reduction lengths (0: pointwise, exact-ish; negative:
+/// a normalisation, within 64 float roundings of each result's largest magnitude).
 void compare_layer(layer_fixture& fx, const std::function<std::unique_ptr<layers::layer>()>& make,
                    std::vector<layers::tensor> inputs, double k_fwd, double k_dx, double k_dw) {
   auto cpu = make();
   cpu->reset_parameters(fx.rng);
+  std::vector<layers::tensor> start_buffers;  // as the device starts (the CPU's forward changes them)
+  for (auto& b : cpu->buffers()) start_buffers.push_back(b.value->clone());
+  const double norm_rel = 64.0 * unit_roundoff;
 
   // CPU side (the inputs are moved into the stash: keep copies).
   std::vector<layers::tensor> cin, ain;
@@ -192,7 +216,7 @@ void compare_layer(layer_fixture& fx, const std::function<std::unique_ptr<layers
   }
   auto r = cpu->forward(std::move(cin));
   auto dy = fx.random(r.output.batch(), r.output.sample_shape());
-  const auto got = run_on_device(fx, *cpu, inputs, dy);
+  const auto got = run_on_device(fx, *cpu, inputs, dy, start_buffers);
   cpu->zero_grad();
   auto cdx = cpu->backward(std::move(r.stash), dy);
 
@@ -208,13 +232,22 @@ void compare_layer(layer_fixture& fx, const std::function<std::unique_ptr<layers
   auto mdx = mag->backward(std::move(mr.stash), abs_of(dy));
 
   const std::string kind(cpu->kind());
-  if (k_fwd > 0)
+  auto buffers = cpu->buffers();
+  REQUIRE(got.buffers.size() == buffers.size());
+  for (std::size_t i = 0; i < buffers.size(); ++i)
+    check_within(kind + " buffer " + buffers[i].name, got.buffers[i], values(*buffers[i].value),
+                 spread_tolerance(*buffers[i].value, norm_rel));
+  if (k_fwd < 0)
+    check_within(kind + " forward", got.y, values(r.output), spread_tolerance(r.output, norm_rel));
+  else if (k_fwd > 0)
     check_within(kind + " forward", got.y, values(r.output), product_tolerance(mr.output, k_fwd));
   else
     check_within(kind + " forward", got.y, values(r.output), pointwise_tolerance(r.output));
   REQUIRE(got.dx.size() == cdx.size());
   for (std::size_t i = 0; i < cdx.size(); ++i) {
-    if (k_dx > 0)
+    if (k_dx < 0)
+      check_within(kind + " dx" + std::to_string(i), got.dx[i], values(cdx[i]), spread_tolerance(cdx[i], norm_rel));
+    else if (k_dx > 0)
       check_within(kind + " dx" + std::to_string(i), got.dx[i], values(cdx[i]), product_tolerance(mdx[i], k_dx));
     else
       check_within(kind + " dx" + std::to_string(i), got.dx[i], values(cdx[i]), pointwise_tolerance(cdx[i], &dy));
@@ -224,7 +257,12 @@ void compare_layer(layer_fixture& fx, const std::function<std::unique_ptr<layers
   REQUIRE(got.dw.size() == want.size());
   for (std::size_t i = 0; i < want.size(); ++i) {
     // Bias gradients are plain sums of dy over the batch (and pixels): magnitude Σ|dy|.
-    check_within(kind + " grad " + want[i].name, got.dw[i], values(*want[i].grad), product_tolerance(*m[i].grad, k_dw));
+    if (k_dw < 0)
+      check_within(kind + " grad " + want[i].name, got.dw[i], values(*want[i].grad),
+                   spread_tolerance(*want[i].grad, norm_rel));
+    else
+      check_within(kind + " grad " + want[i].name, got.dw[i], values(*want[i].grad),
+                   product_tolerance(*m[i].grad, k_dw));
   }
 }
 
@@ -281,6 +319,21 @@ TEST_SUITE("gpu.layers") {
       v.push_back(fx.random(6, {3, 4, 4}));
       v.push_back(fx.random(6, {2, 4, 4}));
       compare_layer(fx, [] { return std::make_unique<layers::concat>(); }, std::move(v), 0, 0, 0);
+    }
+    SUBCASE("BatchNorm2d over 3 channels (batch statistics, running statistics updated)") {
+      compare_layer(fx, [] { return std::make_unique<layers::batch_norm>(3); }, one(5, {3, 4, 6}), -1, -1, -1);
+    }
+    SUBCASE("BatchNorm1d without the affine map") {
+      compare_layer(fx, [] { return std::make_unique<layers::batch_norm>(7, 1e-5, 0.3, false); }, one(9, {7}), -1, -1,
+                    -1);
+    }
+    SUBCASE("LayerNorm over [2, 3, 5]") {
+      compare_layer(fx, [] { return std::make_unique<layers::layer_norm>(layers::shape{2, 3, 5}); }, one(4, {2, 3, 5}),
+                    -1, -1, -1);
+    }
+    SUBCASE("LayerNorm without a bias") {
+      compare_layer(fx, [] { return std::make_unique<layers::layer_norm>(layers::shape{17}, 1e-5, true, false); },
+                    one(3, {17}), -1, -1, -1);
     }
     SUBCASE("Flatten") { compare_layer(fx, [] { return std::make_unique<layers::basic_flatten<float>>(); }, one(4, {3, 5, 5}), 0, 0, 0); }
     SUBCASE("Add") {

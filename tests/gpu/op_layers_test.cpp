@@ -159,8 +159,7 @@ TEST_SUITE("gpu.op_layers") {
 
 namespace {
 
-/// fc1 → bn (BatchNorm: no device kernels, so on a device it runs on the host) → relu →
-/// act (an op layer) → fc2: the three kinds of layer a device backend runs.
+/// fc1 → bn (BatchNorm, with buffers) → relu → act (a user's op layer) → fc2.
 layers::graph mixed_kinds() {
   layers::graph_builder b;
   b.input("input", {12});
@@ -206,7 +205,7 @@ TEST_SUITE("gpu.state") {
     const auto on_cpu = state_after(cpu_g, false);
     const auto on_dev = state_after(dev_g, true);
     // The same buffers under the same names from both backends: exp_avg and exp_avg_sq of
-    // fc1, bn (host-run), act (ops) and fc2's parameters, with their step counts.
+    // fc1, bn, act and fc2's parameters, with their step counts.
     auto names = [](const layers::optimizer_state& st) {
       std::set<std::string> n;
       for (const auto& b : st.buffers) n.insert(b.parameter + "/" + b.name);

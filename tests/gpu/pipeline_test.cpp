@@ -134,6 +134,13 @@ std::vector<std::vector<float>> weights(layers::graph& g) {
   return w;
 }
 
+/// The graph's buffers (BatchNorm's running statistics), as `weights`.
+std::vector<std::vector<float>> buffer_values(layers::graph& g) {
+  std::vector<std::vector<float>> w;
+  for (auto& b : g.buffers()) w.emplace_back(b.value->data(), b.value->data() + b.value->size());
+  return w;
+}
+
 void check_bitwise(layers::graph& a, layers::graph& b) {
   auto pa = a.parameters(), pb = b.parameters();
   REQUIRE(pa.size() == pb.size());
@@ -448,12 +455,15 @@ TEST_SUITE("gpu.pipeline") {
     (void)train(dev_g, plan, {true, true}, 3, &with);
     (void)train(plain_g, plan, {true, true}, 3, &without);
     REQUIRE(with.size() == 2);
-    const auto a = weights(cpu_g), b = weights(dev_g);
+    auto a = weights(cpu_g), b = weights(dev_g);
+    const std::size_t parameters = a.size();
+    for (auto& v : buffer_values(cpu_g)) a.push_back(std::move(v));  // downloaded with the weights
+    for (auto& v : buffer_values(dev_g)) b.push_back(std::move(v));
     REQUIRE(a.size() == b.size());
     for (std::size_t i = 0; i < a.size(); ++i) {
       double largest = 0;
       for (float v : a[i]) largest = std::max(largest, double(std::abs(v)));
-      gpu::test::check_within("weights of tensor " + std::to_string(i), b[i], a[i],
+      gpu::test::check_within((i < parameters ? "weights of tensor " : "buffer ") + std::to_string(i), b[i], a[i],
                               std::vector<double>(a[i].size(), 1e-4 * largest));
     }
     return with[0] + with[1] - without[0] - without[1];
@@ -468,6 +478,10 @@ TEST_SUITE("gpu.pipeline") {
 
   TEST_CASE("Dropout runs on the device, with the CPU's masks: no host copies, the CPU's weights") {
     CHECK(extra_host_copies(test::chain_extra::dropout) == 0);
+  }
+
+  TEST_CASE("BatchNorm runs on the device with its running statistics: no host copies, the CPU's weights and statistics") {
+    CHECK(extra_host_copies(test::chain_extra::batch_norm) == 0);
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include "layers/ops.hpp"
 #include "layers/linear.hpp"
+#include "layers/norm.hpp"
 #include "tests/layers/gradcheck.hpp"
 #include "tests/layers/op_layers.hpp"
 
@@ -229,6 +230,91 @@ TEST_CASE("an op linear equals the built-in Linear within rounding") {
   for (std::size_t p = 0; p < 2; ++p)
     for (std::int64_t i = 0; i < pm[p].grad->size(); ++i)
       CHECK(pm[p].grad->data()[i] == doctest::Approx(pt[p].grad->data()[i]));
+}
+
+TEST_CASE("the per-channel ops of the norms work over [outer, channels, inner], backward against differences") {
+  auto& set = cpu_op_set<double>();
+  std::mt19937_64 rng(11);
+  const norm_geometry g{3, 2, 4};  // channel c of row o: elements (o·2 + c)·4 … +3
+  auto x = random_array(set, {3, 8}, rng);
+  auto at = [&](const arr& a, std::int64_t o, std::int64_t c, std::int64_t i) { return a.data[(o * 2 + c) * 4 + i]; };
+
+  // Batch statistics: a channel's 12 values, mean and biased variance, then x̂.
+  auto mean = set.alloc({2}), var = set.alloc({2}), rstd = set.alloc({2}), xhat = set.alloc({3, 8});
+  set.normalize(g, x.data, true, mean.data, var.data, 1e-5, xhat.data, rstd.data);
+  for (std::int64_t c = 0; c < 2; ++c) {
+    double m = 0, v = 0;
+    for (std::int64_t o = 0; o < 3; ++o)
+      for (std::int64_t i = 0; i < 4; ++i) m += at(x, o, c, i) / 12;
+    for (std::int64_t o = 0; o < 3; ++o)
+      for (std::int64_t i = 0; i < 4; ++i) v += (at(x, o, c, i) - m) * (at(x, o, c, i) - m) / 12;
+    CHECK(mean.data[c] == doctest::Approx(m).epsilon(1e-14));
+    CHECK(var.data[c] == doctest::Approx(v).epsilon(1e-14));
+    CHECK(rstd.data[c] == doctest::Approx(1 / std::sqrt(v + 1e-5)).epsilon(1e-14));
+    for (std::int64_t o = 0; o < 3; ++o)
+      for (std::int64_t i = 0; i < 4; ++i)
+        CHECK(at(xhat, o, c, i) == doctest::Approx((at(x, o, c, i) - m) / std::sqrt(v + 1e-5)).epsilon(1e-13));
+  }
+
+  // Given statistics (evaluation): read, not written.
+  double given_mean[2] = {0.5, -1}, given_var[2] = {4, 0.25};
+  set.normalize(g, x.data, false, given_mean, given_var, 0.0, xhat.data, rstd.data);
+  CHECK(given_mean[0] == 0.5);
+  CHECK(given_var[1] == 0.25);
+  CHECK(rstd.data[0] == 0.5);
+  CHECK(rstd.data[1] == 2);
+  CHECK(at(xhat, 2, 1, 3) == doctest::Approx((at(x, 2, 1, 3) + 1) * 2).epsilon(1e-15));
+
+  // normalize_grad: the gradient of Σ r·x̂(x) with batch statistics, against central differences.
+  auto r = random_array(set, {3, 8}, rng), dx = set.alloc({3, 8});
+  set.normalize(g, x.data, true, mean.data, var.data, 1e-5, xhat.data, rstd.data);
+  set.normalize_grad(g, xhat.data, rstd.data, r.data, dx.data);
+  auto value = [&] {
+    auto m2 = set.alloc({2}), v2 = set.alloc({2}), s2 = set.alloc({2}), h = set.alloc({3, 8});
+    set.normalize(g, x.data, true, m2.data, v2.data, 1e-5, h.data, s2.data);
+    double sum = 0;
+    for (std::int64_t i = 0; i < 24; ++i) sum += r.data[i] * h.data[i];
+    return sum;
+  };
+  for (std::int64_t i = 0; i < 24; ++i) {
+    const double keep = x.data[i], h = 1e-6;
+    x.data[i] = keep + h;
+    const double up = value();
+    x.data[i] = keep - h;
+    const double down = value();
+    x.data[i] = keep;
+    CHECK(testing::close(dx.data[i], (up - down) / (2 * h), 1e-7));
+  }
+
+  // channel_affine and channel_sums: y = x·scale[c] + shift[c]; out[c] += Σ x·z.
+  double scale[2] = {2, -3}, shift[2] = {1, 0.5};
+  auto y = set.alloc({3, 8});
+  set.channel_affine(g, x.data, scale, shift, y.data);
+  CHECK(at(y, 1, 0, 2) == at(x, 1, 0, 2) * 2 + 1);
+  CHECK(at(y, 2, 1, 0) == at(x, 2, 1, 0) * -3 + 0.5);
+  set.channel_affine(g, x.data, scale, nullptr, y.data);
+  CHECK(at(y, 0, 1, 1) == at(x, 0, 1, 1) * -3);
+  double sums[2] = {10, 20}, dots[2] = {0, 0};
+  set.channel_sums(g, x.data, nullptr, sums);
+  set.channel_sums(g, x.data, r.data, dots);
+  for (std::int64_t c = 0; c < 2; ++c) {
+    double s = 0, d = 0;
+    for (std::int64_t o = 0; o < 3; ++o)
+      for (std::int64_t i = 0; i < 4; ++i) {
+        s += at(x, o, c, i);
+        d += at(x, o, c, i) * at(r, o, c, i);
+      }
+    CHECK(sums[c] == doctest::Approx(s + (c ? 20 : 10)).epsilon(1e-14));
+    CHECK(dots[c] == doctest::Approx(d).epsilon(1e-14));
+  }
+}
+
+TEST_CASE("BatchNorm refuses a training batch with one value per channel, naming the layer and the input") {
+  basic_batch_norm<float> bn(3);
+  bn.set_name("bn");
+  CHECK_THROWS_WITH_AS(bn.forward(tensor::zeros(1, {3})),
+                       "bn (BatchNorm): expected more than 1 value per channel when training, got input [1, 3]",
+                       std::invalid_argument);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "layers/activation.hpp"
 #include "layers/dropout.hpp"
+#include "layers/norm.hpp"
 #include "layers/graph.hpp"
 #include "layers/linear.hpp"
 
@@ -38,10 +39,10 @@ class host_half final : public layers::layer {
 };
 
 /// What `small_chain` puts between relu4 and fc5.
-enum class chain_extra { none, dropout, host_layer };
+enum class chain_extra { none, dropout, host_layer, batch_norm };
 
 /// input [12] → fc1 → relu1 → … → fc4 → relu4 [→ extra] → fc5 [4]: nine layers (ten with
-/// the extra: a Dropout(0.5), or a `host_half`).
+/// the extra: a Dropout(0.5), a `host_half`, or a BatchNorm with its running statistics).
 inline layers::graph small_chain(std::uint64_t seed = 7, chain_extra extra = chain_extra::none) {
   layers::graph_builder b;
   b.input("input", layers::shape{12});
@@ -58,6 +59,9 @@ inline layers::graph small_chain(std::uint64_t seed = 7, chain_extra extra = cha
   } else if (extra == chain_extra::host_layer) {
     b.add("half", std::make_unique<host_half>(), {prev});
     prev = "half";
+  } else if (extra == chain_extra::batch_norm) {
+    b.add("bn", layers::batch_norm(16), {prev});
+    prev = "bn";
   }
   b.add("fc5", layers::linear(16, 4), {prev});
   return b.build(seed);

@@ -66,9 +66,10 @@ struct op_kept final : layers::backend_data {
 struct node_entry {
   layers::graph::node_type* node;
   layers::op_layer* op = nullptr;                           // the op layer (the graph's); null: on the host
-  std::vector<std::unique_ptr<device_tensor>> op_tensors;  // its parameters' values and gradients
+  std::vector<std::unique_ptr<device_tensor>> op_tensors;  // its parameters' values and gradients, its buffers
   std::vector<device_parameter> parameters;                // in parameters() order
   device_parameters params;
+  std::vector<device_tensor*> buffers;  // in buffers() order (running statistics)
   /// A layer not written with ops runs on the host, in stream order (its inputs copied
   /// off the device, its output back on), stepped by a CPU optimizer.
   std::unique_ptr<layers::optimizer> host_opt;
@@ -107,7 +108,8 @@ struct host_kept final : layers::backend_data {
   std::size_t payload_bytes() const noexcept override { return bytes; }
 };
 
-/// The op layer's parameters mirrored on `s` (values uploaded, gradients zeroed; waits).
+/// The op layer's parameters and buffers mirrored on `s` (values uploaded, gradients
+/// zeroed; waits).
 void mirror_parameters(stream& s, node_entry& e);
 
 }  // namespace detail
