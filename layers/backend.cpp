@@ -98,6 +98,8 @@ class cpu_backend final : public backend {
   explicit cpu_backend(std::function<std::unique_ptr<optimizer>()> make) : make_(std::move(make)) {}
   std::string_view name() const noexcept override { return "cpu"; }
   std::unique_ptr<layer_kernels> kernels_for(graph::node_type& node) override {
+    if (!make_)
+      throw std::invalid_argument("layer '" + node.name + "': no optimizer factory given for a layer on the CPU");
     return std::make_unique<cpu_kernels>(node, make_());
   }
   value feed(tensor& batch, std::int64_t first, std::int64_t count, std::uint64_t) override {
@@ -128,12 +130,7 @@ class cpu_backend final : public backend {
 
 }  // namespace
 
-std::unique_ptr<layer_kernels> make_cpu_kernels(graph::node_type& n, std::unique_ptr<optimizer> opt) {
-  return std::make_unique<cpu_kernels>(n, std::move(opt));
-}
-
 std::shared_ptr<backend> make_cpu_backend(std::function<std::unique_ptr<optimizer>()> make) {
-  if (!make) throw std::invalid_argument("network: no optimizer factory given");
   return std::make_shared<cpu_backend>(std::move(make));
 }
 

@@ -221,11 +221,9 @@ inline void handle_backend_done(backend_done& d) {
   d.then();
 }
 
-/// One node's CPU kernels with its own optimizer (what the CPU backend's `kernels_for` makes;
-/// pipeline stages make theirs directly).
-std::unique_ptr<layer_kernels> make_cpu_kernels(graph::node_type& node, std::unique_ptr<optimizer> opt);
-
-/// The CPU backend: Eigen calls on the layer's loop, one optimizer per layer from `make`.
+/// The CPU backend: Eigen calls on the layer's loop, one optimizer per layer from `make`;
+/// a network's, and each CPU stage's of a pipeline. Without `make` it runs losses only
+/// (`kernels_for` refuses, naming the layer).
 std::shared_ptr<backend> make_cpu_backend(std::function<std::unique_ptr<optimizer>()> make);
 
 }  // namespace nerve::layers

@@ -128,8 +128,9 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
   if (piece_of[g0.output()] + 1 != P)
     throw std::invalid_argument("pipeline: the graph output '" + nodes0[g0.output()].name + "' is not in the last piece");
   const std::uint32_t last_stage = (P - 1) % S;
-  // Device stages: a backend over the stage's nodes, one per replica (each its own stream:
-  // several replicas may share a device), made from its replica's graph.
+  // A backend per stage of each replica here: a device's over the stage's nodes (each its
+  // own stream: several replicas may share a device), made from its replica's graph, or the
+  // CPU's. Another rank's stages stay null.
   backends_.assign(std::size_t(S) * replicas_, nullptr);
   for (std::uint32_t s = 0; s < S; ++s) {
     // The replicas of a stage sum their gradients where they are: all on devices or all on the CPU.
@@ -138,7 +139,11 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
         throw std::invalid_argument("pipeline: the replicas of stage " + std::to_string(s) +
                                     " must all run on devices or all on the CPU");
     for (std::uint32_t r = 0; r < replicas_; ++r) {
-      if (!factory_of(r, s) || !here(r, s)) continue;
+      if (!here(r, s)) continue;
+      if (!factory_of(r, s)) {
+        backends_[r * S + s] = layers::make_cpu_backend(make_optimizer);
+        continue;
+      }
       std::vector<std::size_t> mine;
       for (std::uint32_t k = 0; k < plan_.chunks; ++k)
         for (auto i : pieces_[plan_.piece(s, k)]) mine.push_back(i);
@@ -154,23 +159,23 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
   // carries host tensors) through the host.
   const auto crossing = [&](std::uint32_t r, std::uint32_t from, std::uint32_t to) {
     const auto &a = backends_[r * S + from], &b = backends_[r * S + to];
-    if (!a || from == to) return layers::crossing::none;
+    if (!a->on_device() || from == to) return layers::crossing::none;
     if (rank_of(r, from) != rank_of(r, to)) return layers::crossing::host;
-    return b && b->domain() == a->domain() ? layers::crossing::device : layers::crossing::host;
+    return b->on_device() && b->domain() == a->domain() ? layers::crossing::device : layers::crossing::host;
   };
   // Edges between ranks: a channel each, numbered in wiring order (the same on every rank).
   auto* link = options_.link.get();
   rank_link::channel next_channel = 0;
-  // A device last stage computes the loss on its stream where it can (its gate then
-  // enqueues it), so the logits and their gradient stay on the device.
-  bool device_loss = false;
+  // The last stage's backend computes the loss where it can (a device on its stream, so
+  // the logits and their gradient stay there); a loss a device cannot run is the CPU's.
+  bool own_loss = true;
   for (std::uint32_t r = 0; r < replicas_; ++r) {
     const auto& b = backends_[r * S + last_stage];
     if (!b) continue;
     try {
       b->check_loss(*criterion);
-      device_loss = true;
     } catch (const std::invalid_argument&) {
+      own_loss = false;
     }
   }
 
@@ -182,7 +187,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
     auto& nodes = g.nodes();
     const std::string group = replicas_ > 1 ? "replica " + std::to_string(r) : "pipeline";
     const auto* stage_backends = &backends_[std::size_t(r) * S];
-    const auto loss_backend = device_loss ? stage_backends[last_stage] : nullptr;
+    const auto loss_backend = own_loss ? stage_backends[last_stage] : layers::make_cpu_backend(nullptr);
     // The gates first: they supervise their layers. Another rank's stage keeps its index, empty.
     std::vector<stage_gate*> gates(S);
     for (std::uint32_t s = 0; s < S; ++s) {
@@ -209,10 +214,9 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
           .loop = loop_of(r, s),
           .capacity = std::size_t(M + 1) * (nodes[i].inputs.size() + flow.nodes[i].edge_count() + 4) + 16,
           .supervisor = stages_[r * S + s]};
-      auto& be = stage_backends[s];
       at[i] = rt_.spawn_with<layers::layer_actor>(
           so, nodes[i], std::uint32_t(i), flow.nodes[i],
-          be ? be->kernels_for(nodes[i]) : layers::make_cpu_kernels(nodes[i], make_optimizer()));
+          stage_backends[s]->kernels_for(nodes[i]));
       rt_.annotate(at[i].id(), int(s), group);
     }
     // Edges are bus signals, as in a network; forwards that enter a piece and gradients that
@@ -262,7 +266,8 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       auto& a = actor_at(i);
       // Its output leaves device-resident only toward one other stage of its device.
       for (auto t : to) gate.output = std::max(gate.output, crossing(r, s, t));
-      if (np.feeds_loss && stage_backends[s] && !loss_backend) gate.output = layers::crossing::host;  // a loss on the host
+      if (np.feeds_loss && loss_backend != stage_backends[s] && stage_backends[s]->on_device())
+        gate.output = layers::crossing::host;  // a device's output to a loss on the host
       if (gate.output == layers::crossing::device && to.size() > 1) gate.output = layers::crossing::host;
       for (auto x : nodes[i].inputs)
         gate.gradients.push_back(nodes[x].is_input() ? layers::crossing::none : crossing(r, s, stage_of(x)));
@@ -323,7 +328,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
           // A device stage's reducer takes its gradients off the device (or sums them among
           // the ranks' devices); the CPU's go to the ranks' all-reduce directly.
           actors::address reducer;
-          if (auto& be = backends_[r * S + s]) {
+          if (auto& be = backends_[r * S + s]; be->on_device()) {
             const actors::spawn_options so{.loop = local.loop(), .supervisor = stages_[r * S + s]};
             reducer = be->spawn_rank_reducer(rt_, so, name, local, how);
             if (reducer) reducers_.push_back(reducer);
@@ -339,7 +344,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       // Device stages sum where the gradients are (on the device, or NCCL across devices);
       // the CPU's on the host.
       actors::address reducer;
-      if (auto& be = backends_[s]) {
+      if (auto& be = backends_[s]; be->on_device()) {
         std::vector<layers::backend*> each;
         for (std::uint32_t r = 0; r < replicas_; ++r) each.push_back(backends_[r * S + s].get());
         reducer = be->spawn_reducer(rt_, so, name, members, each);
@@ -449,11 +454,6 @@ layers::bus_traffic pipeline::traffic() const {
   }
   return t;
 }
-
-layers::backend* pipeline::backend_of(std::size_t node) const noexcept {
-  return node < node_stage_.size() ? backends_[node_stage_[node]].get() : nullptr;
-}
-
 
 bool pipeline::stopped() const noexcept {
   for (auto* v : {&stages_, &layers_})

@@ -211,7 +211,8 @@ class pipeline {
   /// call between steps, never on a loop). CPU stages train the graph's layers in place.
   /// Across ranks, every rank's replica-0 graph then gets every other rank's stages too.
   void download();
-  /// The backend of each stage (null for a CPU stage): replica r's stage s at r * S + s.
+  /// The backend of each stage here (the CPU's for a CPU stage; null for another rank's):
+  /// replica r's stage s at r * S + s.
   const std::vector<std::shared_ptr<layers::backend>>& backends() const noexcept { return backends_; }
   /// The replica groups' all-reduce actors (one per layer with parameters; none for one replica).
   const std::vector<actors::address>& reducers() const noexcept { return reducers_; }
@@ -221,8 +222,6 @@ class pipeline {
   nlohmann::json trace_metadata() const;
 
  private:
-  /// The backend of a node's stage (null: the CPU).
-  layers::backend* backend_of(std::size_t node) const noexcept;
   /// The rank of replica r's stage s, and whether it is this one.
   int rank_of(std::uint32_t r, std::uint32_t s) const noexcept { return ranks_.empty() ? 0 : ranks_[r * plan_.stages + s]; }
   bool here(std::uint32_t r, std::uint32_t s) const noexcept { return rank_of(r, s) == me_; }

@@ -161,29 +161,20 @@ void stage_gate::on_evaluated(layers::forward_msg& m) {
                            std::to_string(mb) + " that no evaluation asked for");
   --outputs_due_;
   const auto& t = req_.targets[mb];
-  const bool scored = !t.labels.empty() || !t.values.empty();  // prediction: no targets
-  if (c_.loss_backend) {  // on the device, as in training; the figures come back with the stream
-    std::int64_t first = 0;
-    for (std::size_t k = 0; k < mb; ++k) first += req_.targets[k].size();
-    ++loss_reports_due_;
-    c_.loss_backend->loss(*this, *c_.criterion, std::move(m.x), t, first, req_.step, 1.0, false, req_.want_output,
-                          [](layers::value) {},
-                          [this, mb](layers::loss_figures& f) {
-                            rep_.losses[mb] = f.loss;
-                            rep_.correct[mb] = f.correct;
-                            if (req_.want_output) rep_.outputs[mb] = std::move(f.output);
-                            --loss_reports_due_;
-                            finish_evaluation();
-                          });
-    return;
-  }
-  if (scored) {
-    auto r = c_.criterion->forward(m.x.host, t);
-    rep_.losses[mb] = r.loss;
-    rep_.correct[mb] = r.correct;
-  }
-  if (req_.want_output) rep_.outputs[mb] = std::move(m.x.host);
-  finish_evaluation();
+  // On the last stage's backend, as in training: a device's figures come back with its
+  // stream, the CPU's at once.
+  std::int64_t first = 0;
+  for (std::size_t k = 0; k < mb; ++k) first += req_.targets[k].size();
+  ++loss_reports_due_;
+  c_.loss_backend->loss(*this, *c_.criterion, std::move(m.x), t, first, req_.step, 1.0, false, req_.want_output,
+                        [](layers::value) {},
+                        [this, mb](layers::loss_figures& f) {
+                          rep_.losses[mb] = f.loss;
+                          rep_.correct[mb] = f.correct;
+                          if (req_.want_output) rep_.outputs[mb] = std::move(f.output);
+                          --loss_reports_due_;
+                          finish_evaluation();
+                        });
 }
 
 void stage_gate::finish_evaluation() {
@@ -200,25 +191,20 @@ void stage_gate::on_output(layers::forward_msg& m) {
   if (!m.train) return on_evaluated(m);
   // The loss of the last piece, part of its F; the gradient waits for that micro-batch's B.
   const auto mb = std::size_t(m.micro_batch);
-  if (c_.loss_backend) {  // on the device; the figures come back with the stream
-    std::int64_t first = 0;  // the micro-batch's rows in the backend's staging
-    for (std::size_t k = 0; k < mb; ++k) first += req_.targets[k].size();
-    ++loss_reports_due_;
-    c_.loss_backend->loss(
-        *this, *c_.criterion, std::move(m.x), req_.targets.at(mb), first, req_.step, req_.shares.at(mb), true, false,
-        [&](layers::value g) { loss_grads_[m.micro_batch] = std::move(g); },
-        [this, mb](layers::loss_figures& f) {
-          rep_.losses[mb] = f.loss;
-          rep_.correct[mb] = f.correct;
-          --loss_reports_due_;
-          finish_step();
-        });
-  } else {
-    auto r = c_.criterion->forward(m.x.host, req_.targets.at(mb));
-    rep_.losses[mb] = r.loss;
-    rep_.correct[mb] = r.correct;
-    loss_grads_[m.micro_batch] = c_.criterion->backward(r.stash, float(req_.shares.at(mb)));
-  }
+  // On the last stage's backend: a device's figures come back with its stream, the CPU's
+  // at once (its report's finish_step waits for the step's end).
+  std::int64_t first = 0;  // the micro-batch's rows in the backend's staging
+  for (std::size_t k = 0; k < mb; ++k) first += req_.targets[k].size();
+  ++loss_reports_due_;
+  c_.loss_backend->loss(
+      *this, *c_.criterion, std::move(m.x), req_.targets.at(mb), first, req_.step, req_.shares.at(mb), true, false,
+      [&](layers::value g) { loss_grads_[m.micro_batch] = std::move(g); },
+      [this, mb](layers::loss_figures& f) {
+        rep_.losses[mb] = f.loss;
+        rep_.correct[mb] = f.correct;
+        --loss_reports_due_;
+        finish_step();
+      });
   loss_pending_ = false;
   if (running_ && done_ == chunks_[cur_.chunk].layers.size()) complete();
 }

@@ -120,8 +120,9 @@ class stage_gate : public actors::actor {
     std::shared_ptr<const layers::loss> criterion;  // used by the stage of the last piece
     bool emergent = false;
     std::uint32_t credits = 1;
-    /// The last piece's device backend, when it computes the loss (on its stream, the
-    /// figures back as a `backend_done`); null: the loss runs here, on the host.
+    /// What computes the last piece's loss: its stage's backend (a device on its stream,
+    /// the figures back as a `backend_done`; the CPU at once), or the CPU's where a device
+    /// cannot run the loss.
     std::shared_ptr<layers::backend> loss_backend;
     /// Where the gate counts its messages and publishes its state (null: nowhere).
     std::shared_ptr<stage_watch> watch;

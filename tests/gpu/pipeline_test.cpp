@@ -123,7 +123,7 @@ run_result train(layers::graph& g, const pl::schedule& plan, const std::vector<b
     }
     p.download();
     if (host_transfers)
-      for (auto& b : p.backends()) host_transfers->push_back(b ? device_of(b).host_transfers() : -1);
+      for (auto& b : p.backends()) host_transfers->push_back(b->on_device() ? device_of(b).host_transfers() : -1);
   }
   return r;
 }
