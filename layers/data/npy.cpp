@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -191,9 +192,13 @@ std::vector<float> npy_array::floats() const {
   if (type != npy_type::f32)
     throw std::invalid_argument("npy_array: floats() of a '" + std::string(npy_descr(type)) + "' array");
   std::vector<float> out(size());
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    const auto bits = static_cast<std::uint32_t>(npy_read_le(data.data() + 4 * i, 4));
-    std::memcpy(&out[i], &bits, 4);
+  if constexpr (std::endian::native == std::endian::little) {
+    if (!out.empty()) std::memcpy(out.data(), data.data(), 4 * out.size());
+  } else {
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      const auto bits = static_cast<std::uint32_t>(npy_read_le(data.data() + 4 * i, 4));
+      std::memcpy(&out[i], &bits, 4);
+    }
   }
   return out;
 }
@@ -217,7 +222,11 @@ std::int64_t npy_array::integer(std::size_t i) const {
   return std::int64_t(raw);
 }
 
-npy_array parse_npy(std::span<const std::byte> bytes, std::string_view name_view) {
+namespace {
+
+/// Checks everything of `bytes` but copies no element: the array's type and shape, and
+/// where its data starts (`data_offset`), with `data` left empty.
+npy_array parse_npy_header(std::span<const std::byte> bytes, std::string_view name_view) {
   const std::string name(name_view);
   const auto* p = bytes.data();
   const std::size_t n = bytes.size();
@@ -245,9 +254,10 @@ npy_array parse_npy(std::span<const std::byte> bytes, std::string_view name_view
   const std::string& d = *h.descr;
   const npy_type_info* info = nullptr;
   for (const auto& i : npy_types) {
-    // One-byte types may say '<' or '=' as well as '|' (no byte order to state); '=' is
-    // the machine's order, little-endian on every machine this builds for.
-    const bool one_byte_alias = i.size == 1 && d.size() == 3 && (d[0] == '<' || d[0] == '=') && d.substr(1) == i.descr.substr(1);
+    // One-byte types may state any byte order as well as '|' (none to state); '=' is the
+    // machine's order, little-endian on every machine this builds for.
+    const bool one_byte_alias = i.size == 1 && d.size() == 3 && (d[0] == '<' || d[0] == '=' || d[0] == '>') &&
+                                d.substr(1) == i.descr.substr(1);
     const bool native_alias = d.size() == 3 && d[0] == '=' && d.substr(1) == i.descr.substr(1);
     if (d == i.descr || one_byte_alias || native_alias) info = &i;
   }
@@ -282,14 +292,25 @@ npy_array parse_npy(std::span<const std::byte> bytes, std::string_view name_view
     throw format_error(name, data_at + need,
                        std::to_string(have - need) + " bytes after the " + std::to_string(need) + " bytes of data that shape " +
                            npy_shape_text(a.shape) + " of '" + d + "' needs");
-  a.data.assign(p + data_at, p + n);
   a.data_offset = data_at;
   return a;
 }
 
+}  // namespace
+
+npy_array parse_npy(std::span<const std::byte> bytes, std::string_view name) {
+  npy_array a = parse_npy_header(bytes, name);
+  a.data.assign(bytes.begin() + std::ptrdiff_t(a.data_offset), bytes.end());
+  return a;
+}
+
 npy_array read_npy(const std::filesystem::path& path) {
-  const auto bytes = detail::read_file_bytes(path);
-  return parse_npy(bytes, path.string());
+  auto bytes = detail::read_file_bytes(path);
+  npy_array a = parse_npy_header(bytes, path.string());
+  // The file's buffer becomes the array's: no second copy of a dataset-sized file.
+  bytes.erase(bytes.begin(), bytes.begin() + std::ptrdiff_t(a.data_offset));
+  a.data = std::move(bytes);
+  return a;
 }
 
 template <class T>

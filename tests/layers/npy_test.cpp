@@ -141,6 +141,9 @@ TEST_SUITE("layers.data.npy") {
                 .integer(0) == 9);
       const auto a = parse_text(npy_text("{\"shape\": (2,), \"fortran_order\": False, \"descr\": \"|u1\"}", "\x01\x02"));
       CHECK(a.shape == std::vector<std::size_t>{2});
+      // A one-byte type has no byte order: any it states is taken.
+      CHECK(parse_text(npy_text(npy_dict(">u1", "(1,)"), "\x07")).type == npy_type::u8);
+      CHECK(parse_text(npy_text(npy_dict("<i1", "(1,)"), "\xff")).integer(0) == -1);
     }
   }
 

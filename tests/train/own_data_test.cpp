@@ -111,10 +111,22 @@ TEST_SUITE("train.own_data") {
 
     const auto first = run_nerve_train(dir, with({"--steps", "8", "--checkpoint", (dir / "ck").string()}));
     REQUIRE_MESSAGE(first.status == 0, first.err);
+    fs::copy_file(dir / "ck", dir / "ck-moved");
     const auto rest = run_nerve_train(dir, {"--resume", (dir / "ck").string(), "--steps", "12", "--save",
                                             (dir / "out").string(), "--quiet"});
     REQUIRE_MESSAGE(rest.status == 0, rest.err);
     CHECK(own_data_bytes(dir / "out") == want);
+
+    // The files moved elsewhere: given again beside --resume, the run ends the same.
+    fs::create_directory(dir / "moved");
+    for (const char* f : {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}) fs::rename(dir / f, dir / "moved" / f);
+    const auto moved = run_nerve_train(
+        dir, {"--resume", (dir / "ck-moved").string(), "--steps", "12", "--save", (dir / "out-moved").string(),
+              "--train-data", (dir / "moved/train_x.npy").string() + "," + (dir / "moved/train_y.npy").string(),
+              "--test-data", (dir / "moved/test_x.npy").string() + "," + (dir / "moved/test_y.npy").string(), "--quiet"});
+    REQUIRE_MESSAGE(moved.status == 0, moved.err);
+    CHECK(own_data_bytes(dir / "out-moved") == want);
+    for (const char* f : {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}) fs::rename(dir / "moved" / f, dir / f);
 
     // The augmentation is at work: without it the weights differ.
     std::vector<std::string> plain = run;
