@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "layers/checkpoint/checkpoint.hpp"
+
 namespace nerve::layers {
 
 namespace {
@@ -42,6 +44,19 @@ std::optional<preset_shape> own_data_shape(const train_options& o) {
   const auto& set = o.train_set ? o.train_set : o.test_set;
   if (!set) return std::nullopt;
   return preset_shape{sample_shape_of(*set), static_cast<std::int64_t>(set->classes)};
+}
+
+std::optional<std::int64_t> classes_of_weights(const std::filesystem::path& weights, std::string_view model,
+                                               const shape& input) {
+  // The head's name does not depend on its size: any class count finds it.
+  const auto g = make_preset(model, 0, preset_shape{input, 2});
+  std::string head;
+  for (const auto& n : g.nodes())
+    if (!n.is_input() && !n.layer->parameters().empty()) head = n.name;
+  const auto d = checkpoint::load_checkpoint(weights);
+  const std::string bias = head + ".bias";
+  if (head.empty() || !d.contains(bias) || d.at(bias).shape.size() != 1) return std::nullopt;
+  return static_cast<std::int64_t>(d.at(bias).shape[0]);
 }
 
 graph make_preset_for(const train_options& o) {

@@ -5,8 +5,11 @@
 /// own data asks for (its sample shape and its classes).
 
 #include <cstddef>
+#include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
+#include <string_view>
 
 #include "layers/data/dataset.hpp"
 #include "layers/graph.hpp"
@@ -33,6 +36,13 @@ void load_own_data(train_options& options);
 /// What the preset of a run is built for: the shape of a sample of `options.train_set`
 /// (else `test_set`) and its classes; none (the preset's own) without in-memory data.
 std::optional<preset_shape> own_data_shape(const train_options& options);
+
+/// The classes of the weights in `weights` (a `--save` file or a checkpoint) for preset
+/// `model` on samples of `input`: the rows of its head's bias (the last layer with
+/// parameters); none when the file has no such tensor. What `--evaluate` builds the preset
+/// for, so that the test labels are checked against the model's classes.
+std::optional<std::int64_t> classes_of_weights(const std::filesystem::path& weights, std::string_view model,
+                                               const shape& input);
 
 /// The preset `options.model` built for the run's data (`own_data_shape`) from `options.seed`.
 graph make_preset_for(const train_options& options);

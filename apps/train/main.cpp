@@ -56,7 +56,7 @@ std::string fmt_g(double v) {
 
 /// What `--evaluate` and `--predict` read of the command line.
 struct evaluation_request {
-  std::string model, init, predict, data, device, trace;
+  std::string model, init, predict, data, device, trace, test_data;
   std::vector<double> normalize;
   unsigned threads = 1;
   bool spread = false;
@@ -71,10 +71,10 @@ struct evaluation_request {
 int evaluate_weights(CLI::App& app, const evaluation_request& r, const nerve::apps::job& ranks) {
   const std::string mode = r.evaluate_flag ? "--evaluate" : "--predict";
   nerve::apps::refuse_beside(app, mode, nerve::apps::training_only);
-  for (const char* own : {"--train-data", "--test-data", "--augment"})
+  for (const char* own : {"--train-data", "--augment"})
     if (app.count(own))
-      throw std::invalid_argument(std::string(own) + " cannot be given with " + mode + ": it runs the weights through "
-                                  "Fashion-MNIST's test set (a run on your own data reports its test figures)");
+      throw std::invalid_argument(std::string(own) + " cannot be given with " + mode +
+                                  ": nothing is trained (--test-data names the data to evaluate on)");
   if (app.count("--replicas"))
     throw std::invalid_argument("--replicas cannot be given with " + mode +
                                 ": the test set runs through one network (on any --device)");
@@ -95,8 +95,20 @@ int evaluate_weights(CLI::App& app, const evaluation_request& r, const nerve::ap
   o.trace_exact = r.trace_exact;
   o.allow_nonfinite = r.allow_nonfinite;
   o.stall_timeout = r.stall_timeout;
+  if (!r.test_data.empty()) {
+    if (app.count("--data"))
+      throw std::invalid_argument("--data cannot be given with --test-data: --data names Fashion-MNIST's directory, "
+                                  "--test-data your own .npy files");
+    // The preset is built for the data's samples and the weights' classes; the test labels
+    // are checked against those classes as they load.
+    o.test_data = nerve::apps::own_data_options::pair_of("--test-data", r.test_data);
+    const auto peek = run_test_set(o, 0);
+    const shape input(std::vector<std::int64_t>(peek->sample_shape.begin(), peek->sample_shape.end()));
+    const auto classes = classes_of_weights(o.init, o.model, input);
+    o.test_set = classes && std::size_t(*classes) != peek->classes ? run_test_set(o, std::size_t(*classes)) : peek;
+  }
   nerve::gpu::register_devices();  // --device cuda, cuda:N, standin beside the built-in cpu
-  auto g = make_preset(o.model, o.seed);
+  auto g = make_preset_for(o);
   const auto e = evaluate(g, o, r.predict);
   if (!r.json)
     std::printf("nerve-train: %s with the weights of %s on %s\n", o.model.c_str(), o.init.c_str(), o.device.c_str());
@@ -214,8 +226,8 @@ int main(int argc, char** argv) {
                                   std::to_string(replicas_in) + "): each replica is a group of layer actors");
     auto replicas = std::uint32_t(replicas_in);
     if ((evaluate_only || !predict.empty()) && !show_summary)
-      return evaluate_weights(app, {model, init, predict, data, device, trace, normalize, threads, spread, seed,
-                                    trace_exact, allow_nonfinite, stall_timeout, json, evaluate_only},
+      return evaluate_weights(app, {model, init, predict, data, device, trace, own_data.test, normalize, threads, spread,
+                                    seed, trace_exact, allow_nonfinite, stall_timeout, json, evaluate_only},
                               *ranks);
     if (!state.resume.empty()) {
       // The checkpoint's settings hold: a training option given beside --resume would be ignored.

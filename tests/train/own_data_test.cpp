@@ -16,43 +16,44 @@
 
 #include "layers/data/npy.hpp"
 
+#include <nlohmann/json.hpp>
+
 namespace fs = std::filesystem;
 
 namespace {
 
-/// What a run of nerve-train with `args` did: its exit status and its stderr.
+std::string own_data_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+/// What a run of nerve-train with `args` did: its exit status, its stderr and its stdout.
 struct own_data_run {
   int status = -1;
-  std::string err;
+  std::string err, out;
 };
 
-/// Runs nerve-train with `args` to its end (stdout to /dev/null, stderr to `dir/err`).
+/// Runs nerve-train with `args` to its end (stdout to `dir/stdout`, stderr to `dir/err`).
 own_data_run run_nerve_train(const fs::path& dir, const std::vector<std::string>& args) {
   std::string bin = NERVE_TRAIN_BIN;
   std::vector<std::string> copy = args;
   std::vector<char*> argv{bin.data()};
   for (auto& a : copy) argv.push_back(a.data());
   argv.push_back(nullptr);
-  const fs::path err = dir / "err";
+  const fs::path err = dir / "err", out = dir / "stdout";
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    const int null = ::open("/dev/null", O_WRONLY);
+    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(null, 1);
+    ::dup2(o, 1);
     ::dup2(e, 2);
     ::execv(argv[0], argv.data());
     ::_exit(127);
   }
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) REQUIRE(errno == EINTR);
-  std::ifstream in(err, std::ios::binary);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status), {std::istreambuf_iterator<char>(in), {}}};
-}
-
-std::string own_data_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status), own_data_bytes(err), own_data_bytes(out)};
 }
 
 /// A folder of .npy files: `n` images of 1×8×8 floats in three classes (a bright square in
@@ -139,6 +140,46 @@ TEST_SUITE("train.own_data") {
     }());
     REQUIRE_MESSAGE(unaugmented.status == 0, unaugmented.err);
     CHECK(own_data_bytes(dir / "plain") != want);
+  }
+
+  TEST_CASE("--evaluate on --test-data gives the trained run's last test figures, the classes the weights'") {
+    own_data_folder data;
+    const fs::path dir = data.dir;
+    const auto trained = run_nerve_train(dir, {"--train-data", data.pair("train"), "--test-data", data.pair("test"),
+                                               "--epochs", "2", "--batch", "16", "--augment", "flip", "--json",
+                                               "--save", (dir / "w").string()});
+    REQUIRE_MESSAGE(trained.status == 0, trained.err);
+    const auto t = nlohmann::json::parse(trained.out);
+    const auto evaluated = run_nerve_train(
+        dir, {"--evaluate", "--init", (dir / "w").string(), "--test-data", data.pair("test"), "--json"});
+    REQUIRE_MESSAGE(evaluated.status == 0, evaluated.err);
+    const auto e = nlohmann::json::parse(evaluated.out);
+    CHECK(e["test_accuracy"] == t["epochs"].back()["test_accuracy"]);
+    CHECK(e["test_loss"] == t["epochs"].back()["test_loss"]);
+    CHECK(e["samples"] == 32);
+    CHECK(e["classes"]["samples"].size() == 3);
+    // A test set whose labels stop short of the weights' last class is still evaluated in
+    // their three classes; one whose labels go past them is refused.
+    const std::vector<std::size_t> xs{2, 1, 8, 8}, ys{2};
+    const std::vector<float> x(128, 0.0f);
+    const std::vector<std::int64_t> low = {0, 1}, high = {0, 3};
+    nerve::data::save_npy<float>(dir / "two_x.npy", xs, x);
+    nerve::data::save_npy<std::int64_t>(dir / "low_y.npy", ys, low);
+    nerve::data::save_npy<std::int64_t>(dir / "high_y.npy", ys, high);
+    const auto short_of = run_nerve_train(dir, {"--evaluate", "--init", (dir / "w").string(), "--test-data",
+                                                (dir / "two_x.npy").string() + "," + (dir / "low_y.npy").string(), "--json"});
+    REQUIRE_MESSAGE(short_of.status == 0, short_of.err);
+    CHECK(nlohmann::json::parse(short_of.out)["classes"]["samples"].size() == 3);
+    const auto past = run_nerve_train(dir, {"--evaluate", "--init", (dir / "w").string(), "--test-data",
+                                            (dir / "two_x.npy").string() + "," + (dir / "high_y.npy").string()});
+    CHECK(past.status == 1);
+    CHECK(past.err == "nerve-train: " + (dir / "high_y.npy").string() +
+                          ": at byte 136: label 3 of sample 1 is out of range for 3 classes\n");
+    const auto with_train = run_nerve_train(
+        dir, {"--evaluate", "--init", (dir / "w").string(), "--train-data", data.pair("train")});
+    CHECK(with_train.err ==
+          "nerve-train: --train-data cannot be given with --evaluate: nothing is trained (--test-data names the data to "
+          "evaluate on)\n");
   }
 
   TEST_CASE("nerve-train refuses own data it cannot use, naming the option or the file") {
