@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// `train`: the one training driver, behind `nerve-train` and `nerve-pipeline` on every
-/// device and behind a user's own graph: Fashion-MNIST (or any IDX pair), a loader actor
+/// device and behind a user's own graph: Fashion-MNIST or your own data, a loader actor
 /// that prepares the next batch while the network trains on the current one, the
 /// learning-rate schedule, per-epoch evaluation, progress, trace and checkpoints.
 ///
@@ -280,7 +280,7 @@ std::unique_ptr<train_engine> make_network_engine(actors::runtime& rt, graph& g,
 optimizer_settings optimizer_settings_of(const train_options& options);
 
 /// Trains `g` (a user's own graph, or a preset) with `engine` (default: the one
-/// `options.device` names) on Fashion-MNIST-shaped IDX data. `on_progress` is called
+/// `options.device` names) on Fashion-MNIST or `options`' own data. `on_progress` is called
 /// from the calling thread after each step; `on_epoch` after each epoch. Writes the trace
 /// and the weights when asked. Holds its checkpoint and metrics files for the run
 /// (`run_files`: a second run given either is refused). Throws on bad options, bad data
