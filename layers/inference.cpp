@@ -1,4 +1,5 @@
 #include "layers/inference.hpp"
+#include "layers/train_data.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -122,8 +123,8 @@ evaluation_report evaluate(graph& g, const train_options& o, const std::filesyst
   }
   if (!make_engine) make_engine = engine_for(o.device);
   load_weights(g, o.init, o.allow_nonfinite);
-  const data::load_options loading{o.normalize};
-  const auto test_set = data::load_fashion_mnist(o.data, data::split::test, loading);
+  const auto test_ptr = run_test_set(o, output_classes(g));
+  const data::dataset& test_set = *test_ptr;
   const shape sample = g.nodes()[g.inputs()[0]].output_shape;
   if (static_cast<std::size_t>(sample.numel()) != test_set.features())
     throw std::invalid_argument("model '" + o.model + "' takes samples of " + sample.to_string() + " but the data has " +

@@ -17,27 +17,37 @@
 namespace nerve::layers {
 
 template <class Scalar>
-basic_graph_builder<Scalar> preset_builder(std::string_view name) {
+basic_graph_builder<Scalar> preset_builder(std::string_view name, const preset_shape& data) {
   using lin = basic_linear<Scalar>;
   using act = basic_relu<Scalar>;
+  // The MLPs flatten a sample of any shape; the head has a row per class.
+  const std::int64_t in = data.input ? data.input->numel() : 784, classes = data.classes;
+  if (classes < 2)
+    throw std::invalid_argument("model '" + std::string(name) + "' needs 2 or more classes (got " +
+                                std::to_string(classes) + ")");
+  if (in < 1) throw std::invalid_argument("model '" + std::string(name) + "' needs samples of 1 or more values");
   basic_graph_builder<Scalar> b;
   if (name == "mlp") {
-    b.input("input", {784});
-    b.add("fc1", lin(784, 256), {"input"});
+    b.input("input", {in});
+    b.add("fc1", lin(in, 256), {"input"});
     b.add("relu1", act(), {"fc1"});
-    b.add("fc2", lin(256, 10), {"relu1"});
+    b.add("fc2", lin(256, classes), {"relu1"});
   } else if (name == "deep-mlp") {
-    b.input("input", {784});
+    b.input("input", {in});
     std::string prev = "input";
-    std::int64_t width = 784;
+    std::int64_t width = in;
     for (int i = 1; i <= 4; ++i) {
       b.add("fc" + std::to_string(i), lin(width, 1024), {prev});
       b.add("relu" + std::to_string(i), act(), {"fc" + std::to_string(i)});
       prev = "relu" + std::to_string(i);
       width = 1024;
     }
-    b.add("fc5", lin(1024, 10), {prev});
+    b.add("fc5", lin(1024, classes), {prev});
   } else if (name == "lenet") {
+    // Its first linear layer's 400 inputs are what two convolutions and pools leave of 28x28.
+    if (data.input && *data.input != shape{1, 28, 28})
+      throw std::invalid_argument("model 'lenet' takes samples of [1, 28, 28] but the data's are " +
+                                  data.input->to_string() + " (mlp, deep-mlp and resmlp take samples of any shape)");
     b.input("input", {1, 28, 28});
     b.add("conv1", basic_conv2d<Scalar>(1, 6, 5, 1, 2), {"input"});
     b.add("relu1", act(), {"conv1"});
@@ -50,10 +60,10 @@ basic_graph_builder<Scalar> preset_builder(std::string_view name) {
     b.add("relu3", act(), {"fc1"});
     b.add("fc2", lin(120, 84), {"relu3"});
     b.add("relu4", act(), {"fc2"});
-    b.add("fc3", lin(84, 10), {"relu4"});
+    b.add("fc3", lin(84, classes), {"relu4"});
   } else if (name == "resmlp") {
-    b.input("input", {784});
-    b.add("fc1", lin(784, 256), {"input"});
+    b.input("input", {in});
+    b.add("fc1", lin(in, 256), {"input"});
     b.add("relu1", act(), {"fc1"});
     std::string block_in = "relu1";
     int fc = 2, r = 2;
@@ -68,20 +78,22 @@ basic_graph_builder<Scalar> preset_builder(std::string_view name) {
       b.add(rb, act(), {join});
       block_in = rb;
     }
-    b.add("fc6", lin(256, 10), {block_in});
+    b.add("fc6", lin(256, classes), {block_in});
   } else {
     throw std::invalid_argument("unknown model '" + std::string(name) + "' (mlp, deep-mlp, lenet, resmlp)");
   }
   return b;
 }
 
-template basic_graph_builder<float> preset_builder<float>(std::string_view);
-template basic_graph_builder<double> preset_builder<double>(std::string_view);
+template basic_graph_builder<float> preset_builder<float>(std::string_view, const preset_shape&);
+template basic_graph_builder<double> preset_builder<double>(std::string_view, const preset_shape&);
 
 bool is_preset(const basic_graph<float>& g, std::string_view name) {
   std::optional<basic_graph<float>> preset;
   try {
-    preset.emplace(make_preset(name));
+    if (g.inputs().size() != 1) return false;
+    const preset_shape own{g.nodes()[g.inputs()[0]].output_shape, g.nodes()[g.output()].output_shape.numel()};
+    preset.emplace(make_preset(name, 0, own));
   } catch (const std::invalid_argument&) {
     return false;
   }

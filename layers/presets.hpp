@@ -2,13 +2,24 @@
 /// \file
 /// The preset networks: `mlp`, `deep-mlp`, `lenet`, `resmlp`, named as a PyTorch user would.
 
+#include <cstdint>
+#include <optional>
 #include <string_view>
 
 #include "layers/graph.hpp"
 
 namespace nerve::layers {
 
-/// A builder holding preset `name`, with one graph input called `"input"`:
+/// What a preset is built for: samples of `input` (none: the preset's own, [784] or
+/// [1, 28, 28]) in `classes` classes (the head's outputs). The MLPs take samples of any
+/// shape, flattened: their input is `[input.numel()]`; `lenet` takes [1, 28, 28] only.
+struct preset_shape {
+  std::optional<shape> input;
+  std::int64_t classes = 10;
+};
+
+/// A builder holding preset `name` for `data`, with one graph input called `"input"`
+/// (the sizes below are Fashion-MNIST's, the default; 784 and 10 are `data`'s otherwise):
 ///
 /// - `mlp`: [784] → fc1 784→256 → relu1 → fc2 256→10.
 /// - `deep-mlp`: [784] → fc1 784→1024 → relu1 → fc2, fc3, fc4 1024→1024 (each
@@ -22,17 +33,19 @@ namespace nerve::layers {
 ///
 /// Parameterised layers are `fc1`, `fc2`, … and `conv1`, `conv2`, … in order,
 /// so parameters are `fc1.weight`, `fc1.bias` as in PyTorch. Throws
-/// `std::invalid_argument` for an unknown name.
+/// `std::invalid_argument` for an unknown name, fewer than 2 classes, or samples the preset
+/// cannot take (naming both shapes).
 template <class Scalar>
-basic_graph_builder<Scalar> preset_builder(std::string_view name);
+basic_graph_builder<Scalar> preset_builder(std::string_view name, const preset_shape& data = {});
 
-/// `preset_builder(name).build(seed)`.
+/// `preset_builder(name, data).build(seed)`.
 template <class Scalar = float>
-basic_graph<Scalar> make_preset(std::string_view name, std::uint64_t seed = 0) {
-  return preset_builder<Scalar>(name).build(seed);
+basic_graph<Scalar> make_preset(std::string_view name, std::uint64_t seed = 0, const preset_shape& data = {}) {
+  return preset_builder<Scalar>(name, data).build(seed);
 }
 
-/// Whether `g` is preset `name` as far as a message can tell: the same nodes, in order,
+/// Whether `g` is preset `name` (built for `g`'s input shape and outputs) as far as a
+/// message can tell: the same nodes, in order,
 /// with the same names, output shapes and parameter counts (the weights aside). False
 /// for a name that is no preset. What `train` asks before it names a model in an error:
 /// `train_options::model` keeps its default (`mlp`) under a user's own graph.

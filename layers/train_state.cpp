@@ -94,6 +94,9 @@ nlohmann::json settings_of(const train_options& o) {
   s["app"] = o.app_settings;
   // Only when set: a checkpoint written before the option existed had none.
   if (o.normalize) s["normalize"] = {o.normalize->mean, o.normalize->std};
+  if (!o.train_data.empty()) s["train_data"] = {o.train_data.inputs.string(), o.train_data.labels.string()};
+  if (!o.test_data.empty()) s["test_data"] = {o.test_data.inputs.string(), o.test_data.labels.string()};
+  if (o.augment.any()) s["augment"] = data::augment_text(o.augment);
   return s;
 }
 

@@ -34,6 +34,7 @@
 #include "layers/lr_schedule.hpp"
 #include "layers/presets.hpp"
 #include "layers/run_files.hpp"
+#include "layers/train_data.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -53,18 +54,24 @@ struct load_batch {
   std::size_t index = 0;
 };
 
-/// Owns the training set's batcher; prepares batches (shuffled per epoch, seeded) on its
-/// own loop, so the next batch is copied while the network trains on the current one.
+/// Owns the training set's batcher; prepares batches (shuffled per epoch, seeded, then
+/// augmented) on its own loop, so the next batch is copied while the network trains on the
+/// current one.
 class loader_actor : public actors::actor {
  public:
-  loader_actor(std::shared_ptr<const data::dataset> ds, data::batcher_options opts, shape sample)
-      : actor("loader"), ds_(std::move(ds)), batcher_(ds_->size(), opts), sample_(std::move(sample)) {
+  loader_actor(std::shared_ptr<const data::dataset> ds, data::batcher_options opts, shape sample,
+               data::augment_options augment = {})
+      : actor("loader"), ds_(std::move(ds)), batcher_(ds_->size(), opts), sample_(std::move(sample)), augment_(augment) {
     on<load_batch>([this](load_batch& r) {
       if (batcher_.epoch() != r.epoch) batcher_.set_epoch(r.epoch);
       const auto rows = batcher_.indices(r.index).size();
       prepared_batch b{tensor(static_cast<std::int64_t>(rows), sample_), {}};
       b.y.labels.resize(rows);
-      batcher_.gather(*ds_, r.index, std::span<float>(b.x.data(), static_cast<std::size_t>(b.x.size())), b.y.labels);
+      const std::span<float> values(b.x.data(), static_cast<std::size_t>(b.x.size()));
+      batcher_.gather(*ds_, r.index, values, b.y.labels);
+      // Keyed on (seed, epoch, sample): a resumed run's batches are the uninterrupted run's.
+      data::augment_batch(augment_, batcher_.options().seed, r.epoch, batcher_.indices(r.index), ds_->sample_shape,
+                          ds_->zero_value(), values);
       return b;
     });
   }
@@ -73,6 +80,7 @@ class loader_actor : public actors::actor {
   std::shared_ptr<const data::dataset> ds_;
   data::batcher batcher_;
   shape sample_;
+  data::augment_options augment_;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -200,6 +208,16 @@ train_options resume_options(const std::filesystem::path& path) {
     auto o = s.get<train_options>();
     o.app_settings = s.at("app");
     if (s.contains("normalize")) o.normalize = data::normalization{s["normalize"].at(0), s["normalize"].at(1)};
+    for (const auto& [key, files] : {std::pair{"train_data", &o.train_data}, std::pair{"test_data", &o.test_data}})
+      if (s.contains(key))
+        *files = {s[key].at(0).get<std::string>(), s[key].at(1).get<std::string>()};
+    if (s.contains("augment")) {
+      try {
+        o.augment = data::parse_augment(s["augment"].get<std::string>());
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument("--resume " + path.string() + ": settings: augment: " + e.what());
+      }
+    }
     o.resume = path;
     o.checkpoint = path;  // a resumed run goes on saving its state where it was
     detail::check_restored_settings(o, path.string());
@@ -242,6 +260,12 @@ void check_options(const train_options& o) {
     refuse("--threads must be between 1 and " + std::to_string(max_threads) + " (got " + std::to_string(o.threads) +
            "): each is an event loop with its own thread and memory");
   check_stopping_options(o);
+  for (const auto& [flag, files] : {std::pair{"--train-data", &o.train_data}, std::pair{"--test-data", &o.test_data}})
+    if (!files->empty() && (files->inputs.empty() || files->labels.empty()))
+      refuse(std::string(flag) + " needs two files, INPUTS.npy,LABELS.npy");
+  const bool own_train = o.train_set || !o.train_data.empty(), own_test = o.test_set || !o.test_data.empty();
+  if (own_train && !own_test && o.evaluate && !o.lr_find)
+    refuse("--train-data needs --test-data INPUTS.npy,LABELS.npy to evaluate on (or --no-eval)");
   if (!o.lead) return;  // the files are the lead's, on its machine
   // Before a long run, not after it: a FIFO, a device or a directory that is not there is
   // refused (atomic_file).
@@ -264,11 +288,19 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
     std::tie(resumed_opt, pos) = read_train_state(o.resume, g, o.allow_nonfinite);
   else if (!o.init.empty())
     load_weights(g, o.init, o.allow_nonfinite);
-  const data::load_options loading{o.normalize};
-  auto train_set = std::make_shared<const data::dataset>(data::load_fashion_mnist(o.data, data::split::train, loading));
+  // Your own data's labels must name one of the graph's outputs.
+  const std::size_t classes = output_classes(g);
+  auto train_set = run_training_set(o, classes);
   std::shared_ptr<const data::dataset> test_set;
   if (o.evaluate && !o.lr_find)  // a range test only trains
-    test_set = std::make_shared<const data::dataset>(data::load_fashion_mnist(o.data, data::split::test, loading));
+    test_set = run_test_set(o, classes);
+  // Files are checked as they load (naming the file and the sample); sets in memory here.
+  for (const auto* set : {&train_set, &test_set})
+    if (*set && *set == (set == &train_set ? o.train_set : o.test_set) && (*set)->classes > classes)
+      throw std::invalid_argument("the " + std::string(set == &train_set ? "training" : "test") + " set has " +
+                                  std::to_string((*set)->classes) + " classes but " +
+                                  (is_preset(g, o.model) ? "model '" + o.model + "'" : "your graph") + " has " +
+                                  std::to_string(classes) + " outputs");
 
   const auto& in_node = g.nodes()[g.inputs()[0]];
   const shape sample = in_node.output_shape;
@@ -278,6 +310,8 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
         (is_preset(g, o.model) ? "model '" + o.model + "'" : "your graph's input '" + in_node.name + "'") +
         " takes samples of " + sample.to_string() + " but the data has " + std::to_string(train_set->features()) +
         " features");
+  if (test_set) check_test_samples(*train_set, *test_set, o);
+  data::check_augment(o.augment, train_set->sample_shape);
 
   set_gemm_threads(static_cast<int>(o.threads));
   actors::runtime rt({.loops = o.threads,
@@ -285,7 +319,7 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
                       .record_timing = o.trace_exact ? actors::recorder::timing::exact : actors::recorder::timing::shared});
   // The loader sits on the last loop: with 2+ loops it prepares batches beside the network.
   auto loader = rt.spawn_on<loader_actor>(o.threads - 1, train_set,
-                                          data::batcher_options{o.batch, o.shuffle, o.seed, false}, sample);
+                                          data::batcher_options{o.batch, o.shuffle, o.seed, false}, sample, o.augment);
   // Declared after the runtime, so destroyed before it: a device engine's completions
   // post to the runtime's loops.
   // A range test goes on through non-finite gradients: its loss says when it diverged.

@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// `train`: the one training driver, behind `nerve-train` and `nerve-pipeline` on every
-/// device and behind a user's own graph: Fashion-MNIST (or any IDX pair), a loader actor
+/// device and behind a user's own graph: Fashion-MNIST or your own data, a loader actor
 /// that prepares the next batch while the network trains on the current one, the
 /// learning-rate schedule, per-epoch evaluation, progress, trace and checkpoints.
 ///
@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "actors/runtime.hpp"
+#include "layers/data/augment.hpp"
 #include "layers/data/dataset.hpp"
 #include "layers/devices.hpp"
 #include "layers/graph.hpp"
@@ -69,6 +70,17 @@ struct train_options {
   std::uint64_t seed = 0;
   bool shuffle = true;
   std::filesystem::path data = "/usr/share/datasets/fashion-mnist";
+  /// Your own data in place of Fashion-MNIST's under `data` (`nerve-train --train-data
+  /// X.npy,Y.npy --test-data X.npy,Y.npy`): the training set's `.npy` inputs and labels
+  /// (`data::load_npy_pair`), and the test set's, needed with `evaluate`. Kept in checkpoints.
+  data::npy_files train_data, test_data;
+  /// The training and test sets in memory (your own tensors, `data::make_dataset`, or the
+  /// files above loaded once by the app), in place of `train_data`, `test_data` and
+  /// `data`. Kept in no checkpoint: a resumed run is given them again.
+  std::shared_ptr<const data::dataset> train_set, test_set;
+  /// Augmentation of the training batches (layers/data/augment.hpp), keyed on (`seed`,
+  /// epoch, sample): a resumed run augments as the uninterrupted one. Never evaluation's.
+  data::augment_options augment;
   /// Inputs become `(x - mean) / std` after scaling to [0, 1], for the training and the
   /// test set alike (torchvision's `Normalize`); none: pixels in [0, 1], nothing else.
   std::optional<data::normalization> normalize;
@@ -138,7 +150,9 @@ struct train_options {
 /// `checkpoint` and `metrics` naming regular files (or none yet) in directories that take
 /// new files, and no two of the run's files one file (`check_distinct_files`); an
 /// `early_stop` of 1 or more and `save_best` only with `evaluate`, and `lr_find`'s range
-/// (`check_lr_range`) without the options it excludes. Any thread.
+/// (`check_lr_range`) without the options it excludes; `train_data` and `test_data` with
+/// both files each, and a test set beside your own training set where the run evaluates.
+/// Any thread.
 void check_options(const train_options& options);
 
 /// Rows per evaluation call (the test set goes through in chunks of this size).
@@ -266,7 +280,7 @@ std::unique_ptr<train_engine> make_network_engine(actors::runtime& rt, graph& g,
 optimizer_settings optimizer_settings_of(const train_options& options);
 
 /// Trains `g` (a user's own graph, or a preset) with `engine` (default: the one
-/// `options.device` names) on Fashion-MNIST-shaped IDX data. `on_progress` is called
+/// `options.device` names) on Fashion-MNIST or `options`' own data. `on_progress` is called
 /// from the calling thread after each step; `on_epoch` after each epoch. Writes the trace
 /// and the weights when asked. Holds its checkpoint and metrics files for the run
 /// (`run_files`: a second run given either is refused). Throws on bad options, bad data

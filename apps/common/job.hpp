@@ -78,6 +78,13 @@ class job {
                       remedy);
     for (const auto which : {data::split::train, data::split::test}) {
       if (which == data::split::test && !o.evaluate) continue;
+      const auto& own = which == data::split::train ? o.train_data : o.test_data;
+      const char* flag = which == data::split::train ? "--train-data" : "--test-data";
+      if (!own.empty()) {
+        for (const auto& file : {own.inputs, own.labels})
+          session_->agree("the data file '" + file.string() + "' (" + flag + "; size and hash)", file_digest(file), remedy);
+        continue;
+      }
       for (const auto& file : data::fashion_mnist_files(o.data, which))
         session_->agree("the data file '" + file.string() + "' (--data; size and hash)", file_digest(file), remedy);
     }

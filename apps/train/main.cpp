@@ -28,8 +28,10 @@
 #include "layers/inference.hpp"
 #include "layers/presets.hpp"
 #include "layers/summary.hpp"
+#include "layers/train_data.hpp"
 #include "layers/trainer.hpp"
 #include "apps/common/app_settings.hpp"
+#include "apps/common/data_options.hpp"
 #include "apps/common/job.hpp"
 #include "apps/common/model_report.hpp"
 #include "apps/common/options.hpp"
@@ -54,7 +56,7 @@ std::string fmt_g(double v) {
 
 /// What `--evaluate` and `--predict` read of the command line.
 struct evaluation_request {
-  std::string model, init, predict, data, device, trace;
+  std::string model, init, predict, data, device, trace, test_data;
   std::vector<double> normalize;
   unsigned threads = 1;
   bool spread = false;
@@ -69,6 +71,10 @@ struct evaluation_request {
 int evaluate_weights(CLI::App& app, const evaluation_request& r, const nerve::apps::job& ranks) {
   const std::string mode = r.evaluate_flag ? "--evaluate" : "--predict";
   nerve::apps::refuse_beside(app, mode, nerve::apps::training_only);
+  for (const char* own : {"--train-data", "--augment"})
+    if (app.count(own))
+      throw std::invalid_argument(std::string(own) + " cannot be given with " + mode +
+                                  ": nothing is trained (--test-data names the data to evaluate on)");
   if (app.count("--replicas"))
     throw std::invalid_argument("--replicas cannot be given with " + mode +
                                 ": the test set runs through one network (on any --device)");
@@ -89,8 +95,20 @@ int evaluate_weights(CLI::App& app, const evaluation_request& r, const nerve::ap
   o.trace_exact = r.trace_exact;
   o.allow_nonfinite = r.allow_nonfinite;
   o.stall_timeout = r.stall_timeout;
+  if (!r.test_data.empty()) {
+    if (app.count("--data"))
+      throw std::invalid_argument("--data cannot be given with --test-data: --data names Fashion-MNIST's directory, "
+                                  "--test-data your own .npy files");
+    // The preset is built for the data's samples and the weights' classes; the test labels
+    // are checked against those classes as they load.
+    o.test_data = nerve::apps::own_data_options::pair_of("--test-data", r.test_data);
+    const auto peek = run_test_set(o, 0);
+    const shape input(std::vector<std::int64_t>(peek->sample_shape.begin(), peek->sample_shape.end()));
+    const auto classes = classes_of_weights(o.init, o.model, input);
+    o.test_set = classes && std::size_t(*classes) != peek->classes ? run_test_set(o, std::size_t(*classes)) : peek;
+  }
   nerve::gpu::register_devices();  // --device cuda, cuda:N, standin beside the built-in cpu
-  auto g = make_preset(o.model, o.seed);
+  auto g = make_preset_for(o);
   const auto e = evaluate(g, o, r.predict);
   if (!r.json)
     std::printf("nerve-train: %s with the weights of %s on %s\n", o.model.c_str(), o.init.c_str(), o.device.c_str());
@@ -114,7 +132,7 @@ int evaluate_weights(CLI::App& app, const evaluation_request& r, const nerve::ap
 /// the batch split over the replicas and micro-batches (the largest part), places as the
 /// engine puts the layers.
 model_summary summary_of(const train_options& o, std::uint32_t replicas, const std::string& device) {
-  auto g = make_preset(o.model, o.seed);
+  auto g = make_preset_for(o);
   summary_options so;
   const std::size_t parts = o.micro_batches * replicas;
   so.micro_batch = std::int64_t((o.batch + parts - 1) / parts);
@@ -166,6 +184,8 @@ int main(int argc, char** argv) {
   double stall_timeout = 60;
   nerve::apps::add_stall_timeout(app, stall_timeout);
   app.add_option("--data", data, "Directory with the Fashion-MNIST IDX files");
+  nerve::apps::own_data_options own_data;
+  own_data.add_to(app);
   app.add_option("--init", init, "Start from these weights (safetensors: weights, or the weights of a checkpoint)");
   nerve::apps::model_actions actions;
   nerve::apps::add_model_actions(app, actions, "", "where it runs");
@@ -206,8 +226,8 @@ int main(int argc, char** argv) {
                                   std::to_string(replicas_in) + "): each replica is a group of layer actors");
     auto replicas = std::uint32_t(replicas_in);
     if ((evaluate_only || !predict.empty()) && !show_summary)
-      return evaluate_weights(app, {model, init, predict, data, device, trace, normalize, threads, spread, seed,
-                                    trace_exact, allow_nonfinite, stall_timeout, json, evaluate_only},
+      return evaluate_weights(app, {model, init, predict, data, device, trace, own_data.test, normalize, threads, spread,
+                                    seed, trace_exact, allow_nonfinite, stall_timeout, json, evaluate_only},
                               *ranks);
     if (!state.resume.empty()) {
       // The checkpoint's settings hold: a training option given beside --resume would be ignored.
@@ -216,7 +236,8 @@ int main(int argc, char** argv) {
       // --epochs and --steps may raise the run's limits (train: check_resumed_limits).
       for (const char* opt : {"--model", "--batch", "--microbatches", "--lr", "--optimizer",
                               "--momentum", "--nesterov", "--weight-decay", "--schedule", "--spread",
-                              "--seed", "--no-shuffle", "--normalize", "--init", "--device", "--no-eval", "--allow-nonfinite"})
+                              "--seed", "--no-shuffle", "--normalize", "--init", "--device", "--no-eval", "--allow-nonfinite",
+                              "--augment"})
         if (app.count(opt) > 0)
           throw std::invalid_argument(std::string(opt) + " cannot be given with --resume: the run goes on with the "
                                       "settings its checkpoint holds");
@@ -286,6 +307,7 @@ int main(int argc, char** argv) {
       o.allow_nonfinite = allow_nonfinite;
       o.stop = &stop_requested;
     }
+    own_data.apply(app, o, !state.resume.empty());
     state.apply(app, o);
     stopping.apply(app, o);
     o.stall_timeout = stall_timeout;
@@ -307,6 +329,7 @@ int main(int argc, char** argv) {
     // The class counts cost one more pass over the test set: for --json, in one process.
     o.class_figures = json && o.evaluate && ranks->size() == 1;
     check_options(o);  // before the banner and the data: a bad value costs nothing
+    load_own_data(o);  // once: the preset takes its input shape and classes from it
     if (show_summary || (!json && speak)) {
       const auto s = summary_of(o, replicas, device);
       if (show_summary) {
@@ -331,6 +354,14 @@ int main(int argc, char** argv) {
                   o.batch, o.optimizer.c_str(), o.lr, knobs.c_str(), o.threads, o.threads == 1 ? "" : "s");
     }
     if (!json && speak) std::printf("%s\n", banner_totals.c_str());
+    if (!json && speak && o.train_set) {
+      const auto d = own_data_shape(o);
+      std::printf("data: %s, %zu samples of %s in %lld classes%s\n", o.train_data.inputs.c_str(), o.train_set->size(),
+                  d->input->to_string().c_str(), static_cast<long long>(d->classes),
+                  o.augment.any() ? (", augmented: " + nerve::data::augment_text(o.augment)).c_str() : "");
+    } else if (!json && speak && o.augment.any()) {
+      std::printf("augmented: %s\n", nerve::data::augment_text(o.augment).c_str());
+    }
     if (!json && speak && data_parallel)
       std::printf("%u replicas%s\n", replicas, ranks->size() > 1 ? ", one per rank" : " in this process");
     progress_bar bar(quiet || !speak);
@@ -338,7 +369,7 @@ int main(int argc, char** argv) {
     nerve::gpu::register_devices();  // --device cuda, cuda:N, standin beside the built-in cpu
     // Data parallelism: the replicas are a one-stage pipeline each (nerve-pipeline's engine).
     std::vector<graph> graphs;
-    for (std::uint32_t r = 0; r < replicas; ++r) graphs.push_back(make_preset(o.model, o.seed));
+    for (std::uint32_t r = 0; r < replicas; ++r) graphs.push_back(make_preset_for(o));
     std::vector<graph*> replica_graphs;
     for (auto& rg : graphs) replica_graphs.push_back(&rg);
     nerve::pipeline::engine_outcome outcome;

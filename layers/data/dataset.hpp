@@ -1,6 +1,7 @@
 #pragma once
 /// \file
-/// An in-memory labelled image dataset (Fashion-MNIST and any IDX image/label pair).
+/// An in-memory labelled dataset: the one a training run reads, whether it came from
+/// Fashion-MNIST, an IDX pair of any shape, a NumPy `.npy` pair or tensors of your own.
 
 #include <array>
 #include <cstddef>
@@ -26,8 +27,9 @@ struct load_options {
   std::optional<normalization> normalize;
 };
 
-/// Samples as rows of 8-bit pixels plus an integer label per sample; rows come
-/// out as floats through the pixel transform (`x / 255`, then normalisation).
+/// Samples as rows of 8-bit pixels (or of floats) plus an integer label per sample; rows
+/// come out as floats through the pixel transform (`x / 255`, then normalisation), or for
+/// float samples as they are (then normalisation).
 ///
 /// The pixels stay 8-bit in memory (a quarter of the floats' size, and no
 /// 188 MB float array to fault in for Fashion-MNIST); every u8 value maps to a
@@ -36,8 +38,11 @@ struct load_options {
 /// Row layout is that of the source (for IDX images, C×H×W with C = 1).
 /// A value type; read-only use from several threads is safe.
 struct dataset {
-  /// `size() * features()` pixels, one row per sample.
+  /// `size() * features()` pixels, one row per sample (empty when `values` holds the rows).
   std::vector<std::uint8_t> pixels;
+  /// `size() * features()` floats, one row per sample, for float data (`.npy` `<f4`, IDX
+  /// f32, `make_dataset`); empty for 8-bit pixels.
+  std::vector<float> values;
   std::vector<std::int32_t> labels;
   /// Shape of one sample, e.g. `{1, 28, 28}`.
   std::vector<std::size_t> sample_shape;
@@ -45,26 +50,59 @@ struct dataset {
   std::size_t classes = 0;
   /// The float each pixel value becomes: `(v / 255.0f - mean) / std`, or `v / 255.0f`.
   std::array<float, 256> pixel_value{};
+  /// The normalisation float `values` go through (`(x - mean) / std`); none: as they are.
+  std::optional<normalization> value_normalization;
 
   /// Number of samples.
   std::size_t size() const noexcept { return labels.size(); }
   /// Values per sample (product of `sample_shape`).
   std::size_t features() const noexcept;
-  /// Sets `pixel_value` for `norm` (or plain [0, 1] scaling when empty).
+  /// Sets `pixel_value` and `value_normalization` for `norm` (or plain [0, 1] scaling of
+  /// pixels, and float values as they are, when empty).
   void set_normalization(std::optional<normalization> norm) noexcept;
+  /// The float a zero input becomes (pixel 0, or the float 0, after normalisation): what
+  /// padding around a sample holds (`augment`), as torchvision pads before `Normalize`.
+  float zero_value() const noexcept;
   /// Writes sample `i` as floats into `out` (exactly `features()` long).
   void copy_row(std::size_t i, std::span<float> out) const;
   /// Samples `[first, first + count)` as floats, e.g. a slice of the test set.
   std::vector<float> rows(std::size_t first, std::size_t count) const;
 };
 
-/// Loads an IDX image file (u8, N×H×W or N×C×H×W) and its IDX label file (u8, N).
+/// Loads an IDX sample file (u8 or f32, N then any sample shape; N×H×W is read as
+/// N×1×H×W) and its IDX label file (u8 or i32, N).
 ///
-/// Pixels become `x / 255` (then normalised if asked). Throws `format_error`
-/// for malformed files and if the counts differ or a label is out of range
-/// (naming both files). `classes` is the largest label + 1 unless given.
+/// Pixels become `x / 255` (then normalised if asked); f32 values stay as they are (then
+/// normalised if asked). Throws `format_error` for malformed files and if the counts
+/// differ or a label is out of range (naming both files). `classes` is the largest
+/// label + 1 unless given.
 dataset load_idx_pair(const std::filesystem::path& images, const std::filesystem::path& labels,
                       const load_options& options = {}, std::size_t classes = 0);
+
+/// Loads a NumPy `.npy` input file and its `.npy` label file, as `np.save` writes them.
+///
+/// Inputs: `<f4` (taken as they are) or `|u1` (scaled as IDX pixels are, `x / 255`), then
+/// normalised if asked; shape N then the sample's (`[N, F]`, `[N, C, H, W]`; `[N, H, W]` is
+/// read as `[N, 1, H, W]`). Labels: any integer type, shape `[N]`, each in [0, `classes`)
+/// (`classes`: the largest label + 1 unless given). Throws `format_error` naming the file
+/// and the header field (`descr`, `shape`) or the sample for what it refuses, and naming
+/// both files when the counts differ (layers/data/npy.hpp has the format's own refusals).
+dataset load_npy_pair(const std::filesystem::path& inputs, const std::filesystem::path& labels,
+                      const load_options& options = {}, std::size_t classes = 0);
+
+/// A `.npy` input file and its label file (`load_npy_pair`); both empty: none.
+struct npy_files {
+  std::filesystem::path inputs, labels;
+  bool empty() const noexcept { return inputs.empty() && labels.empty(); }
+  friend bool operator==(const npy_files&, const npy_files&) = default;
+};
+
+/// A dataset of your own tensors: `values` holds `labels.size()` rows of
+/// `product(sample_shape)` floats. Throws `std::invalid_argument` when the sizes disagree
+/// or a label is outside [0, `classes`) (`classes` 0: the largest label + 1).
+dataset make_dataset(std::vector<float> values, std::vector<std::int32_t> labels,
+                     std::vector<std::size_t> sample_shape, std::size_t classes = 0,
+                     const load_options& options = {});
 
 /// The two splits of Fashion-MNIST.
 enum class split { train, test };

@@ -75,6 +75,14 @@ void check_settings_json(const nlohmann::json& s, const std::string& resume) {
     if (!n.is_array() || n.size() != 2 || !n[0].is_number() || !n[1].is_number())
       refuse(resume, part, "normalize", "is " + shown(n) + ", not two numbers [mean, std]");
   }
+  for (const char* field : {"train_data", "test_data"}) {
+    if (!s.contains(field)) continue;
+    const auto& f = s.at(field);
+    if (!f.is_array() || f.size() != 2 || !f[0].is_string() || !f[1].is_string())
+      refuse(resume, part, field, "is " + shown(f) + ", not two file names [inputs, labels]");
+  }
+  if (s.contains("augment") && !s.at("augment").is_string())
+    refuse(resume, part, "augment", "is " + shown(s.at("augment")) + ", not text");
 }
 
 void check_restored_settings(const train_options& restored, const std::string& resume) {

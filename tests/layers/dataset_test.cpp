@@ -79,6 +79,29 @@ TEST_SUITE("layers.dataset") {
     CHECK_THROWS_AS(ds.rows(4, 2), std::out_of_range);
   }
 
+  TEST_CASE("an IDX pair of any shape: f32 samples as they are, i32 labels, a rank of 5") {
+    temp_data_dir dir;
+    const std::vector<std::size_t> flat{3, 2}, deep{1, 2, 1, 1, 2}, lshape3{3}, lshape1{1};
+    const std::vector<float> f = {0.5f, -1.0f, 2.0f, 3.0f, 1e6f, -0.0f};
+    const std::vector<std::int32_t> l3 = {2, 0, 1}, l1 = {4};
+    const auto x = dir.write("x.idx", encode_idx<float>(flat, f));
+    const auto y = dir.write("y.idx", encode_idx<std::int32_t>(lshape3, l3));
+    const auto ds = load_idx_pair(x, y);
+    CHECK(ds.sample_shape == std::vector<std::size_t>{2});
+    CHECK(ds.classes == 3);
+    CHECK(ds.labels == l3);
+    CHECK(ds.rows(0, 3) == f);
+    const auto x5 = dir.write("x5.idx", encode_idx<float>(deep, std::vector<float>{1, 2, 3, 4}));
+    const auto y1 = dir.write("y1.idx", encode_idx<std::int32_t>(lshape1, l1));
+    const auto ds5 = load_idx_pair(x5, y1);
+    CHECK(ds5.sample_shape == std::vector<std::size_t>{2, 1, 1, 2});
+    CHECK(ds5.classes == 5);
+    const std::vector<std::int32_t> negative = {0, -3, 1};
+    const auto yn = dir.write("yn.idx", encode_idx<std::int32_t>(lshape3, negative));
+    CHECK_THROWS_WITH_AS(load_idx_pair(x, yn), (yn.string() + ": at byte 12: label -3 of sample 1 is negative").c_str(),
+                         format_error);
+  }
+
   TEST_CASE("normalisation is (x - mean) / std and off unless asked") {
     tiny_pair files(2);
     load_options opt;

@@ -1,0 +1,81 @@
+#include "layers/train_data.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#include "layers/checkpoint/checkpoint.hpp"
+
+namespace nerve::layers {
+
+namespace {
+
+/// `[1, 28, 28]` from a dataset's sample shape.
+shape sample_shape_of(const data::dataset& d) {
+  std::vector<std::int64_t> dims(d.sample_shape.begin(), d.sample_shape.end());
+  return shape(std::move(dims));
+}
+
+}  // namespace
+
+std::shared_ptr<const data::dataset> run_training_set(const train_options& o, std::size_t classes) {
+  if (o.train_set) return o.train_set;
+  const data::load_options loading{o.normalize};
+  if (!o.train_data.empty())
+    return std::make_shared<const data::dataset>(data::load_npy_pair(o.train_data.inputs, o.train_data.labels, loading, classes));
+  return std::make_shared<const data::dataset>(data::load_fashion_mnist(o.data, data::split::train, loading));
+}
+
+std::shared_ptr<const data::dataset> run_test_set(const train_options& o, std::size_t classes) {
+  if (o.test_set) return o.test_set;
+  const data::load_options loading{o.normalize};
+  if (!o.test_data.empty())
+    return std::make_shared<const data::dataset>(data::load_npy_pair(o.test_data.inputs, o.test_data.labels, loading, classes));
+  return std::make_shared<const data::dataset>(data::load_fashion_mnist(o.data, data::split::test, loading));
+}
+
+void load_own_data(train_options& o) {
+  if (!o.train_set && !o.train_data.empty()) o.train_set = run_training_set(o, 0);
+  if (!o.test_set && !o.test_data.empty()) o.test_set = run_test_set(o, o.train_set ? o.train_set->classes : 0);
+  if (o.train_set && o.test_set) check_test_samples(*o.train_set, *o.test_set, o);
+  if (o.train_set) data::check_augment(o.augment, o.train_set->sample_shape);
+}
+
+std::optional<preset_shape> own_data_shape(const train_options& o) {
+  const auto& set = o.train_set ? o.train_set : o.test_set;
+  if (!set) return std::nullopt;
+  return preset_shape{sample_shape_of(*set), static_cast<std::int64_t>(set->classes)};
+}
+
+std::optional<std::int64_t> classes_of_weights(const std::filesystem::path& weights, std::string_view model,
+                                               const shape& input) {
+  // The head's name does not depend on its size: any class count finds it.
+  const auto g = make_preset(model, 0, preset_shape{input, 2});
+  std::string head;
+  for (const auto& n : g.nodes())
+    if (!n.is_input() && !n.layer->parameters().empty()) head = n.name;
+  const auto d = checkpoint::load_checkpoint(weights);
+  const std::string bias = head + ".bias";
+  if (head.empty() || !d.contains(bias) || d.at(bias).shape.size() != 1) return std::nullopt;
+  return static_cast<std::int64_t>(d.at(bias).shape[0]);
+}
+
+graph make_preset_for(const train_options& o) {
+  const auto data = own_data_shape(o);
+  return make_preset(o.model, o.seed, data.value_or(preset_shape{}));
+}
+
+void check_test_samples(const data::dataset& train, const data::dataset& test, const train_options& o) {
+  if (train.sample_shape == test.sample_shape) return;
+  auto named = [](const char* what, const data::npy_files& f) {
+    return std::string(what) + (f.empty() ? "" : " (" + f.inputs.string() + ")");
+  };
+  throw std::invalid_argument(named("the test data", o.test_data) + " has samples of " + sample_shape_of(test).to_string() +
+                              " but " + named("the training data", o.train_data) + " of " +
+                              sample_shape_of(train).to_string());
+}
+
+std::size_t output_classes(const graph& g) {
+  return static_cast<std::size_t>(g.nodes()[g.output()].output_shape.numel());
+}
+
+}  // namespace nerve::layers
