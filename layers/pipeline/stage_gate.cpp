@@ -151,10 +151,21 @@ void stage_gate::on_evaluate() {
   for (std::size_t k = 0; k < req_.inputs.size(); ++k)
     input_.emit(layers::forward_msg{std::int64_t(k), req_.step, 0, std::uint32_t(req_.inputs.size()), false, -1,
                                     std::move(req_.inputs[k])});
+  for (auto& m : std::exchange(early_outputs_, {})) {
+    if (m.step != req_.step)
+      throw std::logic_error("stage " + std::to_string(c_.stage) + ": an evaluation output of step " +
+                             std::to_string(m.step) + " came before the evaluation of step " +
+                             std::to_string(req_.step));
+    on_evaluated(m);
+  }
   finish_evaluation();
 }
 
 void stage_gate::on_evaluated(layers::forward_msg& m) {
+  if (!evaluating_ && !active_) {  // the evaluation's request is still on its way (another rank's stages ran ahead)
+    early_outputs_.push_back(std::move(m));
+    return;
+  }
   const auto mb = std::size_t(m.micro_batch);
   if (!evaluating_ || mb >= req_.targets.size())
     throw std::logic_error("stage " + std::to_string(c_.stage) + ": an evaluation output of micro-batch " +

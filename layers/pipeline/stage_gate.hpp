@@ -181,6 +181,9 @@ class stage_gate : public actors::actor {
   // come), and how many the evaluation running needs: its micro-batches by the layers.
   std::size_t evaluated_ = 0, evaluations_due_ = 0;
   bool evaluating_ = false;
+  // Outputs of an evaluation whose request has not come yet: across ranks, the stages
+  // before this one start it on their rank's request, which may come first.
+  std::vector<layers::forward_msg> early_outputs_;
   // The action running, and where the list is.
   std::size_t cursor_ = 0;
   action cur_;
