@@ -135,9 +135,13 @@ struct broadcast {
   NERVE_HOST_DEVICE void operator()(std::size_t i) const { y[i] = combine<Op>(x[i], read_only(v[i % period])); }
 };
 
-/// Channel c of a [outer, channels, inner] view: where its row `o` starts.
-NERVE_HOST_DEVICE inline std::size_t channel_row(const channel_geometry& g, std::size_t o, std::size_t c) {
-  return (o * g.channels + c) * g.inner;
+/// Calls `fn(i)` for each element `i` of channel c of a [outer, channels, inner] view, in
+/// element order (rows o, then positions): the order every per-channel sum here adds in,
+/// the CPU's (layers/cpu_ops.cpp).
+template <class Fn>
+NERVE_HOST_DEVICE void for_each_in_channel(const channel_geometry& g, std::size_t c, Fn&& fn) {
+  for (std::size_t o = 0; o < g.outer; ++o)
+    for (std::size_t i = (o * g.channels + c) * g.inner, end = i + g.inner; i < end; ++i) fn(i);
 }
 /// A channel's statistics (element i is channel i; one thread per channel): with `batch`
 /// its mean and biased variance, summed in double over rows then positions (the CPU's
@@ -154,15 +158,13 @@ struct channel_stats {
     double v;
     if (batch) {
       double sum = 0;
-      for (std::size_t o = 0; o < g.outer; ++o)
-        for (std::size_t i = channel_row(g, o, c), end = i + g.inner; i < end; ++i) sum += double(read_only(x[i]));
+      for_each_in_channel(g, c, [&](std::size_t i) { sum += double(read_only(x[i])); });
       const float m = float(sum / double(g.count()));
       double sq = 0;
-      for (std::size_t o = 0; o < g.outer; ++o)
-        for (std::size_t i = channel_row(g, o, c), end = i + g.inner; i < end; ++i) {
-          const double d = double(read_only(x[i])) - double(m);
-          sq += d * d;
-        }
+      for_each_in_channel(g, c, [&](std::size_t i) {
+        const double d = double(read_only(x[i])) - double(m);
+        sq += d * d;
+      });
       v = sq / double(g.count());
       mean[c] = m;
       var[c] = float(v);
@@ -190,12 +192,11 @@ struct normalize_grad_means {
   channel_geometry g;
   NERVE_HOST_DEVICE void operator()(std::size_t c) const {
     double sg = 0, sgx = 0;
-    for (std::size_t o = 0; o < g.outer; ++o)
-      for (std::size_t i = channel_row(g, o, c), end = i + g.inner; i < end; ++i) {
-        const double d = double(read_only(dxhat[i]));
-        sg += d;
-        sgx += d * double(read_only(xhat[i]));
-      }
+    for_each_in_channel(g, c, [&](std::size_t i) {
+      const double d = double(read_only(dxhat[i]));
+      sg += d;
+      sgx += d * double(read_only(xhat[i]));
+    });
     means[c] = float(sg / double(g.count()));
     means[g.channels + c] = float(sgx / double(g.count()));
   }
@@ -229,9 +230,9 @@ struct channel_sums {
   channel_geometry g;
   NERVE_HOST_DEVICE void operator()(std::size_t c) const {
     double acc = 0;
-    for (std::size_t o = 0; o < g.outer; ++o)
-      for (std::size_t i = channel_row(g, o, c), end = i + g.inner; i < end; ++i)
-        acc += z ? double(read_only(x[i])) * double(read_only(z[i])) : double(read_only(x[i]));
+    for_each_in_channel(g, c, [&](std::size_t i) {
+      acc += z ? double(read_only(x[i])) * double(read_only(z[i])) : double(read_only(x[i]));
+    });
     out[c] += float(acc);
   }
 };
