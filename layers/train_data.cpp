@@ -17,20 +17,27 @@ shape sample_shape_of(const data::dataset& d) {
 
 }  // namespace
 
-std::shared_ptr<const data::dataset> run_training_set(const train_options& o, std::size_t classes) {
-  if (o.train_set) return o.train_set;
+namespace {
+
+/// The run's set of `which` split: given in memory, else its .npy pair, else Fashion-MNIST's.
+std::shared_ptr<const data::dataset> run_set(const std::shared_ptr<const data::dataset>& given,
+                                             const data::npy_files& files, const train_options& o, data::split which,
+                                             std::size_t classes) {
+  if (given) return given;
   const data::load_options loading{o.normalize};
-  if (!o.train_data.empty())
-    return std::make_shared<const data::dataset>(data::load_npy_pair(o.train_data.inputs, o.train_data.labels, loading, classes));
-  return std::make_shared<const data::dataset>(data::load_fashion_mnist(o.data, data::split::train, loading));
+  if (!files.empty())
+    return std::make_shared<const data::dataset>(data::load_npy_pair(files.inputs, files.labels, loading, classes));
+  return std::make_shared<const data::dataset>(data::load_fashion_mnist(o.data, which, loading));
+}
+
+}  // namespace
+
+std::shared_ptr<const data::dataset> run_training_set(const train_options& o, std::size_t classes) {
+  return run_set(o.train_set, o.train_data, o, data::split::train, classes);
 }
 
 std::shared_ptr<const data::dataset> run_test_set(const train_options& o, std::size_t classes) {
-  if (o.test_set) return o.test_set;
-  const data::load_options loading{o.normalize};
-  if (!o.test_data.empty())
-    return std::make_shared<const data::dataset>(data::load_npy_pair(o.test_data.inputs, o.test_data.labels, loading, classes));
-  return std::make_shared<const data::dataset>(data::load_fashion_mnist(o.data, data::split::test, loading));
+  return run_set(o.test_set, o.test_data, o, data::split::test, classes);
 }
 
 void load_own_data(train_options& o) {
