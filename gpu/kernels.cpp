@@ -45,7 +45,7 @@ void column_sums(stream& s, const float* x, std::size_t rows, std::size_t cols, 
   if (cols) of(s).column_sums(s.impl(), x, rows, cols, out, beta);
 }
 void softmax_xent_forward(stream& s, const float* logits, const std::int32_t* labels, std::size_t rows,
-                          std::size_t cols, float* probs, float* loss, std::int32_t* correct) {
+                          std::size_t cols, float* probs, float* loss, float* correct) {
   if (cols == 0) throw error(errc::invalid_argument, "softmax_xent_forward: no classes");
   of(s).softmax_xent_forward(s.impl(), logits, labels, rows, cols, probs, loss, correct);
 }
@@ -110,13 +110,12 @@ void fill(stream& s, std::size_t n, float value, float* x) {
   if (n) of(s).launch(s.impl(), n, ops::fill{value, x});
 }
 void sgd_update(stream& s, float* w, const float* g, float* velocity, std::size_t n, const sgd_params& p) {
-  if (p.momentum != 0.0f && !velocity) throw error(errc::invalid_argument, "sgd_update: momentum needs a velocity");
-  if (n) of(s).launch(s.impl(), n, ops::sgd_update{w, g, velocity, p});
+  if (p.momentum != 0 && !velocity) throw error(errc::invalid_argument, "sgd_update: momentum needs a velocity");
+  if (n) of(s).launch(s.impl(), n, ops::sgd_update::make(w, g, velocity, p));
 }
 void adam_update(stream& s, float* w, const float* g, float* m, float* v, std::size_t n, const adam_params& p) {
   if (p.step < 1) throw error(errc::invalid_argument, "adam_update: step is 1-based");
-  const float c1 = ops::bias_correction(p.beta1, p.step), c2 = ops::bias_correction(p.beta2, p.step);
-  if (n) of(s).launch(s.impl(), n, ops::adam_update{w, g, m, v, p, c1, c2});
+  if (n) of(s).launch(s.impl(), n, ops::adam_update::make(w, g, m, v, p));
 }
 void im2col(stream& s, const float* x, const window_geometry& g, float* col) {
   launch_window(s, "im2col", ops::im2col{x, g, col});

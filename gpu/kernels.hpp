@@ -47,7 +47,7 @@ void column_sums(stream& s, const float* x, std::size_t rows, std::size_t cols, 
 /// of rows whose first arg-max equals the label (set, not accumulated).
 /// `probs` is kept for backward. Labels are int32 in [0, cols).
 void softmax_xent_forward(stream& s, const float* logits, const std::int32_t* labels, std::size_t rows,
-                          std::size_t cols, float* probs, float* loss, std::int32_t* correct);
+                          std::size_t cols, float* probs, float* loss, float* correct);
 
 /// dlogits = scale·(probs − onehot(label)); scale is usually 1/batch.
 void softmax_xent_backward(stream& s, const float* probs, const std::int32_t* labels, std::size_t rows,
@@ -93,24 +93,29 @@ void channel_affine(stream& s, const channel_geometry& g, const float* x, const 
 /// out[c] += Σ x·z over each channel (`z` null: Σ x), summed in double.
 void channel_sums(stream& s, const channel_geometry& g, const float* x, const float* z, float* out);
 
-/// SGD as PyTorch's: g' = g + wd·w; v = momentum·v + g'; step = nesterov ? g' + momentum·v : v
-/// (just g' without momentum); w −= lr·step. `velocity` may be null when momentum is 0.
+/// SGD as PyTorch's (`layers::basic_sgd`): d = g + wd·w; with momentum, v = d on the
+/// `first` step and v = momentum·v + (1 − dampening)·d after; step = nesterov ? d +
+/// momentum·v : v (just d without momentum); w −= lr·step. `velocity` may be null when
+/// momentum is 0. The scalars are rounded to float as the CPU's op set rounds them.
 struct sgd_params {
-  float lr = 0.01f;
-  float momentum = 0.0f;
-  float weight_decay = 0.0f;
+  double lr = 0.01;
+  double momentum = 0.0;
+  double weight_decay = 0.0;
   bool nesterov = false;
+  double dampening = 0.0;
+  bool first = false;
 };
 void sgd_update(stream& s, float* w, const float* g, float* velocity, std::size_t n, const sgd_params& p);
 
 /// Adam (decoupled = false: wd added to the gradient) and AdamW (decoupled = true:
-/// w *= 1 − lr·wd first), PyTorch's formulas with bias correction at `step` (1-based).
+/// w *= 1 − lr·wd first), PyTorch's formulas with bias correction at `step` (1-based),
+/// computed in double and rounded as the CPU's op set does (`layers::basic_adam`).
 struct adam_params {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
   bool decoupled = false;
   std::int64_t step = 1;
 };

@@ -53,4 +53,18 @@ void fill_zero_async(stream& s, void* dst, std::size_t bytes) {
   if (bytes) s.impl().core->impl->fill_zero(dst, bytes, s.impl());
 }
 
+device_tensor upload(stream& s, const float* host, shape_t shape) {
+  device_tensor t(s, std::move(shape));
+  copy_async(s, t.data(), host, t.bytes());
+  s.synchronize();
+  return t;
+}
+
+std::vector<float> download(stream& s, const device_tensor& t) {
+  std::vector<float> v(t.size());
+  copy_async(s, v.data(), t.data(), t.bytes());
+  s.synchronize();
+  return v;
+}
+
 }  // namespace nerve::gpu

@@ -125,4 +125,10 @@ void copy_async(stream& s, void* dst, const void* src, std::size_t bytes);
 /// Sets `bytes` at `dst` (device memory) to zero in stream order.
 void fill_zero_async(stream& s, void* dst, std::size_t bytes);
 
+/// A tensor of `shape` on `s` filled from host memory (copied through the stream, then
+/// waited for: setup and tests).
+device_tensor upload(stream& s, const float* host, shape_t shape);
+/// The contents of `t` on the host (waits: not on a loop).
+std::vector<float> download(stream& s, const device_tensor& t);
+
 }  // namespace nerve::gpu

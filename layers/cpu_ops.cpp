@@ -198,6 +198,83 @@ class cpu_ops final : public basic_op_set<S> {
   void dropout_mask(std::uint64_t key, double p, S scale, S* mask, std::int64_t n) override {
     for (std::int64_t i = 0; i < n; ++i) mask[i] = counter_uniform(key, std::uint64_t(i)) >= p ? scale : S(0);
   }
+  void softmax_xent(const S* logits, const std::int32_t* labels, std::int64_t n, std::int64_t k, S* probs, S* loss,
+                    S* correct) override {
+    std::int64_t right = 0;
+    for (std::int64_t s = 0; s < n; ++s) {
+      const std::int32_t label = labels[s];
+      const S* z = logits + s * k;
+      S* p = probs + s * k;
+      S zmax = z[0];
+      std::int64_t argmax = 0;
+      for (std::int64_t j = 1; j < k; ++j)
+        if (z[j] > zmax) zmax = z[j], argmax = j;
+      S sum = 0;
+      for (std::int64_t j = 0; j < k; ++j) sum += (p[j] = std::exp(z[j] - zmax));
+      const S inv = S(1) / sum;
+      for (std::int64_t j = 0; j < k; ++j) p[j] *= inv;
+      loss[s] = S(double(std::log(sum)) + double(zmax) - double(z[label]));
+      right += argmax == label;
+    }
+    correct[0] = S(right);
+  }
+  void softmax_xent_grad(const S* probs, const std::int32_t* labels, std::int64_t n, std::int64_t k, S scale,
+                         S* g) override {
+    for (std::int64_t s = 0; s < n; ++s)
+      for (std::int64_t j = 0; j < k; ++j) g[s * k + j] = (probs[s * k + j] - (j == labels[s] ? S(1) : S(0))) * scale;
+  }
+  // The updates are Eigen expressions over the whole parameter: one pass each, and no
+  // temporary where PyTorch's arithmetic allows it.
+  void sgd_update(const sgd_update_args& a, S* wp, const S* gp, S* bp, std::int64_t n) override {
+    vec_map<S> w(wp, n);
+    const_vec_map<S> g(gp, n);
+    const S lr = S(-a.lr), wd = S(a.weight_decay), mu = S(a.momentum);
+    if (a.momentum == 0) {
+      if (a.weight_decay == 0)
+        w += lr * g;
+      else
+        w += lr * (g + wd * w);
+      return;
+    }
+    vec_map<S> b(bp, n);
+    if (a.first) {  // b = d_p, a clone (torch.clone)
+      if (a.weight_decay == 0)
+        b = g;
+      else
+        b = g + wd * w;
+    } else if (a.weight_decay == 0) {
+      b = b * mu + S(1 - a.dampening) * g;
+    } else {
+      b = b * mu + S(1 - a.dampening) * (g + wd * w);
+    }
+    if (!a.nesterov)
+      w += lr * b;
+    else if (a.weight_decay == 0)
+      w += lr * (g + mu * b);
+    else
+      w += lr * ((g + wd * w) + mu * b);
+  }
+  void adam_update(const adam_update_args& a, S* wp, const S* gp, S* mp, S* vp, std::int64_t n) override {
+    vec_map<S> w(wp, n), m(mp, n), v(vp, n);
+    const_vec_map<S> g(gp, n);
+    if (a.decoupled) w *= S(1 - a.lr * a.weight_decay);
+    const S b1 = S(a.beta1), b2 = S(a.beta2);
+    if (!a.decoupled && a.weight_decay != 0) {
+      const auto gd = (g + S(a.weight_decay) * w).eval();
+      m = m * b1 + S(1 - a.beta1) * gd;
+      v = v * b2 + S(1 - a.beta2) * gd * gd;
+    } else {
+      m = m * b1 + S(1 - a.beta1) * g;
+      v = v * b2 + S(1 - a.beta2) * g * g;
+    }
+    const double bc1 = 1 - std::pow(a.beta1, double(a.t));
+    const double bc2 = 1 - std::pow(a.beta2, double(a.t));
+    const S step_size = S(a.lr / bc1);
+    const S bc2_sqrt = S(std::sqrt(bc2));
+    w += S(-1) * step_size * (m / (v.sqrt() / bc2_sqrt + S(a.eps)));
+  }
+  void read(const S* x, S* host, std::int64_t n) override { std::copy(x, x + n, host); }
+  void write(const S* host, S* x, std::int64_t n) override { std::copy(host, host + n, x); }
 
   // Channel c of element (o, c, i) of a [outer, channels, inner] view is at (o·C + c)·inner + i:
   // each sum walks o then i, the order gpu/kernels/ops.hpp's kernels sum in.

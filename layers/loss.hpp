@@ -1,12 +1,16 @@
 #pragma once
 /// \file
-/// Losses: softmax + cross-entropy and mean squared error, mean-reduced as in PyTorch.
+/// Losses: softmax + cross-entropy and mean squared error, mean-reduced as in PyTorch,
+/// written once with ops (layers/ops.hpp), so every backend runs them: the CPU through
+/// `forward`/`backward` on host tensors, a device with its own op set.
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
 #include "layers/layer.hpp"
+#include "layers/ops.hpp"
 
 namespace nerve::layers {
 
@@ -41,7 +45,11 @@ struct basic_targets {
 /// all N) is Σ (nᵢ/N)·lossᵢ, so each micro-batch's backward takes
 /// `scale = nᵢ / N`; the accumulated parameter gradients then equal one
 /// backward over the whole mini-batch. Stateless: any number of micro-batches
-/// may be in flight.
+/// may be in flight. A loss written with ops (`basic_op_loss`) runs on every
+/// backend; one that overrides `forward`/`backward` itself runs on the CPU only.
+template <class Scalar>
+class basic_op_loss;
+
 template <class Scalar>
 class basic_loss {
  public:
@@ -61,41 +69,89 @@ class basic_loss {
   virtual std::string_view kind() const noexcept = 0;
   virtual result forward(const tensor_type& prediction, const targets_type& target) const = 0;
   virtual tensor_type backward(const stash_type& saved, Scalar scale = Scalar(1)) const = 0;
+  /// This loss as one written with ops (every backend runs it), or null.
+  virtual const basic_op_loss<Scalar>* as_op_loss() const noexcept { return nullptr; }
+};
+
+/// A micro-batch's targets in an op set's memory (what a backend staged): class labels,
+/// or values shaped like the prediction. `host_labels` are the labels as given (the
+/// checks read them on the host).
+template <class Scalar>
+struct basic_op_targets {
+  const std::int32_t* labels = nullptr;
+  std::span<const std::int32_t> host_labels;
+  basic_array<Scalar> values;
+};
+
+/// What a loss's forward on ops leaves: the loss is Σ `terms` (summed in double, in
+/// order, on the host) / `divisor`; `correct` holds one value, the samples whose arg-max
+/// is their label (empty where the loss has no classes); `stash` is what backward reads.
+template <class Scalar>
+struct basic_op_loss_run {
+  basic_array<Scalar> terms;
+  double divisor = 1;
+  basic_array<Scalar> correct;
+  std::vector<basic_array<Scalar>> stash;
+};
+
+/// A loss written once with ops: the CPU runs `compute` and `gradient` on its op set
+/// through `forward`/`backward`, a device backend on its own.
+template <class Scalar>
+class basic_op_loss : public basic_loss<Scalar> {
+ public:
+  using array = basic_array<Scalar>;
+  using run_type = basic_op_loss_run<Scalar>;
+  using typename basic_loss<Scalar>::tensor_type;
+  using typename basic_loss<Scalar>::stash_type;
+  using typename basic_loss<Scalar>::targets_type;
+  using typename basic_loss<Scalar>::result;
+
+  /// The forward on `set`: `prediction` and `target` are in its memory. Throws
+  /// `std::invalid_argument` for a target that does not fit the prediction.
+  virtual run_type compute(basic_op_set<Scalar>& set, const array& prediction,
+                           const basic_op_targets<Scalar>& target) const = 0;
+  /// `scale · d(loss)/d(prediction)` from `run` (as `compute` left it), fresh memory.
+  virtual array gradient(basic_op_set<Scalar>& set, const run_type& run, const basic_op_targets<Scalar>& target,
+                         Scalar scale) const = 0;
+
+  result forward(const tensor_type& prediction, const targets_type& target) const final;
+  tensor_type backward(const stash_type& saved, Scalar scale = Scalar(1)) const final;
+  const basic_op_loss<Scalar>* as_op_loss() const noexcept final { return this; }
 };
 
 /// Softmax followed by the negative log-likelihood of the labels
 /// (`nn.CrossEntropyLoss()`, mean reduction), computed stably with the
 /// log-sum-exp shift. Prediction `[K]` per sample, labels in [0, K).
-/// The stash holds the softmax probabilities and the labels.
+/// The stash holds the softmax probabilities.
 template <class Scalar>
-class basic_cross_entropy final : public basic_loss<Scalar> {
+class basic_cross_entropy final : public basic_op_loss<Scalar> {
  public:
-  using typename basic_loss<Scalar>::tensor_type;
-  using typename basic_loss<Scalar>::stash_type;
-  using typename basic_loss<Scalar>::targets_type;
-  using typename basic_loss<Scalar>::result;
-
+  using typename basic_op_loss<Scalar>::array;
+  using typename basic_op_loss<Scalar>::run_type;
   std::string_view kind() const noexcept override { return "CrossEntropyLoss"; }
-  result forward(const tensor_type& logits, const targets_type& target) const override;
-  tensor_type backward(const stash_type& saved, Scalar scale = Scalar(1)) const override;
+  run_type compute(basic_op_set<Scalar>& set, const array& logits,
+                   const basic_op_targets<Scalar>& target) const override;
+  array gradient(basic_op_set<Scalar>& set, const run_type& run, const basic_op_targets<Scalar>& target,
+                 Scalar scale) const override;
 };
 
 /// Mean squared error over every element (`nn.MSELoss()`): Σ(y − t)² / (N·F).
 template <class Scalar>
-class basic_mse final : public basic_loss<Scalar> {
+class basic_mse final : public basic_op_loss<Scalar> {
  public:
-  using typename basic_loss<Scalar>::tensor_type;
-  using typename basic_loss<Scalar>::stash_type;
-  using typename basic_loss<Scalar>::targets_type;
-  using typename basic_loss<Scalar>::result;
-
+  using typename basic_op_loss<Scalar>::array;
+  using typename basic_op_loss<Scalar>::run_type;
   std::string_view kind() const noexcept override { return "MSELoss"; }
-  result forward(const tensor_type& prediction, const targets_type& target) const override;
-  tensor_type backward(const stash_type& saved, Scalar scale = Scalar(1)) const override;
+  run_type compute(basic_op_set<Scalar>& set, const array& prediction,
+                   const basic_op_targets<Scalar>& target) const override;
+  array gradient(basic_op_set<Scalar>& set, const run_type& run, const basic_op_targets<Scalar>& target,
+                 Scalar scale) const override;
 };
 
 using targets = basic_targets<float>;
 using loss = basic_loss<float>;
+using op_loss = basic_op_loss<float>;
+using op_targets = basic_op_targets<float>;
 using cross_entropy = basic_cross_entropy<float>;
 using mse = basic_mse<float>;
 

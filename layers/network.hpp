@@ -39,9 +39,6 @@
 
 namespace nerve::layers {
 
-/// Makes one optimizer per layer actor (each layer steps its own parameters).
-using optimizer_factory = std::function<std::unique_ptr<optimizer>()>;
-
 /// Messages delivered through the network's bus signals so far (read between steps).
 struct bus_traffic {
   std::uint64_t feed = 0;      ///< micro-batches into the graph's inputs, one per input edge

@@ -7,6 +7,7 @@
 #include "layers/detail/ops_require.hpp"
 #include "layers/detail/vector_state.hpp"
 #include "layers/ops.hpp"
+#include "layers/detail/host_arrays.hpp"
 
 namespace nerve::layers {
 // ---- one micro-batch of an op layer ------------------------------------------------------
@@ -114,11 +115,6 @@ void basic_op_run<S>::backward_weight(const array& dy, std::span<const array> gr
 
 namespace {
 
-/// `t` as an array owning it (moved in) or borrowing it.
-template <class S>
-basic_array<S> host_array(basic_tensor<S>& t) {
-  return {t.full_shape(), t.data(), nullptr, -1};
-}
 template <class S>
 basic_array<S> owning_array(basic_tensor<S> t) {
   auto mem = std::make_shared<basic_tensor<S>>(std::move(t));
@@ -127,26 +123,8 @@ basic_array<S> owning_array(basic_tensor<S> t) {
   return a;
 }
 
-/// The array as a tensor of its dims: its own tensor, moved, when nothing else holds it
-/// (every owner of a CPU array is a tensor: `alloc`, `owning_array`); else a copy (the
-/// tape or a kept array still reads it).
-template <class S>
-basic_tensor<S> to_tensor(basic_array<S>&& a) {
-  std::vector<std::int64_t> sample(a.dims.begin() + (a.dims.empty() ? 0 : 1), a.dims.end());
-  shape sample_shape(std::move(sample));
-  if (a.owner && a.owner.use_count() == 1) {
-    auto* own = static_cast<basic_tensor<S>*>(a.owner.get());
-    if (own->data() == a.data && own->size() == a.size() && own->batch() == a.rows()) {
-      basic_tensor<S> t = std::move(*own);
-      t.reshape(std::move(sample_shape));
-      a = {};
-      return t;
-    }
-  }
-  basic_tensor<S> t(a.rows(), std::move(sample_shape));
-  std::copy(a.data, a.data + a.size(), t.data());
-  return t;
-}
+using detail::host_array;
+using detail::to_tensor;
 
 /// The layer's parameter values (then its buffers) or gradients, as arrays borrowing them.
 template <class S>

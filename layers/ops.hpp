@@ -37,9 +37,9 @@ namespace nerve::layers {
 /// What an op set may run (`basic_op_set::supports`).
 enum class op_kind : std::uint8_t {
   gemm, gemm_bias, unary, unary_grad, binary, broadcast, column_sums, axpy, scale, fill, copy, copy2d, conv2d,
-  pool2d, dropout_mask, norm
+  pool2d, dropout_mask, norm, optimizer, host_copy, softmax_xent
 };
-inline constexpr std::size_t op_kinds = 16;
+inline constexpr std::size_t op_kinds = 19;
 
 // GCC 12 takes a scoped enumerator for a shadow of the layer aliases of the same name
 // (layers/activation.hpp's `relu`, …), which it cannot be.
@@ -82,6 +82,24 @@ struct norm_geometry {
   /// The values of one channel: outer·inner.
   constexpr std::int64_t count() const noexcept { return outer * inner; }
   constexpr std::int64_t size() const noexcept { return outer * channels * inner; }
+};
+
+/// One SGD update (`basic_sgd`, PyTorch's rule) of a parameter: `d = g + weight_decay·w`;
+/// with momentum, `b = d` on the first step (`first`) and `b = momentum·b + (1 −
+/// dampening)·d` after, then `d = d + momentum·b` (Nesterov) or `d = b`; `w −= lr·d`.
+/// The scalars are rounded to the parameter's type as PyTorch rounds them.
+struct sgd_update_args {
+  double lr = 0.01, momentum = 0, dampening = 0, weight_decay = 0;
+  bool nesterov = false, first = false;
+};
+/// One Adam or AdamW update (`basic_adam`, PyTorch's rule) at the parameter's step `t`
+/// (1-based): AdamW scales `w` by `1 − lr·weight_decay` first, Adam adds
+/// `weight_decay·w` to the gradient; `m = β₁m + (1−β₁)g`, `v = β₂v + (1−β₂)g²`,
+/// `w −= (lr/(1−β₁ᵗ))·m / (√v/√(1−β₂ᵗ) + ε)`, the corrections computed in double.
+struct adam_update_args {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  bool decoupled = false;
+  std::int64_t t = 1;
 };
 
 /// Draw `i` of the uniform stream `key`, in [0, 1): SplitMix64's output for counter
@@ -166,6 +184,25 @@ class basic_op_set {
   virtual void copy2d(std::int64_t rows, std::int64_t cols, const S* x, std::int64_t ldx, S* y, std::int64_t ldy) = 0;
   /// Inverted dropout's mask: `mask[i] = scale` where `counter_uniform(key, i) ≥ p`, else 0.
   virtual void dropout_mask(std::uint64_t key, double p, S scale, S* mask, std::int64_t n) = 0;
+
+  /// Softmax cross-entropy of `rows` rows of `cols` logits against `labels` (class
+  /// indices in this set's memory, each in [0, cols): the caller checks them): `probs`
+  /// the rows' softmax, shifted by the row's maximum; `loss[r] = log Σ exp(z − max) + max
+  /// − z[label]`; `correct[0]` the rows whose first maximum is their label.
+  virtual void softmax_xent(const S* logits, const std::int32_t* labels, std::int64_t rows, std::int64_t cols,
+                            S* probs, S* loss, S* correct) = 0;
+  /// `dlogits = scale·(probs − onehot(label))` per row.
+  virtual void softmax_xent_grad(const S* probs, const std::int32_t* labels, std::int64_t rows, std::int64_t cols,
+                                 S scale, S* dlogits) = 0;
+
+  /// The optimizers' updates of `n` parameters `w` from their gradients `g`, with their
+  /// state (`b`: the momentum buffer, null without momentum; `m`, `v`: Adam's moments).
+  virtual void sgd_update(const sgd_update_args& a, S* w, const S* g, S* b, std::int64_t n) = 0;
+  virtual void adam_update(const adam_update_args& a, S* w, const S* g, S* m, S* v, std::int64_t n) = 0;
+  /// `n` values of this set's memory to the host, and from the host into it, done when
+  /// they return (a device waits for its stream): checkpoints, off the loops.
+  virtual void read(const S* x, S* host, std::int64_t n) = 0;
+  virtual void write(const S* host, S* x, std::int64_t n) = 0;
 
   /// Normalises each channel of `x` (`g`): with `batch`, the channel's mean and biased
   /// variance are computed (summed in double, in element order) and written to `mean`

@@ -16,43 +16,18 @@ basic_sgd<Scalar>::basic_sgd(sgd_options o) : basic_optimizer<Scalar>(o.lr), o_(
 }
 
 template <class Scalar>
-void basic_sgd<Scalar>::update(const parameter_ref& p) {
-  auto w = p.value->matrix().array();
-  const auto g = p.grad->matrix().array();
-  const Scalar lr = Scalar(-this->lr());
-  if (o_.momentum == 0) {
-    // No state: one pass, no temporary (the common case; PyTorch's arithmetic is the same).
-    if (o_.weight_decay == 0)
-      w += lr * g;
-    else
-      w += lr * (g + Scalar(o_.weight_decay) * w);
-    return;
+void basic_sgd<Scalar>::update(basic_op_set<Scalar>& set, const typename basic_optimizer<Scalar>::parameter& p) {
+  sgd_update_args a{this->lr(), o_.momentum, o_.dampening, o_.weight_decay, o_.nesterov, false};
+  Scalar* buf = nullptr;
+  if (o_.momentum != 0) {
+    auto it = momentum_.find(p.name);
+    if (it == momentum_.end()) {  // the first step clones d_p into the buffer
+      it = momentum_.emplace(p.name, set.alloc(p.value.dims)).first;
+      a.first = true;
+    }
+    buf = it->second.data;
   }
-  auto it = momentum_.find(p.name);
-  if (it == momentum_.end()) {
-    // First step: buf = d_p (a clone, as torch.clone(d_p)).
-    basic_tensor<Scalar> buf(p.value->batch(), p.value->sample_shape());
-    if (o_.weight_decay == 0)
-      buf.matrix().array() = g;
-    else
-      buf.matrix().array() = g + Scalar(o_.weight_decay) * w;
-    it = momentum_.emplace(p.name, std::move(buf)).first;
-  } else {
-    auto b = it->second.matrix().array();
-    if (o_.weight_decay == 0)
-      b = b * Scalar(o_.momentum) + Scalar(1 - o_.dampening) * g;
-    else
-      b = b * Scalar(o_.momentum) + Scalar(1 - o_.dampening) * (g + Scalar(o_.weight_decay) * w);
-  }
-  const auto b = it->second.matrix().array();
-  if (o_.nesterov) {
-    if (o_.weight_decay == 0)
-      w += lr * (g + Scalar(o_.momentum) * b);
-    else
-      w += lr * ((g + Scalar(o_.weight_decay) * w) + Scalar(o_.momentum) * b);
-  } else {
-    w += lr * b;
-  }
+  set.sgd_update(a, p.value.data, p.grad.data, buf, p.value.size());
 }
 
 template <class Scalar>
@@ -63,59 +38,93 @@ basic_adam<Scalar>::basic_adam(adam_options o, bool decoupled)
 }
 
 template <class Scalar>
-void basic_adam<Scalar>::update(const parameter_ref& p) {
+void basic_adam<Scalar>::update(basic_op_set<Scalar>& set, const typename basic_optimizer<Scalar>::parameter& p) {
   auto it = state_.find(p.name);
   if (it == state_.end()) {
-    moments s{basic_tensor<Scalar>::zeros(p.value->batch(), p.value->sample_shape()),
-              basic_tensor<Scalar>::zeros(p.value->batch(), p.value->sample_shape()), 0};
+    const auto n = p.value.size();
+    moments s{set.alloc(p.value.dims), set.alloc(p.value.dims), 0};
+    set.fill(n, Scalar(0), s.m.data);
+    set.fill(n, Scalar(0), s.v.data);
     it = state_.emplace(p.name, std::move(s)).first;
   }
   moments& s = it->second;
   ++s.t;
-  auto w = p.value->matrix().array();
-  const double lr = this->lr();
-  if (decoupled_) w *= Scalar(1 - lr * o_.weight_decay);
-  auto m = s.m.matrix().array();
-  auto v = s.v.matrix().array();
-  const auto g = p.grad->matrix().array();
-  const Scalar b1 = Scalar(o_.beta1), b2 = Scalar(o_.beta2);
-  if (!decoupled_ && o_.weight_decay != 0) {
-    const auto gd = (g + Scalar(o_.weight_decay) * w).eval();
-    m = m * b1 + Scalar(1 - o_.beta1) * gd;
-    v = v * b2 + Scalar(1 - o_.beta2) * gd * gd;
-  } else {
-    m = m * b1 + Scalar(1 - o_.beta1) * g;
-    v = v * b2 + Scalar(1 - o_.beta2) * g * g;
-  }
-  const double bc1 = 1 - std::pow(o_.beta1, double(s.t));
-  const double bc2 = 1 - std::pow(o_.beta2, double(s.t));
-  const Scalar step_size = Scalar(lr / bc1);
-  const Scalar bc2_sqrt = Scalar(std::sqrt(bc2));
-  w += Scalar(-1) * step_size * (m / (v.sqrt() / bc2_sqrt + Scalar(o_.eps)));
+  const adam_update_args a{this->lr(), o_.beta1, o_.beta2, o_.eps, o_.weight_decay, decoupled_, s.t};
+  set.adam_update(a, p.value.data, p.grad.data, s.m.data, s.v.data, p.value.size());
 }
 
 namespace {
 
-/// The parameter `name` of `params`, and its tensor shaped like it from `values`.
+/// `t` as an array borrowing it, in PyTorch's shape.
 template <class Scalar>
-basic_tensor<Scalar> shaped_like(std::span<const basic_parameter_ref<Scalar>> params, const std::string& name,
-                                 const std::string& buffer, const std::vector<Scalar>& values) {
+basic_array<Scalar> borrowed(basic_tensor<Scalar>& t, const std::vector<std::int64_t>& dims) {
+  return {dims.empty() ? t.full_shape() : dims, t.data(), nullptr, -1};
+}
+
+/// Host parameters as op-set parameters (arrays borrowing their tensors).
+template <class Scalar>
+std::vector<typename basic_optimizer<Scalar>::parameter> on_host(
+    std::span<const basic_parameter_ref<Scalar>> params) {
+  std::vector<typename basic_optimizer<Scalar>::parameter> out;
+  out.reserve(params.size());
   for (const auto& p : params)
-    if (p.name == name) {
-      if (values.size() != static_cast<std::size_t>(p.value->size()))
-        throw std::invalid_argument("optimizer state: '" + name + "." + buffer + "' has " +
-                                    std::to_string(values.size()) + " values, the parameter " +
-                                    std::to_string(p.value->size()));
-      basic_tensor<Scalar> t(p.value->batch(), p.value->sample_shape());
-      std::copy(values.begin(), values.end(), t.data());
-      return t;
-    }
-  throw std::invalid_argument("optimizer state: '" + name + "." + buffer + "' belongs to no parameter here");
+    out.push_back({p.name, borrowed(*p.value, p.torch_shape), borrowed(*p.grad, p.torch_shape)});
+  return out;
+}
+
+}  // namespace
+
+template <class Scalar>
+void basic_optimizer<Scalar>::step(std::span<const parameter_ref> params) {
+  const auto ps = on_host(params);
+  step(cpu_op_set<Scalar>(), ps);
 }
 
 template <class Scalar>
-std::vector<Scalar> flat(const basic_tensor<Scalar>& t) {
-  return {t.data(), t.data() + t.size()};
+void basic_optimizer<Scalar>::load_state(const basic_optimizer_state<Scalar>& in,
+                                         std::span<const parameter_ref> params) {
+  const auto ps = on_host(params);
+  load_state(in, cpu_op_set<Scalar>(), ps);
+}
+
+template <class Scalar>
+void basic_optimizer<Scalar>::use(basic_op_set<Scalar>& set) {
+  if (set_ && set_ != &set && has_state())
+    throw std::logic_error(std::string(kind()) + ": its state is on the " + std::string(set_->name()) +
+                           " op set, not the " + std::string(set.name()) + " one");
+  set_ = &set;
+}
+
+template <class Scalar>
+basic_array<Scalar> basic_optimizer<Scalar>::state_like(basic_op_set<Scalar>& set, const parameter& p,
+                                                        const std::string& buffer, const std::vector<Scalar>& values) {
+  const auto n = p.value.size();
+  if (!values.empty() && values.size() != static_cast<std::size_t>(n))
+    throw std::invalid_argument("optimizer state: '" + p.name + "." + buffer + "' has " +
+                                std::to_string(values.size()) + " values, the parameter " + std::to_string(n));
+  auto a = set.alloc(p.value.dims);
+  if (values.empty())
+    set.fill(n, Scalar(0), a.data);
+  else
+    set.write(values.data(), a.data, n);
+  return a;
+}
+
+template <class Scalar>
+std::vector<Scalar> basic_optimizer<Scalar>::host_values(const array& a) const {
+  std::vector<Scalar> v(static_cast<std::size_t>(a.size()));
+  set_->read(a.data, v.data(), a.size());
+  return v;
+}
+
+namespace {
+
+/// The parameter of `params` named `name`; throws naming the buffer when there is none.
+template <class P>
+const P& parameter_named(std::span<const P> params, const std::string& name, const std::string& buffer) {
+  for (const auto& p : params)
+    if (p.name == name) return p;
+  throw std::invalid_argument("optimizer state: '" + name + "." + buffer + "' belongs to no parameter here");
 }
 
 }  // namespace
@@ -123,18 +132,19 @@ std::vector<Scalar> flat(const basic_tensor<Scalar>& t) {
 template <class Scalar>
 void basic_sgd<Scalar>::save_state(basic_optimizer_state<Scalar>& out) const {
   basic_optimizer<Scalar>::save_state(out);
-  for (const auto& [name, buf] : momentum_) out.buffers.push_back({name, "momentum_buffer", flat(buf)});
+  for (const auto& [name, buf] : momentum_) out.buffers.push_back({name, "momentum_buffer", this->host_values(buf)});
 }
 
 template <class Scalar>
-void basic_sgd<Scalar>::load_state(const basic_optimizer_state<Scalar>& in,
-                                   std::span<const typename basic_optimizer<Scalar>::parameter_ref> params) {
-  basic_optimizer<Scalar>::load_state(in, params);
+void basic_sgd<Scalar>::load_state(const basic_optimizer_state<Scalar>& in, basic_op_set<Scalar>& set,
+                                   std::span<const typename basic_optimizer<Scalar>::parameter> params) {
+  basic_optimizer<Scalar>::load_state(in, set, params);
   momentum_.clear();
   for (const auto& b : in.buffers) {
     if (b.name != "momentum_buffer")
       throw std::invalid_argument("optimizer state: SGD has no buffer '" + b.name + "' (of '" + b.parameter + "')");
-    momentum_.insert_or_assign(b.parameter, shaped_like(params, b.parameter, b.name, b.values));
+    momentum_.insert_or_assign(b.parameter,
+                               this->state_like(set, parameter_named(params, b.parameter, b.name), b.name, b.values));
   }
 }
 
@@ -142,22 +152,23 @@ template <class Scalar>
 void basic_adam<Scalar>::save_state(basic_optimizer_state<Scalar>& out) const {
   basic_optimizer<Scalar>::save_state(out);
   for (const auto& [name, s] : state_) {
-    out.buffers.push_back({name, "exp_avg", flat(s.m)});
-    out.buffers.push_back({name, "exp_avg_sq", flat(s.v)});
+    out.buffers.push_back({name, "exp_avg", this->host_values(s.m)});
+    out.buffers.push_back({name, "exp_avg_sq", this->host_values(s.v)});
     out.counters[name + ".step"] = s.t;
   }
 }
 
 template <class Scalar>
-void basic_adam<Scalar>::load_state(const basic_optimizer_state<Scalar>& in,
-                                    std::span<const typename basic_optimizer<Scalar>::parameter_ref> params) {
-  basic_optimizer<Scalar>::load_state(in, params);
+void basic_adam<Scalar>::load_state(const basic_optimizer_state<Scalar>& in, basic_op_set<Scalar>& set,
+                                    std::span<const typename basic_optimizer<Scalar>::parameter> params) {
+  basic_optimizer<Scalar>::load_state(in, set, params);
   state_.clear();
   for (const auto& b : in.buffers) {
     if (b.name != "exp_avg" && b.name != "exp_avg_sq")
       throw std::invalid_argument("optimizer state: Adam has no buffer '" + b.name + "' (of '" + b.parameter + "')");
     auto& s = state_[b.parameter];
-    (b.name == "exp_avg" ? s.m : s.v) = shaped_like(params, b.parameter, b.name, b.values);
+    (b.name == "exp_avg" ? s.m : s.v) =
+        this->state_like(set, parameter_named(params, b.parameter, b.name), b.name, b.values);
     auto t = in.counters.find(b.parameter + ".step");
     s.t = t == in.counters.end() ? 0 : t->second;
   }
@@ -175,6 +186,8 @@ std::unique_ptr<basic_optimizer<Scalar>> make_optimizer(std::string_view name, d
   throw std::invalid_argument("unknown optimizer '" + std::string(name) + "' (sgd, adam, adamw)");
 }
 
+template class basic_optimizer<float>;
+template class basic_optimizer<double>;
 template class basic_sgd<float>;
 template class basic_sgd<double>;
 template class basic_adam<float>;

@@ -19,7 +19,7 @@
 #include "gpu/detail/module.hpp"
 #include "gpu/device.hpp"
 #include "gpu/layers/device_op_set.hpp"
-#include "gpu/layers/device_parameters.hpp"
+#include "gpu/memory.hpp"
 #include "gpu/memory.hpp"
 #include "gpu/stream.hpp"
 #include "gpu/testing.hpp"

@@ -217,7 +217,7 @@ json step_bench(gpu::backend_kind kind, const std::string& model, std::size_t ba
   gpu::device dev(o);  // after the loops: shut down before they go
   auto g = layers::make_preset(model, 0);
   auto be = std::make_shared<gpu::device_backend>(
-      dev, g, gpu::device_backend_options{.optimizer = {"sgd", 0.01, 0.9}, .max_batch = batch});
+      dev, g, gpu::device_backend_options{.make_optimizer = [] { return layers::make_optimizer<float>("sgd", 0.01, 0.9); }, .max_batch = batch});
   layers::network net(rt, g, std::make_shared<layers::cross_entropy>(), {}, layers::network_options{.backend = be});
   std::mt19937_64 rng(1);
   std::normal_distribution<float> d;
@@ -265,9 +265,11 @@ json step_bench(gpu::backend_kind kind, const std::string& model, std::size_t ba
   std::vector<product> products;
   bool first = true;
   for (auto i : g.order()) {
-    auto* l = g.nodes()[i].layer ? dynamic_cast<layers::linear*>(g.nodes()[i].layer.get()) : nullptr;
-    if (!l) continue;
-    const int b = int(batch), in = int(l->in_features()), out = int(l->out_features());
+    // A Linear's products, by its kind and its weight's [out, in] shape.
+    auto* l = g.nodes()[i].layer.get();
+    if (!l || l->kind() != "Linear") continue;
+    const auto& w = l->parameters().at(0).torch_shape;
+    const int b = int(batch), in = int(w.at(1)), out = int(w.at(0));
     products.push_back({b, out, in, gpu::transpose::no, gpu::transpose::yes});  // forward
     products.push_back({out, in, b, gpu::transpose::yes, gpu::transpose::no});  // dW
     if (!first) products.push_back({b, in, out, gpu::transpose::no, gpu::transpose::no});  // dX
@@ -330,7 +332,7 @@ json pipeline_run(gpu::backend_kind kind, std::uint32_t stages, std::size_t batc
   for (std::uint32_t s = 0; s < stages; ++s)
     po.backends.push_back([&dev, batch](layers::graph& graph, const std::vector<std::size_t>& nodes) {
       gpu::device_backend_options so;
-      so.optimizer = gpu::device_optimizer{"sgd", 0.01, 0.9};
+      so.make_optimizer = [] { return layers::make_optimizer<float>("sgd", 0.01, 0.9); };
       so.max_batch = std::max(so.max_batch, batch);  // the last stage's loss stages a batch's labels
       so.nodes = nodes;
       return std::make_shared<gpu::device_backend>(dev, graph, so);

@@ -188,7 +188,7 @@ class cuda_backend final : public backend {
     NERVE_LAUNCH(column_sums(native(s), x, rows, cols, out, beta));
   }
   void softmax_xent_forward(stream_impl& s, const float* logits, const std::int32_t* labels, std::size_t rows,
-                            std::size_t cols, float* probs, float* loss, std::int32_t* correct) override {
+                            std::size_t cols, float* probs, float* loss, float* correct) override {
     NERVE_LAUNCH(softmax_xent_forward(native(s), logits, labels, rows, cols, probs, loss, correct));
   }
   void enqueue_fault(stream_impl& s, int kind) override { NERVE_LAUNCH(fault(native(s), kind)); }

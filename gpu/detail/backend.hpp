@@ -107,7 +107,7 @@ class backend {
                            float beta) = 0;
   virtual void softmax_xent_forward(stream_impl& s, const float* logits, const std::int32_t* labels,
                                     std::size_t rows, std::size_t cols, float* probs, float* loss,
-                                    std::int32_t* correct) = 0;
+                                    float* correct) = 0;
 
   /// Test-only: makes the work on `s` fail from here on (a faulting kernel of
   /// `testing::fault_kind` `kind` on a GPU; a throwing host function on the stand-in).

@@ -18,7 +18,7 @@ void each(cudaStream_t st, const ops::window_op& op);
 void column_sums(cudaStream_t st, const float* x, std::size_t rows, std::size_t cols, float* out, float beta);
 /// `correct` is zeroed (cudaMemsetAsync) and counted with atomics.
 void softmax_xent_forward(cudaStream_t st, const float* logits, const std::int32_t* labels, std::size_t rows,
-                          std::size_t cols, float* probs, float* loss, std::int32_t* correct);
+                          std::size_t cols, float* probs, float* loss, float* correct);
 
 /// Load every kernel of their file now; the CUDA backend calls them all when a device
 /// opens. CUDA (12.2 on) loads a kernel lazily, at its first launch, and loading may

@@ -10,7 +10,7 @@ namespace {
 constexpr int warps_per_block = 8;
 
 __global__ void xent_fwd(const float* __restrict__ logits, const std::int32_t* __restrict__ labels,
-                         std::size_t rows, std::size_t cols, float* probs, float* loss, std::int32_t* correct) {
+                         std::size_t rows, std::size_t cols, float* probs, float* loss, float* correct) {
   const std::size_t row = std::size_t(blockIdx.x) * warps_per_block + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -41,15 +41,15 @@ __global__ void xent_fwd(const float* __restrict__ logits, const std::int32_t* _
   if (lane == 0) {
     const std::int32_t label = labels[row];
     loss[row] = float(double(best) + log(sum) - double(z[label]));
-    if (arg == label) atomicAdd(correct, 1);
+    if (arg == label) atomicAdd(correct, 1.0f);
   }
 }
 
 }  // namespace
 
 void softmax_xent_forward(cudaStream_t st, const float* logits, const std::int32_t* labels, std::size_t rows,
-                          std::size_t cols, float* probs, float* loss, std::int32_t* correct) {
-  cudaMemsetAsync(correct, 0, sizeof(std::int32_t), st);
+                          std::size_t cols, float* probs, float* loss, float* correct) {
+  cudaMemsetAsync(correct, 0, sizeof(float), st);  // 0.0f
   if (rows == 0) return;
   const unsigned blocks = unsigned((rows + warps_per_block - 1) / warps_per_block);
   xent_fwd<<<blocks, warps_per_block * 32, 0, st>>>(logits, labels, rows, cols, probs, loss, correct);

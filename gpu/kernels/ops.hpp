@@ -281,45 +281,74 @@ struct dropout_mask {
   }
 };
 
+/// One SGD step per element; `make` rounds the scalars as the CPU's op set does.
 struct sgd_update {
   float* w;
   const float* g;
   float* velocity;
-  sgd_params p;
+  float neg_lr, momentum, keep, weight_decay;  // keep: 1 − dampening
+  bool nesterov, first;
+  static sgd_update make(float* w, const float* g, float* velocity, const sgd_params& p) {
+    return {w,
+            g,
+            velocity,
+            float(-p.lr),
+            float(p.momentum),
+            float(1 - p.dampening),
+            float(p.weight_decay),
+            p.nesterov,
+            p.first};
+  }
   NERVE_HOST_DEVICE void operator()(std::size_t i) const {
-    float d = read_only(g[i]) + p.weight_decay * w[i];
-    if (p.momentum != 0.0f) {
-      const float v = p.momentum * velocity[i] + d;
+    const float wi = w[i];
+    const float gi = read_only(g[i]);
+    const float d = weight_decay != 0.0f ? gi + weight_decay * wi : gi;
+    float step = d;
+    if (momentum != 0.0f) {
+      const float v = first ? d : velocity[i] * momentum + keep * d;
       velocity[i] = v;
-      d = p.nesterov ? d + p.momentum * v : v;
+      step = nesterov ? d + momentum * v : v;
     }
-    w[i] -= p.lr * d;
+    w[i] = wi + neg_lr * step;
   }
 };
 
-/// Adam's bias correction 1 − beta^step, computed on the host (in double) for both backends.
-inline float bias_correction(float beta, std::int64_t step) {
-  return 1.0f - float(std::pow(double(beta), double(step)));
-}
-
+/// One Adam step per element; `make` computes the bias corrections in double and rounds
+/// the scalars as the CPU's op set does.
 struct adam_update {
   float* w;
   const float* g;
   float *m, *v;
-  adam_params p;
-  float c1, c2;  ///< bias_correction(beta1 and beta2, p.step)
+  float decay, l2, beta1, keep1, beta2, keep2, neg_step, bc2_sqrt, eps;  // keep: 1 − beta
+  bool decoupled;
+  static adam_update make(float* w, const float* g, float* m, float* v, const adam_params& p) {
+    const double bc1 = 1 - std::pow(p.beta1, double(p.step));
+    const double bc2 = 1 - std::pow(p.beta2, double(p.step));
+    return {w,
+            g,
+            m,
+            v,
+            float(1 - p.lr * p.weight_decay),
+            p.decoupled ? 0.0f : float(p.weight_decay),
+            float(p.beta1),
+            float(1 - p.beta1),
+            float(p.beta2),
+            float(1 - p.beta2),
+            -float(p.lr / bc1),
+            float(std::sqrt(bc2)),
+            float(p.eps),
+            p.decoupled};
+  }
   NERVE_HOST_DEVICE void operator()(std::size_t i) const {
     float wi = w[i];
+    if (decoupled) wi *= decay;
     float gi = read_only(g[i]);
-    if (p.decoupled)
-      wi *= 1.0f - p.lr * p.weight_decay;
-    else
-      gi += p.weight_decay * wi;
-    const float mi = p.beta1 * m[i] + (1.0f - p.beta1) * gi;
-    const float vi = p.beta2 * v[i] + (1.0f - p.beta2) * gi * gi;
+    if (l2 != 0.0f) gi = gi + l2 * wi;
+    const float mi = m[i] * beta1 + keep1 * gi;
+    const float vi = v[i] * beta2 + keep2 * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    w[i] = wi - p.lr * (mi / c1) / (sqrtf(vi / c2) + p.eps);
+    w[i] = wi + neg_step * (mi / (sqrtf(vi) / bc2_sqrt + eps));
   }
 };
 

@@ -18,17 +18,13 @@ device_backend::device_backend(device& dev, layers::graph& g, device_backend_opt
     auto& n = g.nodes()[i];
     const auto& only = m.options.nodes;
     if (n.is_input() || (!only.empty() && std::find(only.begin(), only.end(), i) == only.end())) continue;
-    auto e = std::make_unique<detail::node_entry>(
-        detail::node_entry{&n, n.layer->as_op_layer(), {}, {}, device_parameters(m.options.optimizer)});
-    if (e->op) {
-      detail::mirror_parameters(m.s, *e);
-    } else {
-      // Not written with ops: the layer runs on the host in the stream's order, with a CPU
-      // optimizer of the same settings.
-      const auto& o = m.options.optimizer;
-      e->host_opt = layers::make_optimizer<float>(o.kind, o.lr, o.momentum, o.weight_decay, o.nesterov);
-    }
-    for (auto& p : e->parameters) e->params.add(m.s, p.name, p);  // the layer's names, as on the CPU
+    auto e = std::make_unique<detail::node_entry>();
+    e->node = &n;
+    e->op = n.layer->as_op_layer();
+    // Not written with ops: the layer runs on the host in the stream's order.
+    if (e->op) detail::mirror_parameters(m.s, *e);
+    if (!m.options.make_optimizer) throw error(errc::invalid_argument, "device backend: no optimizer factory");
+    e->opt = m.options.make_optimizer();
     m.nodes.push_back(std::move(e));
   }
   if (g.inputs().size() != 1) throw error(errc::not_supported, "device backend: graphs with one input only");
@@ -36,7 +32,6 @@ device_backend::device_backend(device& dev, layers::graph& g, device_backend_opt
   const auto rows = m.options.max_batch * kSlots;
   m.in = pinned_buffer(dev, rows * std::size_t(m.features) * sizeof(float));
   m.labels = pinned_buffer(dev, rows * sizeof(std::int32_t));
-  m.figures = pinned_buffer(dev, rows * (sizeof(float) + sizeof(std::int32_t)));
   m.s.synchronize();
 }
 
@@ -53,8 +48,9 @@ std::string_view device_backend::name() const noexcept {
 }
 
 void device_backend::check_loss(const layers::loss& criterion) const {
-  if (!dynamic_cast<const layers::cross_entropy*>(&criterion))
-    throw std::invalid_argument("device backend: the loss must be softmax cross-entropy");
+  if (!criterion.as_op_loss())
+    throw std::invalid_argument("device backend: the loss " + std::string(criterion.kind()) +
+                                " is not written with ops (layers::op_loss), so it runs on the CPU only");
 }
 
 std::unique_ptr<layers::layer_kernels> device_backend::kernels_for(layers::graph::node_type& node) {
@@ -80,56 +76,62 @@ layers::value device_backend::feed(layers::tensor& batch, std::int64_t first, st
   return detail::wrap(std::move(t));
 }
 
-void device_backend::loss(actors::actor& owner, const layers::loss&, layers::value output, const layers::targets& t,
-                          std::int64_t first, std::uint64_t step, double share, bool train, bool want_output,
-                          const std::function<void(layers::value)>& gradient,
+void device_backend::loss(actors::actor& owner, const layers::loss& criterion, layers::value output,
+                          const layers::targets& t, std::int64_t first, std::uint64_t step, double share, bool train,
+                          bool want_output, const std::function<void(layers::value)>& gradient,
                           std::function<void(layers::loss_figures&)> report) {
   auto& m = *impl_;
   auto& s = m.s;
-  const auto logits = detail::tensor_of(output);
-  const std::size_t n = logits->rows(), classes = logits->cols();
+  const auto prediction = detail::tensor_of(output);
+  const std::size_t n = prediction->rows();
   if (std::size_t(first) + n > m.options.max_batch)
     throw error(errc::invalid_argument, "device backend: a loss over rows [" + std::to_string(first) + ", " +
                                             std::to_string(first + std::int64_t(n)) + ") of a batch of at most " +
                                             std::to_string(m.options.max_batch));
-  first += std::int64_t(step % kSlots * m.options.max_batch);  // the step's slot of the staging
-  auto* sum = reinterpret_cast<float*>(static_cast<char*>(m.figures.data()) + first * 8);
-  auto* right = reinterpret_cast<std::int32_t*>(sum + 1);
-  const bool labelled = !t.labels.empty();
-  if (labelled) {
-    if (t.labels.size() != n) throw std::invalid_argument("device backend: labels for another batch");
-    for (auto l : t.labels)
-      if (l < 0 || std::size_t(l) >= classes)
-        throw error(errc::invalid_argument, "device backend: label " + std::to_string(l) + " outside [0, " +
-                                                std::to_string(classes) + ")");
-    auto* pl = m.labels.as<std::int32_t>().data() + first;
-    std::memcpy(pl, t.labels.data(), n * sizeof(std::int32_t));
-    device_buffer lab(s, n * sizeof(std::int32_t)), figures(s, sizeof(float) + sizeof(std::int32_t));
-    copy_async(s, lab.data(), pl, n * sizeof(std::int32_t));
-    auto* dsum = static_cast<float*>(figures.data());
-    auto* dright = reinterpret_cast<std::int32_t*>(dsum + 1);
-    device_tensor probs(s, logits->shape()), row_loss(s, {n});
-    const auto* labels = static_cast<const std::int32_t*>(lab.data());
-    softmax_xent_forward(s, logits->data(), labels, n, classes, probs.data(), row_loss.data(), dright);
-    column_sums(s, row_loss.data(), n, 1, dsum, 0.0f);
-    if (train) {
-      // share/n = (nᵢ/N)·(1/nᵢ): the gradient of the mini-batch mean.
-      auto g = std::make_shared<device_tensor>(s, logits->shape());
-      softmax_xent_backward(s, probs.data(), labels, n, classes, float(share / double(n)), g->data());
-      gradient(detail::wrap(std::move(g)));
+  std::shared_ptr<device_tensor> terms, correct;
+  double divisor = 1;
+  if (!t.labels.empty() || !t.values.empty()) {
+    const auto* written = criterion.as_op_loss();
+    if (!written) check_loss(criterion);  // says why
+    // The targets on the device: labels staged at the step's slot rows (a slot is written
+    // again only after the step before last completed), values uploaded.
+    layers::op_targets target;
+    device_buffer labels;
+    if (!t.labels.empty()) {
+      if (t.labels.size() != n)
+        throw std::invalid_argument("device backend: " + std::to_string(t.labels.size()) + " labels for a batch of " +
+                                    std::to_string(n));
+      auto* pl = m.labels.as<std::int32_t>().data() + std::int64_t(step % kSlots * m.options.max_batch) + first;
+      std::memcpy(pl, t.labels.data(), t.labels.size() * sizeof(std::int32_t));
+      labels = device_buffer(s, std::max<std::size_t>(1, t.labels.size()) * sizeof(std::int32_t));
+      copy_async(s, labels.data(), pl, t.labels.size() * sizeof(std::int32_t));
+      target.labels = static_cast<const std::int32_t*>(labels.data());
+      target.host_labels = t.labels;
     }
-    copy_async(s, sum, figures.data(), sizeof(float) + sizeof(std::int32_t));
+    std::shared_ptr<device_tensor> values;
+    if (!t.values.empty()) {
+      values = m.upload(owner, t.values);
+      target.values = device_op_set::array_of(values);
+    }
+    auto run = written->compute(*m.ops, device_op_set::array_of(prediction), target);
+    if (train) gradient(detail::wrap(m.ops->tensor_of(written->gradient(*m.ops, run, target, float(share)))));
+    terms = m.ops->tensor_of(run.terms);
+    if (!run.correct.empty()) correct = m.ops->tensor_of(run.correct);
+    divisor = run.divisor;
   }
-  m.download(owner, {want_output ? logits.get() : nullptr}, "loss",
-             [sum, right, n, labelled, report = std::move(report)](std::vector<layers::tensor>& host) {
-    layers::loss_figures f;
-    if (labelled) {
-      f.loss = double(*sum) / double(n);
-      f.correct = *right;
-    }
-    f.output = std::move(host[0]);
-    report(f);
-  });
+  // The figures (and the output, for a prediction) come back through pinned memory.
+  m.download(owner, {terms.get(), correct.get(), want_output ? prediction.get() : nullptr}, "loss",
+             [divisor, report = std::move(report)](std::vector<layers::tensor>& host) {
+               layers::loss_figures f;
+               if (!host[0].empty()) {
+                 double sum = 0;  // as the CPU sums them: in double, in order
+                 for (std::int64_t i = 0; i < host[0].size(); ++i) sum += double(host[0].data()[i]);
+                 f.loss = divisor > 0 ? sum / divisor : 0.0;
+               }
+               if (!host[1].empty()) f.correct = std::int64_t(host[1].data()[0]);
+               f.output = std::move(host[2]);
+               report(f);
+             });
 }
 
 void device_backend::download() {

@@ -12,8 +12,9 @@
 /// ```
 /// The math is each layer's own, written once with ops (layers/ops.hpp) and run with
 /// this device's op set (`device_op_set`); a layer without ops runs on the host in the
-/// stream's order. The update is `device_parameters`' (per layer, PyTorch's rules); the
-/// loss is softmax cross-entropy. Every actor of the
+/// stream's order. Each layer's optimizer is a `layers::optimizer` from the options'
+/// factory, stepping the device parameters with the op set's updates (written once, as
+/// on the CPU); the loss is softmax cross-entropy. Every actor of the
 /// network enqueues on the one stream, so the network puts them on one loop.
 ///
 /// A pipeline stage on a device is a backend over the stage's nodes (`options.nodes`):
@@ -27,8 +28,9 @@
 /// the device must outlive the backend.
 
 #include "gpu/device.hpp"
-#include "gpu/layers/device_parameters.hpp"
+#include "gpu/memory.hpp"
 #include "layers/backend.hpp"
+#include "layers/optimizer.hpp"
 
 #include <memory>
 #include <vector>
@@ -36,7 +38,8 @@
 namespace nerve::gpu {
 
 struct device_backend_options {
-  device_optimizer optimizer;
+  /// Each layer's optimizer (the CPU backend's kind: one per layer, PyTorch's rules).
+  layers::optimizer_factory make_optimizer = [] { return layers::make_optimizer<float>("sgd", 0.01); };
   std::size_t max_batch = 1024;  ///< rows a step may take (sizes the pinned staging)
   /// The graph's layer nodes to run (a pipeline stage's); empty: every layer.
   std::vector<std::size_t> nodes;

@@ -23,6 +23,17 @@ void mirror_parameters(stream& s, node_entry& e) {
   s.synchronize();  // pageable host memory
 }
 
+std::vector<layers::optimizer::parameter> node_entry::optimizer_parameters() const {
+  std::vector<layers::optimizer::parameter> out;
+  auto host = op->parameters();
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    const auto& p = parameters[i];
+    out.push_back({p.name, {host[i].torch_shape, p.value->data(), nullptr, -1},
+                   {host[i].torch_shape, p.grad->data(), nullptr, -1}});
+  }
+  return out;
+}
+
 /// The op layer's parameter values, then its buffers (or the parameters' gradients), as
 /// arrays the op set reads.
 std::vector<layers::array> parameter_arrays(node_entry& e, bool grads) {
@@ -88,8 +99,11 @@ class device_kernels final : public layers::layer_kernels {
   }
   void update(std::uint64_t, bool) override {
     if (e_.on_host()) return host_update(b_, e_, lr_);
-    e_.params.step(b_.s, lr_);
-    e_.params.zero_grad(b_.s);
+    if (e_.parameters.empty()) return;
+    if (lr_ >= 0) e_.opt->set_lr(lr_);
+    const auto ps = e_.optimizer_parameters();
+    e_.opt->step(*b_.ops, ps);
+    for (auto& p : e_.parameters) fill_zero_async(b_.s, p.grad->data(), p.grad->bytes());
   }
   std::vector<float> gradients() override { throw host_gradients(); }
   void set_gradients(const std::vector<float>&) override { throw host_gradients(); }
@@ -126,18 +140,15 @@ class device_kernels final : public layers::layer_kernels {
   // stream, which runs on its own (a checkpoint asks between steps).
   layers::optimizer_state save_state() override {
     b_.s.synchronize();
-    if (e_.on_host()) {
-      layers::optimizer_state st;
-      e_.host_opt->save_state(st);
-      return st;
-    }
-    return e_.params.state(b_.s);
+    layers::optimizer_state st;
+    e_.opt->save_state(st);
+    return st;
   }
   void load_state(const layers::optimizer_state& st) override {
     b_.s.synchronize();
-    if (!e_.on_host()) return e_.params.load(b_.s, st);
-    auto ps = e_.node->layer->parameters();
-    e_.host_opt->load_state(st, ps);
+    if (e_.on_host()) return e_.opt->load_state(st, e_.node->layer->parameters());
+    const auto ps = e_.optimizer_parameters();
+    e_.opt->load_state(st, *b_.ops, ps);
   }
   void with_host(actors::actor& owner, std::vector<layers::value*> vs,
                  std::function<void(std::vector<layers::tensor>&)> fn) override {
@@ -147,16 +158,8 @@ class device_kernels final : public layers::layer_kernels {
   }
   void adopt(actors::actor& owner, layers::value& v) override {
     if (!v.device) {  // from the host: through a pinned buffer, given back once copied
-      const auto& h = v.host;
-      auto t = std::make_shared<device_tensor>(b_.s, with_batch(h.batch(), h.sample_shape()));
-      auto staging = b_.pool->take(t->bytes());
-      std::memcpy(staging.data(), h.data(), t->bytes());
-      copy_async(b_.s, t->data(), staging.data(), t->bytes());
-      b_.s.async_wait(owner.executor(), [pool = b_.pool, b = std::move(staging)](std::error_code) mutable {
-        pool->give(std::move(b));
-      });
       ++b_.host_transfers;
-      v = wrap(std::move(t));
+      v = wrap(b_.upload(owner, v.host));
       return;
     }
     auto* d = dynamic_cast<device_value*>(v.device.get());

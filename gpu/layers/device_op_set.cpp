@@ -74,6 +74,31 @@ void device_op_set::gemm(layers::trans ta, layers::trans tb, std::int64_t m, std
   gpu::gemm(s_, to_transpose(ta), to_transpose(tb), int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c,
             int(ldc));
 }
+void device_op_set::softmax_xent(const float* logits, const std::int32_t* labels, std::int64_t rows,
+                                 std::int64_t cols, float* probs, float* loss, float* correct) {
+  softmax_xent_forward(s_, logits, labels, std::size_t(rows), std::size_t(cols), probs, loss, correct);
+}
+void device_op_set::softmax_xent_grad(const float* probs, const std::int32_t* labels, std::int64_t rows,
+                                      std::int64_t cols, float scale, float* dlogits) {
+  softmax_xent_backward(s_, probs, labels, std::size_t(rows), std::size_t(cols), scale, dlogits);
+}
+void device_op_set::sgd_update(const layers::sgd_update_args& a, float* w, const float* g, float* b, std::int64_t n) {
+  gpu::sgd_update(s_, w, g, b, std::size_t(n),
+                  sgd_params{a.lr, a.momentum, a.weight_decay, a.nesterov, a.dampening, a.first});
+}
+void device_op_set::adam_update(const layers::adam_update_args& a, float* w, const float* g, float* m, float* v,
+                                std::int64_t n) {
+  gpu::adam_update(s_, w, g, m, v, std::size_t(n),
+                   adam_params{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.decoupled, a.t});
+}
+void device_op_set::read(const float* x, float* host, std::int64_t n) {
+  copy_async(s_, host, x, std::size_t(n) * sizeof(float));
+  s_.synchronize();
+}
+void device_op_set::write(const float* host, float* x, std::int64_t n) {
+  copy_async(s_, x, host, std::size_t(n) * sizeof(float));
+  s_.synchronize();  // the host memory may go once this returns
+}
 void device_op_set::unary(layers::unary_fn f, const float* x, float* y, std::int64_t n, float alpha) {
   activation_forward(s_, to_activation(f), x, y, std::size_t(n), alpha);
 }

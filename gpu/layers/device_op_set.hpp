@@ -35,6 +35,16 @@ class device_op_set final : public layers::op_set {
   void copy2d(std::int64_t rows, std::int64_t cols, const float* x, std::int64_t ldx, float* y,
               std::int64_t ldy) override;
   void dropout_mask(std::uint64_t key, double p, float scale, float* mask, std::int64_t n) override;
+  void softmax_xent(const float* logits, const std::int32_t* labels, std::int64_t rows, std::int64_t cols,
+                    float* probs, float* loss, float* correct) override;
+  void softmax_xent_grad(const float* probs, const std::int32_t* labels, std::int64_t rows, std::int64_t cols,
+                         float scale, float* dlogits) override;
+  void sgd_update(const layers::sgd_update_args& a, float* w, const float* g, float* b, std::int64_t n) override;
+  void adam_update(const layers::adam_update_args& a, float* w, const float* g, float* m, float* v,
+                   std::int64_t n) override;
+  /// Copies through the stream and waits for it (checkpoints, off the loops).
+  void read(const float* x, float* host, std::int64_t n) override;
+  void write(const float* host, float* x, std::int64_t n) override;
   void gemm_bias(layers::trans ta, layers::trans tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
                  std::int64_t lda, const float* b, std::int64_t ldb, const float* bias, float* c,
                  std::int64_t ldc) override;

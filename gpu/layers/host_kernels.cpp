@@ -137,7 +137,7 @@ void host_backward_weight(device_backend::impl& b, node_entry& e, const layers::
 
 void host_update(device_backend::impl& b, node_entry& e, double lr) {
   if (!e.node->layer->has_parameters()) return;
-  on_host(b, [layer = e.node->layer.get(), opt = e.host_opt.get(), lr] {
+  on_host(b, [layer = e.node->layer.get(), opt = e.opt.get(), lr] {
     if (lr >= 0) opt->set_lr(lr);
     auto ps = layer->parameters();
     opt->step(ps);

@@ -30,7 +30,7 @@ void column_sums(const float* x, std::size_t rows, std::size_t cols, float* out,
 }
 
 void softmax_xent_forward(const float* logits, const std::int32_t* labels, std::size_t rows, std::size_t cols,
-                          float* probs, float* loss, std::int32_t* correct) {
+                          float* probs, float* loss, float* correct) {
   std::int32_t right = 0;
   for (std::size_t r = 0; r < rows; ++r) {
     const float* z = logits + r * cols;
@@ -45,7 +45,7 @@ void softmax_xent_forward(const float* logits, const std::int32_t* labels, std::
     loss[r] = float(mx + std::log(sum) - double(z[label]));
     right += arg == label ? 1 : 0;
   }
-  *correct = right;
+  *correct = float(right);
 }
 
 }  // namespace nerve::gpu::cpu

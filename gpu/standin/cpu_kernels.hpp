@@ -23,6 +23,6 @@ void gemm(transpose ta, transpose tb, int m, int n, int k, float alpha, const fl
           int ldb, float beta, float* c, int ldc);
 void column_sums(const float* x, std::size_t rows, std::size_t cols, float* out, float beta);
 void softmax_xent_forward(const float* logits, const std::int32_t* labels, std::size_t rows, std::size_t cols,
-                          float* probs, float* loss, std::int32_t* correct);
+                          float* probs, float* loss, float* correct);
 
 }  // namespace nerve::gpu::cpu

@@ -252,7 +252,7 @@ class standin final : public backend {
     run_on(s, [=] { cpu::column_sums(x, rows, cols, out, beta); });
   }
   void softmax_xent_forward(stream_impl& s, const float* logits, const std::int32_t* labels, std::size_t rows,
-                            std::size_t cols, float* probs, float* loss, std::int32_t* correct) override {
+                            std::size_t cols, float* probs, float* loss, float* correct) override {
     run_on(s, [=] { cpu::softmax_xent_forward(logits, labels, rows, cols, probs, loss, correct); });
   }
 

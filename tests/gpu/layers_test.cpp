@@ -16,7 +16,6 @@
 // through the network; there we check 1e-4 relative to the tensor's largest entry
 // (Adam: see the step test, where a gradient at the noise floor moves a weight by ±lr).
 #include "gpu/device.hpp"
-#include "gpu/layers/device_parameters.hpp"
 #include "gpu/layers/device_backend.hpp"
 #include "gpu/layers/device_op_set.hpp"
 #include "gpu/layers/train.hpp"
@@ -25,6 +24,7 @@
 #include "gpu/testing.hpp"
 #include "layers/activation.hpp"
 #include "layers/conv2d.hpp"
+#include "layers/devices.hpp"
 #include "layers/dropout.hpp"
 #include "layers/executor.hpp"
 #include "layers/flatten.hpp"
@@ -84,17 +84,23 @@ struct device_net {
   gpu::device dev;
   std::shared_ptr<gpu::device_backend> be;
   layers::network net;
-  device_net(layers::graph& g, gpu::device_optimizer opt, std::size_t max_batch = 64, bool count_completions = true,
-             bool record = false)
+  device_net(layers::graph& g, layers::optimizer_settings opt, std::size_t max_batch = 64,
+             bool count_completions = true, bool record = false)
       : rt({.loops = 1, .record = record}),
         dev(options(rt, count_completions)),
-        be(std::make_shared<gpu::device_backend>(dev, g, gpu::device_backend_options{opt, max_batch})),
+        be(std::make_shared<gpu::device_backend>(dev, g, backend_options(opt, max_batch))),
         net(rt, g, std::make_shared<layers::cross_entropy>(), {}, layers::network_options{.backend = be}) {}
   ~device_net() {
     try {
       rt.synchronize();
     } catch (...) {  // a test's planted failure
     }
+  }
+  static gpu::device_backend_options backend_options(const layers::optimizer_settings& o, std::size_t max_batch) {
+    gpu::device_backend_options so;
+    so.make_optimizer = [o] { return layers::make_optimizer<float>(o.name, o.lr, o.momentum, o.weight_decay, o.nesterov); };
+    so.max_batch = max_batch;
+    return so;
   }
   static gpu::device_options options(actors::runtime& rt, bool count) {
     auto o = gpu::test::layers_suite_options();
@@ -561,7 +567,7 @@ TEST_SUITE("gpu.layers") {
     check_within("resmlp output", values(got), values(want), std::vector<double>(std::size_t(want.size()), 1e-4 * scale));
   }
 
-  TEST_CASE("a device network's actors share one loop, and its loss is cross-entropy") {
+  TEST_CASE("a device network's actors share one loop, and its loss is one written with ops") {
     auto g = layers::make_preset("mlp", 1);
     actors::runtime rt({.loops = 2});
     gpu::device dev(gpu::test::layers_suite_options());
@@ -570,8 +576,52 @@ TEST_SUITE("gpu.layers") {
     CHECK_THROWS_AS(layers::network(rt, g, ce, {}, {.spread = true, .backend = be}), std::invalid_argument);
     CHECK_THROWS_AS(layers::network(rt, g, ce, {}, {.loops = std::vector<unsigned>(g.nodes().size()), .backend = be}),
                     std::invalid_argument);
-    CHECK_THROWS_AS(layers::network(rt, g, std::make_shared<layers::mse>(), {}, {.backend = be}),
-                    std::invalid_argument);
+    // A loss with a host forward and backward only: refused on a device, by its kind.
+    struct host_loss final : layers::loss {
+      std::string_view kind() const noexcept override { return "HostLoss"; }
+      result forward(const layers::tensor&, const layers::targets&) const override { return {}; }
+      layers::tensor backward(const layers::stash&, float) const override { return {}; }
+    };
+    CHECK_THROWS_WITH_AS(layers::network(rt, g, std::make_shared<host_loss>(), {}, {.backend = be}),
+                         "device backend: the loss HostLoss is not written with ops (layers::op_loss), so it runs on "
+                         "the CPU only",
+                         std::invalid_argument);
+  }
+
+  TEST_CASE("MSE, written with ops, trains on the device to the CPU's weights and losses") {
+    // Before the losses were written with ops the device ran softmax cross-entropy only
+    // and refused MSE.
+    auto cpu_graph = layers::make_preset("mlp", 5);
+    auto dev_graph = layers::make_preset("mlp", 5);
+    actors::runtime rt({.loops = 1});
+    gpu::device dev(gpu::test::layers_suite_options());
+    auto be = std::make_shared<gpu::device_backend>(dev, dev_graph, device_net::backend_options({"sgd", 0.05, 0.9}, 64));
+    auto criterion = std::make_shared<layers::mse>();
+    layers::network net(rt, dev_graph, criterion, {}, {.backend = be});
+    auto opt = layers::make_optimizer<float>("sgd", 0.05, 0.9);
+    layers::direct_executor exec(cpu_graph);
+    layer_fixture fx;
+    for (int step = 0; step < 3; ++step) {
+      auto x = fx.random(20, {784});
+      layers::targets y;
+      y.values = fx.random(20, {10});
+      auto got = net.train_step(x.clone(), y.clone(), 2, std::uint64_t(step)).get();
+      auto want = exec.train_step(std::move(x), y, *criterion, *opt, 2, std::uint64_t(step));
+      CHECK(got.samples == 20);
+      CHECK(got.correct == 0);
+      CHECK(got.loss == doctest::Approx(want.loss).epsilon(1e-5));
+    }
+    rt.synchronize();
+    be->download();
+    auto want = cpu_graph.parameters();
+    auto got = dev_graph.parameters();
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      double scale = 0;
+      for (std::int64_t j = 0; j < want[i].value->size(); ++j)
+        scale = std::max(scale, double(std::abs(want[i].value->data()[j])));
+      check_within(want[i].name, values(*got[i].value), values(*want[i].value),
+                   std::vector<double>(std::size_t(want[i].value->size()), 1e-4 * scale));
+    }
   }
 
 #if NERVE_GPU_LAYERS_STANDIN

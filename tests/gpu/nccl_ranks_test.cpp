@@ -144,7 +144,7 @@ TEST_SUITE("gpu.nccl.ranks") {
         o.link = pl::mpi_ranks(*world);
         o.backends.push_back([&d](layers::graph& g, const std::vector<std::size_t>& nodes) {
           gpu::device_backend_options so;
-          so.optimizer = gpu::device_optimizer{"sgd", lr, momentum};
+          so.make_optimizer = [=] { return layers::make_optimizer<float>("sgd", lr, momentum); };
           so.nodes = nodes;
           return std::make_shared<gpu::device_backend>(d, g, so);
         });

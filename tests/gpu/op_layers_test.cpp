@@ -10,6 +10,8 @@
 // micro-batch order, the replicas' sum in member order).
 #include "gpu/device.hpp"
 #include "gpu/layers/device_backend.hpp"
+#include "gpu/layers/device_op_set.hpp"
+#include "gpu/memory.hpp"
 #include "layers/linear.hpp"
 #include "layers/loss.hpp"
 #include "layers/norm.hpp"
@@ -71,7 +73,7 @@ void train_ops(std::vector<layers::graph>& reps, const pl::schedule& plan, bool 
   for (std::uint32_t s = 0; on_device && s < plan.stages; ++s)
     options.backends.push_back([&dev](layers::graph& g, const std::vector<std::size_t>& nodes) {
       gpu::device_backend_options so;
-      so.optimizer = gpu::device_optimizer{"sgd", op_lr, op_momentum};
+      so.make_optimizer = [] { return layers::make_optimizer<float>("sgd", op_lr, op_momentum); };
       so.nodes = nodes;
       return std::make_shared<gpu::device_backend>(dev, g, so);
     });
@@ -179,7 +181,7 @@ layers::optimizer_state state_after(layers::graph& g, bool on_device, const laye
   if (on_device)
     options.backends.push_back([&dev](layers::graph& gg, const std::vector<std::size_t>& nodes) {
       gpu::device_backend_options so;
-      so.optimizer = gpu::device_optimizer{"adam", 1e-3};
+      so.make_optimizer = [] { return layers::make_optimizer<float>("adam", 1e-3); };
       so.nodes = nodes;
       return std::make_shared<gpu::device_backend>(dev, gg, so);
     });
@@ -226,6 +228,79 @@ TEST_SUITE("gpu.state") {
       });
       REQUIRE(it != back.buffers.end());
       CHECK(it->values == want.values);
+    }
+  }
+
+  TEST_CASE("one optimizer class steps a device's arrays as it steps host tensors, state and all") {
+    // The CPU's optimizer objects, each stepping a parameter in host memory and one in the
+    // device's memory (the device op set's updates). The updates are the CPU's formulas
+    // with the CPU's roundings of the scalars; they agree to a few roundings, not bitwise,
+    // as Eigen's vector code may fuse a multiply-add that a device kernel rounds twice (or
+    // the reverse on CUDA). A formula of its own (dampening, the first momentum step,
+    // AdamW's decay, the bias corrections) would be off by far more than the bound.
+    struct opt_case {
+      const char* name;
+      std::function<std::unique_ptr<layers::optimizer>()> make;
+    };
+    const opt_case cases[] = {
+        {"sgd", [] { return layers::make_optimizer<float>("sgd", 0.05); }},
+        {"sgd+wd+momentum", [] { return std::make_unique<layers::sgd>(layers::sgd_options{0.05, 0.9, 0.1, 1e-2, false}); }},
+        {"sgd+nesterov", [] { return layers::make_optimizer<float>("sgd", 0.05, 0.9, 1e-2, true); }},
+        {"adam+wd", [] { return layers::make_optimizer<float>("adam", 1e-2, 0.0, 0.1); }},
+        {"adamw", [] { return layers::make_optimizer<float>("adamw", 1e-2, 0.0, 0.1); }},
+    };
+    gpu::device dev(gpu::test::layers_suite_options());
+    gpu::stream st = dev.create_stream();
+    gpu::device_op_set set(st, "suite");
+    std::mt19937_64 rng(11);
+    std::normal_distribution<float> normal;
+    const std::int64_t n = 1001;  // not a multiple of any vector width: Eigen's tail runs too
+    for (const auto& c : cases) {
+      CAPTURE(std::string(c.name));
+      layers::tensor w(1, layers::shape{n}), g(1, layers::shape{n});
+      for (std::int64_t i = 0; i < n; ++i) w.data()[i] = normal(rng);
+      auto host_opt = c.make(), dev_opt = c.make();
+      auto dw = gpu::upload(st, w.data(), {1, std::size_t(n)});
+      gpu::device_tensor dg(st, {1, std::size_t(n)});
+      const std::vector<layers::parameter_ref> host{{"p.weight", &w, &g, {1, n}}};
+      const std::vector<layers::optimizer::parameter> on_dev{
+          {"p.weight", {{1, n}, dw.data(), nullptr, -1}, {{1, n}, dg.data(), nullptr, -1}}};
+      for (int step = 0; step < 3; ++step) {
+        for (std::int64_t i = 0; i < n; ++i) g.data()[i] = normal(rng);
+        gpu::copy_async(st, dg.data(), g.data(), dg.bytes());
+        st.synchronize();
+        host_opt->step(host);
+        dev_opt->step(set, on_dev);
+      }
+      const auto got = gpu::download(st, dw);
+      // The largest difference relative to max(1, |value|), over two vectors of values.
+      auto worst_of = [](const std::vector<float>& a, const float* b) {
+        double worst = 0;
+        for (std::size_t i = 0; i < a.size(); ++i)
+          worst = std::max(worst, std::abs(double(a[i]) - double(b[i])) / std::max(1.0, std::abs(double(b[i]))));
+        return worst;
+      };
+      CHECK(worst_of(got, w.data()) <= 16 * gpu::test::unit_roundoff);
+      // The state in the CPU's names, read back from the device, and loaded there again.
+      layers::optimizer_state hs, ds;
+      host_opt->save_state(hs);
+      dev_opt->save_state(ds);
+      REQUIRE(ds.buffers.size() == hs.buffers.size());
+      CHECK(ds.counters == hs.counters);
+      for (std::size_t b = 0; b < hs.buffers.size(); ++b) {
+        CHECK(ds.buffers[b].parameter == hs.buffers[b].parameter);
+        CHECK(ds.buffers[b].name == hs.buffers[b].name);
+        REQUIRE(ds.buffers[b].values.size() == hs.buffers[b].values.size());
+        CHECK(worst_of(ds.buffers[b].values, hs.buffers[b].values.data()) <= 16 * gpu::test::unit_roundoff);
+      }
+      auto again = c.make();
+      again->load_state(ds, set, on_dev);
+      layers::optimizer_state back;
+      again->save_state(back);
+      for (std::size_t b = 0; b < ds.buffers.size(); ++b) CHECK(back.buffers[b].values == ds.buffers[b].values);
+      // An optimizer's state stays on the op set it was made on.
+      if (!hs.buffers.empty())
+        CHECK_THROWS_WITH_AS(again->step(host), doctest::Contains("op set, not the cpu one"), std::logic_error);
     }
   }
 }

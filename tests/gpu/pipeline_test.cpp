@@ -82,7 +82,7 @@ pl::pipeline_options device_stages(gpu::device& dev, const std::vector<bool>& on
     }
     o.backends.push_back([&dev](layers::graph& g, const std::vector<std::size_t>& nodes) {
       gpu::device_backend_options so;
-      so.optimizer = gpu::device_optimizer{"sgd", lr, momentum};
+      so.make_optimizer = [=] { return layers::make_optimizer<float>("sgd", lr, momentum); };
       so.nodes = nodes;
       return std::make_shared<gpu::device_backend>(dev, g, so);
     });

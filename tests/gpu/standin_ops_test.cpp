@@ -97,14 +97,14 @@ TEST_SUITE("gpu.standin") {
     gpu::device_buffer labels(f.s, 2 * sizeof(std::int32_t));
     gpu::copy_async(f.s, labels.data(), labels_h.data(), 8);
     gpu::device_tensor probs(f.s, {2, 3}), loss(f.s, {2}), grad(f.s, {2, 3});
-    gpu::device_buffer correct(f.s, sizeof(std::int32_t));
+    gpu::device_buffer correct(f.s, sizeof(float));
     auto* lab = static_cast<const std::int32_t*>(labels.data());
     gpu::softmax_xent_forward(f.s, logits.data(), lab, 2, 3, probs.data(), loss.data(),
-                              static_cast<std::int32_t*>(correct.data()));
+                              static_cast<float*>(correct.data()));
     gpu::softmax_xent_backward(f.s, probs.data(), lab, 2, 3, 0.5f, grad.data());
     auto p = f.download(probs.data(), 6);
     auto l = f.download(loss.data(), 2);
-    auto c = f.download(static_cast<const std::int32_t*>(correct.data()), 1);
+    auto c = f.download(static_cast<const float*>(correct.data()), 1);
     auto g = f.download(grad.data(), 6);
     CHECK(p[0] == doctest::Approx(0.25));
     CHECK(p[2] == doctest::Approx(0.5));

@@ -132,7 +132,7 @@ void check_across(const std::string& name, const schedule& plan, std::uint32_t r
     for (std::uint32_t s = 0; s < plan.stages && where == stages_on::standin; ++s)
       f.push_back([d = &*standin](layers::graph& g, const std::vector<std::size_t>& nodes) {
         gpu::device_backend_options so;
-        so.optimizer = gpu::device_optimizer{"sgd", 0.05, 0.9};  // sgd_factory's
+        so.make_optimizer = [] { return layers::make_optimizer<float>("sgd", 0.05, 0.9); };  // sgd_factory's
         so.nodes = nodes;
         return std::make_shared<gpu::device_backend>(*d, g, so);
       });

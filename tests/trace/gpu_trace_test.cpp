@@ -114,7 +114,7 @@ TEST_SUITE("trace.gpu") {
     o.counter = {[&rt] { rt.begin_work(); }, [&rt] { rt.end_work(); }};  // synchronize() waits for completions
     auto dev = std::make_unique<gpu::device>(o);
     auto g = layers::make_preset("mlp", 1);
-    auto be = std::make_shared<gpu::device_backend>(*dev, g, gpu::device_backend_options{{"sgd", 0.1}, 8});
+    auto be = std::make_shared<gpu::device_backend>(*dev, g, gpu::device_backend_options{[] { return layers::make_optimizer<float>("sgd", 0.1); }, 8});
     auto net = std::make_unique<layers::network>(rt, g, std::make_shared<layers::cross_entropy>(), layers::optimizer_factory{},
                                                  layers::network_options{.backend = be});
     for (int i = 0; i < steps; ++i) {

@@ -61,19 +61,29 @@ struct op_kept final : layers::backend_data {
   std::size_t payload_bytes() const noexcept override { return run->kept_bytes(); }
 };
 
+/// A trainable tensor of an op layer on the device and its gradient, with the CPU
+/// layer's name for it.
+struct device_parameter {
+  std::string name;  ///< "weight", "bias"
+  device_tensor* value = nullptr;
+  device_tensor* grad = nullptr;
+};
+
 /// One layer node on the device: an op layer run with the backend's op set, its
-/// parameters on the device and its optimizer.
+/// parameters on the device, and its optimizer, which steps them with the op set's
+/// updates. A layer not written with ops runs on the host, in stream order (its inputs
+/// copied off the device, its output back on), its optimizer stepping its host tensors.
 struct node_entry {
   layers::graph::node_type* node;
   layers::op_layer* op = nullptr;                           // the op layer (the graph's); null: on the host
   std::vector<std::unique_ptr<device_tensor>> op_tensors;  // its parameters' values and gradients, its buffers
   std::vector<device_parameter> parameters;                // in parameters() order
-  device_parameters params;
-  std::vector<device_tensor*> buffers;  // in buffers() order (running statistics)
-  /// A layer not written with ops runs on the host, in stream order (its inputs copied
-  /// off the device, its output back on), stepped by a CPU optimizer.
-  std::unique_ptr<layers::optimizer> host_opt;
-  bool on_host() const noexcept { return host_opt != nullptr; }
+  std::vector<device_tensor*> buffers;                     // in buffers() order (running statistics)
+  std::unique_ptr<layers::optimizer> opt;
+  bool on_host() const noexcept { return op == nullptr; }
+  /// The device parameters as the optimizer steps them, under the layer's names (as on
+  /// the CPU, so checkpoints read the same).
+  std::vector<layers::optimizer::parameter> optimizer_parameters() const;
 };
 
 /// The first error of a layer run on the host (its host functions run off the loops);
@@ -120,7 +130,7 @@ struct device_backend::impl {
   device_backend_options options;
   std::vector<std::unique_ptr<detail::node_entry>> nodes;
   std::int64_t features = 0;
-  pinned_buffer in, labels, figures;  // max_batch rows of inputs, labels, (loss sum, correct)
+  pinned_buffer in, labels;  // kSlots · max_batch rows of inputs and of labels
   // Staging of downloads (hooks, predicted outputs, values handed to the host) and uploads
   // (values adopted from the host); shared with the completions that give blocks back.
   std::shared_ptr<pinned_pool> pool;
@@ -160,6 +170,19 @@ struct device_backend::impl {
                    then();
                  },
                  std::exchange(waited, {}), span_label{what});
+  }
+
+  /// `h` on the device, copied through a pinned block of the pool that goes back once the
+  /// copy is done (a completion on `owner`).
+  std::shared_ptr<device_tensor> upload(actors::actor& owner, const layers::tensor& h) {
+    auto t = std::make_shared<device_tensor>(s, detail::with_batch(h.batch(), h.sample_shape()));
+    auto staging = pool->take(t->bytes());
+    std::memcpy(staging.data(), h.data(), t->bytes());
+    copy_async(s, t->data(), staging.data(), t->bytes());
+    s.async_wait(owner.executor(), [pool = pool, b = std::move(staging)](std::error_code) mutable {
+      pool->give(std::move(b));
+    });
+    return t;
   }
 
   /// Downloads `ts` (null: skipped, left empty) through staging, then `fn` on their host
