@@ -86,6 +86,7 @@ nlohmann::json recorder::to_chrome_trace(const nlohmann::json& actors, const nlo
         if (cat == "idle") args["cause"] = r.text ? r.text : "input";
         else if (cat == "action") args.update({{"chunk", r.value}, {"stage", r.aux}, {"step", r.aux2}});
         else if (cat == "step") args = {{"step", r.value}};
+        else if (cat == "evaluation") args = {{"epoch", r.value}};
         else if (cat == "gpu") args.update({{"stream", r.aux}, {"device", r.aux2}});
         else if (r.text) args["text"] = r.text;
         events.push_back({{"ph", "X"}, {"cat", cat}, {"name", name}, {"pid", 0}, {"tid", r.track},

@@ -517,7 +517,11 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
     st.train_accuracy = seen ? double(correct) / double(seen) : 0;
     st.samples_per_s = st.seconds > 0 ? double(seen - seen_before) / st.seconds : 0;
     if (test_set && !st.interrupted) {
+      const auto began = rt.trace().now();
       const auto f = evaluate_set(*engine, *test_set, sample);
+      // Its slice on track 0 beside the steps': the viewer counts it apart from the bubbles.
+      if (rt.trace().enabled())
+        rt.trace().span(0, "evaluation", "evaluate", began, rt.trace().now(), -1, nullptr, -1, -1, st.epoch);
       st.test_loss = f.loss;
       st.test_accuracy = f.accuracy;
       evaluated = true;

@@ -15,32 +15,42 @@ double percentile(std::vector<double>& values, double p) {
   return values[rank - 1];
 }
 
-double union_length(std::vector<std::pair<double, double>> intervals, const window& w) {
+std::vector<std::pair<double, double>> disjoint_union(std::vector<std::pair<double, double>> intervals, const window& w) {
   for (auto& [a, b] : intervals) {
     a = std::max(a, w.start);
     b = std::min(b, w.end);
   }
   std::sort(intervals.begin(), intervals.end());
-  double total = 0, cur_a = 0, cur_b = -std::numeric_limits<double>::infinity();
-  bool open = false;
+  std::vector<std::pair<double, double>> out;
   for (auto [a, b] : intervals) {
     if (b <= a) continue;
-    if (!open || a > cur_b) {
-      if (open) total += cur_b - cur_a;
-      cur_a = a;
-      cur_b = b;
-      open = true;
-    } else {
-      cur_b = std::max(cur_b, b);
-    }
+    if (out.empty() || a > out.back().second) out.emplace_back(a, b);
+    else out.back().second = std::max(out.back().second, b);
   }
-  if (open) total += cur_b - cur_a;
+  return out;
+}
+
+double union_length(std::vector<std::pair<double, double>> intervals, const window& w) {
+  double total = 0;
+  for (auto [a, b] : disjoint_union(std::move(intervals), w)) total += b - a;
+  return total;
+}
+
+double overlap_length(const std::vector<std::pair<double, double>>& a, const std::vector<std::pair<double, double>>& b) {
+  double total = 0;
+  std::size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    total += std::max(0.0, std::min(a[i].second, b[j].second) - std::max(a[i].first, b[j].first));
+    if (a[i].second < b[j].second) ++i;
+    else ++j;
+  }
   return total;
 }
 
 trace_index::trace_index(const timeline& t) : tl(t) {
   const auto handler_cat = t.find("handler");
   const auto step_cat = t.find("step");
+  const auto evaluation_cat = t.find("evaluation");
   const auto& ev = t.events;
   nerve_handlers = handler_cat != 0 && std::any_of(ev.begin(), ev.end(), [&](const event& e) { return e.ph == 'X' && e.cat == handler_cat; });
 
@@ -55,6 +65,7 @@ trace_index::trace_index(const timeline& t) : tl(t) {
     if (nerve_handlers ? e.cat == handler_cat : true) handlers[{e.pid, e.tid}].push_back(i);
     if (step_cat && e.cat == step_cat)
       steps[e.pid].push_back({e.pid, e.step >= 0 ? e.step : static_cast<std::int32_t>(steps[e.pid].size()), {e.ts, e.end()}});
+    if (evaluation_cat && e.cat == evaluation_cat) evaluations[e.pid].emplace_back(e.ts, e.end());
   }
   for (auto& [tr, runs] : handlers) {
     std::stable_sort(runs.begin(), runs.end(), [&](auto a, auto b) { return ev[a].ts < ev[b].ts; });
@@ -112,6 +123,13 @@ std::int64_t trace_index::run_from(const track& tr, double ts) const {
   const auto& ev = tl.events;
   auto pos = std::lower_bound(runs.begin(), runs.end(), ts, [&](std::uint32_t i, double t) { return ev[i].ts < t; });
   return pos == runs.end() ? -1 : static_cast<std::int64_t>(*pos);
+}
+
+std::vector<std::pair<double, double>> trace_index::evaluation_in(std::int64_t pid, const window& w) const {
+  std::vector<std::pair<double, double>> spans;
+  for (const auto& [p, list] : evaluations)
+    if (p == pid || job) spans.insert(spans.end(), list.begin(), list.end());
+  return disjoint_union(std::move(spans), w);
 }
 
 std::int32_t trace_index::stage_of(const event& e) const {

@@ -59,6 +59,14 @@ class trace_index {
   /// Training steps, per pid in time order (from `cat == "step"` slices). A process
   /// without step markers has one step 0 spanning the whole process.
   std::map<std::int64_t, std::vector<step_window>> steps;
+  /// Evaluation phases per pid (`cat == "evaluation"` slices, docs/trace-format.md): the
+  /// engine on the test set between epochs, in time order. Not training time: the summary
+  /// counts it apart from busy and bubble.
+  std::map<std::int64_t, std::vector<std::pair<double, double>>> evaluations;
+  /// The evaluation time inside `w` that counts against `pid`, disjoint and ascending: its
+  /// own evaluation slices, and in a job every rank's (evaluation is a collective there: a
+  /// rank that is done waits for the others).
+  [[nodiscard]] std::vector<std::pair<double, double>> evaluation_in(std::int64_t pid, const window& w) const;
   /// Stage of each action/idle event: `args.stage`, else the stage of its track's actor.
   [[nodiscard]] std::int32_t stage_of(const event& e) const;
 
@@ -88,5 +96,11 @@ double percentile(std::vector<double>& values, double p);
 
 /// Total length of the union of intervals [start, end], clipped to `w`.
 double union_length(std::vector<std::pair<double, double>> intervals, const window& w);
+
+/// The union of intervals [start, end] clipped to `w`: disjoint, ascending, empty ones dropped.
+std::vector<std::pair<double, double>> disjoint_union(std::vector<std::pair<double, double>> intervals, const window& w);
+
+/// Length of the overlap of two disjoint, ascending interval lists (`disjoint_union`'s form).
+double overlap_length(const std::vector<std::pair<double, double>>& a, const std::vector<std::pair<double, double>>& b);
 
 }  // namespace nerve::trace

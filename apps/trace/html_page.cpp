@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <set>
 #include <tuple>
 
 namespace nerve::trace {
@@ -219,38 +220,40 @@ class page_builder {
   }
 
   // The planned schedule, played with each stage's mean measured durations and placed
-  // at the first measured action of every step.
+  // at the first measured action of every step. In a job each rank shows the plan of the
+  // stages it ran, timed by every rank's actions and placed in the job's step.
   void add_plans() {
     const auto action_cat = t_.find("action");
     if (!action_cat) return;
     for (const auto& schedule : t_.schedules) {
       for (auto pid : schedule.pids) {
-        op_durations mean(schedule.actions.size(), {0, 0, 0});
-        std::vector<std::array<double, 3>> count(schedule.actions.size(), {0, 0, 0});
-        std::vector<double> starts;
+        const auto sources = plan_sources(index_, schedule, pid);
+        std::vector<double> starts;  // of the sources' actions
+        std::set<std::int32_t> own_stages;
         for (const auto& e : t_.events) {
-          if (e.pid != pid || e.cat != action_cat || e.ph != 'X') continue;
+          if (e.cat != action_cat || e.ph != 'X') continue;
+          if (std::find(sources.begin(), sources.end(), e.pid) == sources.end()) continue;
           starts.push_back(e.ts);
-          const auto stage = index_.stage_of(e);
-          const auto& op = t_.str(e.name);
-          if (stage < 0 || static_cast<std::size_t>(stage) >= mean.size() || op.size() != 1) continue;
-          const auto k = op[0] == 'F' ? 0u : op[0] == 'B' ? 1u : 2u;
-          mean[static_cast<std::size_t>(stage)][k] += e.dur;
-          count[static_cast<std::size_t>(stage)][k] += 1;
+          if (e.pid == pid) own_stages.insert(index_.stage_of(e));
         }
-        if (starts.empty()) continue;
+        if (own_stages.empty()) continue;
         std::sort(starts.begin(), starts.end());
-        for (std::size_t s = 0; s < mean.size(); ++s)
-          for (std::size_t k = 0; k < 3; ++k)
-            if (count[s][k] > 0) mean[s][k] /= count[s][k];
-        const auto p = play_schedule(schedule, mean);
+        const auto mean = measured_durations(index_, schedule, sources, std::nullopt);
+        if (!mean) continue;
+        const auto p = play_schedule(schedule, *mean);
         if (!p.error.empty()) continue;
         auto steps_it = index_.steps.find(pid);
         if (steps_it == index_.steps.end()) continue;
         for (const auto& step : steps_it->second) {
-          auto first = std::lower_bound(starts.begin(), starts.end(), step.span.start);
-          if (first == starts.end() || *first > step.span.end) continue;
+          window span = step.span;  // the step of every source: the ranks' steps of its number
+          for (auto q : sources)
+            if (auto it = index_.steps.find(q); q != pid && it != index_.steps.end())
+              for (const auto& other : it->second)
+                if (other.step == step.step) span = {std::min(span.start, other.span.start), std::max(span.end, other.span.end)};
+          auto first = std::lower_bound(starts.begin(), starts.end(), span.start);
+          if (first == starts.end() || *first > span.end) continue;
           for (const auto& r : p.runs) {
+            if (!own_stages.count(r.stage)) continue;
             auto& lane = lanes_[stage_lane(pid, r.stage)];
             auto plan_row = std::find_if(lane.rows.begin(), lane.rows.end(), [](const row_def& d) { return d.kind == "plan"; });
             if (plan_row == lane.rows.end()) {
@@ -458,6 +461,13 @@ class page_builder {
       info += buf;
     }
     const bool several = sum.windows.size() > 1;  // say whose stage it is
+    for (const auto& [pid, us] : sum.evaluation_us) {
+      if (several) info += process_label(pid) + " ";
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "evaluation %.1f ms (%zu), apart from training: not in the bubbles. ", us / 1000.0,
+                    sum.evaluation_counts.at(pid));
+      info += buf;
+    }
     for (const auto& st : sum.stages) {
       if (several) info += process_label(st.pid) + " ";
       char buf[160];

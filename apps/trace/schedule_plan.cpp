@@ -59,6 +59,40 @@ plan play_schedule(const schedule_info& schedule, const op_durations& durations)
   return out;
 }
 
+std::vector<std::int64_t> plan_sources(const trace_index& index, const schedule_info& schedule, std::int64_t pid) {
+  if (!index.job) return {pid};
+  return schedule.pids;
+}
+
+std::optional<op_durations> measured_durations(const trace_index& index, const schedule_info& schedule,
+                                               const std::vector<std::int64_t>& pids, const std::optional<window>& w) {
+  const auto& t = index.tl;
+  const auto action_cat = t.find("action");
+  if (!action_cat) return std::nullopt;
+  op_durations sums(schedule.actions.size(), {0, 0, 0});
+  std::vector<std::array<double, 3>> counts(schedule.actions.size(), {0, 0, 0});
+  for (const auto& e : t.events) {
+    if (e.cat != action_cat || e.ph != 'X' || (w && !w->contains(e.ts))) continue;
+    if (std::find(pids.begin(), pids.end(), e.pid) == pids.end()) continue;
+    const auto stage = index.stage_of(e);
+    const auto& op = t.str(e.name);
+    if (stage < 0 || static_cast<std::size_t>(stage) >= sums.size() || op.size() != 1) continue;
+    const auto k = op[0] == 'F' ? 0u : op[0] == 'B' ? 1u : 2u;
+    sums[static_cast<std::size_t>(stage)][k] += e.dur;
+    counts[static_cast<std::size_t>(stage)][k] += 1;
+  }
+  bool any = false;
+  for (std::size_t s = 0; s < sums.size(); ++s) {
+    const double n = counts[s][0] + counts[s][1] + counts[s][2];
+    if (!schedule.actions[s].empty() && n == 0) return std::nullopt;
+    any |= n > 0;
+    for (std::size_t k = 0; k < 3; ++k)
+      if (counts[s][k] > 0) sums[s][k] /= counts[s][k];
+  }
+  if (!any) return std::nullopt;
+  return sums;
+}
+
 std::vector<planned_action> one_f_one_b(std::int32_t stages, std::int32_t stage, std::int32_t microbatches) {
   if (stages < 1 || microbatches < 1 || stage < 0 || stage >= stages) return {};
   // Callers ask stage by stage: make each shape's schedule once, not once per stage.

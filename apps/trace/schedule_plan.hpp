@@ -6,9 +6,11 @@
 /// pipeline's own (`nerve::schedule`, `layers/pipeline/schedule.hpp`); this is the
 /// viewer's view of it.
 
+#include "apps/trace/analysis.hpp"
 #include "apps/trace/timeline.hpp"
 
 #include <array>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,18 @@ struct plan {
 
 /// Durations of F, B and W per stage (µs).
 using op_durations = std::vector<std::array<double, 3>>;
+
+/// The processes whose `action` slices time `pid`'s plan: `pid` alone, or in a job (the
+/// ranks of a merged trace) every rank the schedule was planned for, since each rank runs
+/// and records only its own stages while the plan needs every stage's durations.
+std::vector<std::int64_t> plan_sources(const trace_index& index, const schedule_info& schedule, std::int64_t pid);
+
+/// The mean measured F, B and W durations of each stage of `schedule`, from the `action`
+/// slices of `pids` that start inside `w` (anywhere when `w` is empty). Nullopt when a stage
+/// that has planned actions has no measured one: played as taking no time, it would hide
+/// the bubble it causes in the others.
+std::optional<op_durations> measured_durations(const trace_index& index, const schedule_info& schedule,
+                                               const std::vector<std::int64_t>& pids, const std::optional<window>& w);
 
 /// Plays the schedule with `pipeline::simulate`: each stage runs its list in order, an
 /// action starting when the stage is free and its inputs are done (chunk c of stage s

@@ -31,35 +31,16 @@ std::string pad(std::string s, std::size_t width, bool right = false) {
 }
 
 // Planned bubble per stage of a pid: the schedule played with the mean measured F/B/W
-// durations of each stage (from `action` slices in the window).
+// durations of each stage (from `action` slices in the window; in a job, every rank's).
 std::map<std::int32_t, double> planned_bubbles(const trace_index& index, std::int64_t pid, const window& w) {
   std::map<std::int32_t, double> out;
-  const auto& t = index.tl;
   const schedule_info* schedule = nullptr;
-  for (const auto& s : t.schedules)
+  for (const auto& s : index.tl.schedules)
     if (std::find(s.pids.begin(), s.pids.end(), pid) != s.pids.end()) schedule = &s;
-  const auto action_cat = t.find("action");
-  if (!schedule || !action_cat) return out;
-  op_durations sums(schedule->actions.size(), {0, 0, 0});
-  std::vector<std::array<double, 3>> counts(schedule->actions.size(), {0, 0, 0});
-  for (const auto& e : t.events) {
-    if (e.pid != pid || e.cat != action_cat || e.ph != 'X' || !w.contains(e.ts)) continue;
-    const auto stage = index.stage_of(e);
-    const auto& op = t.str(e.name);
-    if (stage < 0 || static_cast<std::size_t>(stage) >= sums.size() || op.size() != 1) continue;
-    const auto k = op[0] == 'F' ? 0u : op[0] == 'B' ? 1u : 2u;
-    sums[static_cast<std::size_t>(stage)][k] += e.dur;
-    counts[static_cast<std::size_t>(stage)][k] += 1;
-  }
-  bool any = false;
-  for (std::size_t s = 0; s < sums.size(); ++s)
-    for (std::size_t k = 0; k < 3; ++k)
-      if (counts[s][k] > 0) {
-        sums[s][k] /= counts[s][k];
-        any = true;
-      }
-  if (!any) return out;
-  auto p = play_schedule(*schedule, sums);
+  if (!schedule) return out;
+  const auto durations = measured_durations(index, *schedule, plan_sources(index, *schedule, pid), w);
+  if (!durations) return out;
+  auto p = play_schedule(*schedule, *durations);
   if (!p.error.empty()) return out;
   for (std::size_t s = 0; s < p.bubbles.size(); ++s) out[static_cast<std::int32_t>(s)] = p.bubbles[s] * 100.0;
   return out;
@@ -77,6 +58,15 @@ summary summarize(const trace_index& index, const summary_options& options) {
   for (auto pid : t.pids()) {
     if (auto w = index.window_for(pid, options.select)) out.windows[pid] = *w;
     if (auto it = index.steps.find(pid); it != index.steps.end()) out.step_counts[pid] = it->second.size();
+  }
+  // Evaluation between epochs: its own phase, apart from the training time the bubbles cover.
+  std::map<std::int64_t, std::vector<std::pair<double, double>>> evaluation;
+  for (const auto& [pid, w] : out.windows) {
+    evaluation[pid] = index.evaluation_in(pid, w);
+    if (auto it = index.evaluations.find(pid); it != index.evaluations.end()) {
+      for (const auto& [a, b] : it->second) out.evaluation_counts[pid] += b > w.start && a < w.end;
+      out.evaluation_us[pid] = union_length(it->second, w);
+    }
   }
 
   // Sends and drops per track.
@@ -145,7 +135,8 @@ summary summarize(const trace_index& index, const summary_options& options) {
     auto wit = out.windows.find(e.pid);
     if (stage < 0 || wit == out.windows.end()) continue;
     const auto& w = wit->second;
-    const double len = std::min(e.end(), w.end) - std::max(e.ts, w.start);
+    const double len = std::min(e.end(), w.end) - std::max(e.ts, w.start) -
+                       overlap_length({{e.ts, e.end()}}, evaluation[e.pid]);
     if (len <= 0) continue;
     idle_causes[{e.pid, stage}][e.cause ? t.str(e.cause) : std::string("unknown")] += len;
     stage_keys.insert({e.pid, stage});
@@ -160,9 +151,14 @@ summary summarize(const trace_index& index, const summary_options& options) {
     s.pid = pid;
     s.stage = stage;
     s.window_us = w.length();
-    s.busy_us = union_length(stage_busy[{pid, stage}], w);
-    const double bubble = s.window_us - s.busy_us;
-    s.bubble_pct = s.window_us > 0 ? bubble / s.window_us * 100.0 : 0;
+    const auto& evaluating = evaluation[pid];
+    for (const auto& [a, b] : evaluating) s.evaluation_us += b - a;
+    s.training_us = std::max(0.0, s.window_us - s.evaluation_us);
+    const auto busy = disjoint_union(std::move(stage_busy[{pid, stage}]), w);
+    for (const auto& [a, b] : busy) s.busy_us += b - a;
+    s.busy_us = std::max(0.0, s.busy_us - overlap_length(busy, evaluating));
+    const double bubble = std::max(0.0, s.training_us - s.busy_us);
+    s.bubble_pct = s.training_us > 0 ? bubble / s.training_us * 100.0 : 0;
     s.idle_by_cause = idle_causes[{pid, stage}];
     double explained = 0;
     for (const auto& [cause, us] : s.idle_by_cause) explained += us;
@@ -225,6 +221,10 @@ nlohmann::json to_json(const summary& s, const timeline& t) {
     json p = {{"pid", pid}, {"window_us", {w.start, w.end}}};
     if (auto it = t.process_names.find(pid); it != t.process_names.end()) p["name"] = it->second;
     if (auto it = s.step_counts.find(pid); it != s.step_counts.end()) p["steps"] = it->second;
+    if (auto it = s.evaluation_counts.find(pid); it != s.evaluation_counts.end()) {
+      p["evaluations"] = it->second;
+      p["evaluation_us"] = s.evaluation_us.at(pid);
+    }
     for (const auto& r : t.ranks)
       if (r.pid == pid) p["rank"] = {{"rank", r.rank}, {"offset_ns", r.offset_ns}, {"rtt_ns", r.rtt_ns}};
     processes.push_back(std::move(p));
@@ -239,7 +239,8 @@ nlohmann::json to_json(const summary& s, const timeline& t) {
   out["actors"] = std::move(actors);
   json stages = json::array();
   for (const auto& st : s.stages) {
-    json j = {{"pid", st.pid}, {"stage", st.stage}, {"window_us", st.window_us}, {"busy_us", st.busy_us},
+    json j = {{"pid", st.pid}, {"stage", st.stage}, {"window_us", st.window_us}, {"evaluation_us", st.evaluation_us},
+              {"training_us", st.training_us}, {"busy_us", st.busy_us},
               {"bubble_pct", st.bubble_pct}, {"idle_us", st.idle_by_cause}, {"idle_unattributed_us", st.idle_unattributed_us}};
     j["planned_bubble_pct"] = st.planned_bubble_pct >= 0 ? json(st.planned_bubble_pct) : json(nullptr);
     stages.push_back(std::move(j));
@@ -274,6 +275,8 @@ void print_summary(const summary& s, const timeline& t, std::ostream& out) {
     if (auto it = t.process_names.find(pid); it != t.process_names.end()) out << " \"" << it->second << "\"";
     out << ": " << fixed(w.start) << " .. " << fixed(w.end) << " µs (" << fixed(w.length() / 1000.0, 3) << " ms)";
     if (auto it = s.step_counts.find(pid); it != s.step_counts.end()) out << ", " << it->second << " step(s)";
+    if (auto it = s.evaluation_counts.find(pid); it != s.evaluation_counts.end())
+      out << ", " << it->second << " evaluation(s) " << fixed(s.evaluation_us.at(pid) / 1000.0, 3) << " ms";
     for (const auto& r : t.ranks)
       if (r.pid == pid)
         out << ", rank " << r.rank << ", clock " << fixed(static_cast<double>(r.offset_ns) / 1000.0, 3) << " µs ahead of rank 0's (± "
@@ -296,15 +299,16 @@ void print_summary(const summary& s, const timeline& t, std::ostream& out) {
   }
 
   if (!s.stages.empty()) {
-    out << "\nstages (bubble = window - busy; idle time by cause from `idle` slices, µs)\n";
-    out << "  " << pad("pid", 4) << pad("stage", 6) << pad("window", 12, true) << pad("busy", 12, true) << pad("bubble%", 9, true)
+    out << "\nstages (training = window - evaluation; bubble = training - busy; idle time by cause from `idle` slices, µs)\n";
+    out << "  " << pad("pid", 4) << pad("stage", 6) << pad("window", 12, true) << pad("evaluation", 12, true)
+        << pad("busy", 12, true) << pad("bubble%", 9, true)
         << pad("planned%", 10, true) << "   idle by cause\n";
     for (const auto& st : s.stages) {
       std::string causes;
       for (const auto& [cause, us] : st.idle_by_cause) causes += cause + " " + fixed(us) + "  ";
       if (st.idle_unattributed_us > 0.05) causes += "unattributed " + fixed(st.idle_unattributed_us);
       out << "  " << pad(std::to_string(st.pid), 4) << pad(std::to_string(st.stage), 6) << pad(fixed(st.window_us), 12, true)
-          << pad(fixed(st.busy_us), 12, true) << pad(fixed(st.bubble_pct), 9, true)
+          << pad(fixed(st.evaluation_us), 12, true) << pad(fixed(st.busy_us), 12, true) << pad(fixed(st.bubble_pct), 9, true)
           << pad(st.planned_bubble_pct >= 0 ? fixed(st.planned_bubble_pct) : "-", 10, true) << "   " << causes << "\n";
     }
   }

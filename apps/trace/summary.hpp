@@ -44,9 +44,11 @@ struct stage_summary {
   std::int64_t pid = 0;
   std::int32_t stage = 0;
   double window_us = 0;
-  double busy_us = 0;       ///< union of the handler runs of its actors
-  double bubble_pct = 0;    ///< (window - busy) / window * 100
-  std::map<std::string, double> idle_by_cause;  ///< from `idle` slices, clipped to the window
+  double evaluation_us = 0;  ///< evaluation inside the window (`trace_index::evaluation_in`): its own phase
+  double training_us = 0;    ///< window - evaluation: the time busy and bubble cover
+  double busy_us = 0;        ///< union of the handler runs of its actors in training time
+  double bubble_pct = 0;     ///< (training - busy) / training * 100
+  std::map<std::string, double> idle_by_cause;  ///< from `idle` slices, clipped to training time
   double idle_unattributed_us = 0;  ///< bubble time no `idle` slice explains
   double planned_bubble_pct = -1;   ///< from `nerve.schedule` played with measured durations; -1 if none
 };
@@ -75,6 +77,9 @@ struct summary {
   std::vector<std::string> files;
   std::map<std::int64_t, window> windows;    ///< per pid, what the numbers cover
   std::map<std::int64_t, std::size_t> step_counts;
+  /// Per pid with evaluation slices: how many lie in its window, and their time there.
+  std::map<std::int64_t, std::size_t> evaluation_counts;
+  std::map<std::int64_t, double> evaluation_us;
   std::vector<actor_summary> actors;
   std::vector<stage_summary> stages;
   std::vector<critical_path> paths;          ///< one per pid that has handler runs
