@@ -1,21 +1,25 @@
 #pragma once
 /// \file
 /// `--train-data`, `--test-data` and `--augment`: your own `.npy` data in place of
-/// Fashion-MNIST, and augmentation of the training batches (docs/data.md). Header-only.
+/// Fashion-MNIST, and augmentation of the training batches (docs/data.md), as nerve-train
+/// and nerve-pipeline read them. Header-only.
 
+#include <cstdint>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "layers/data/augment.hpp"
 #include "layers/data/dataset.hpp"
+#include "layers/train_data.hpp"
 #include "layers/trainer.hpp"
 
 namespace nerve::apps {
 
-/// The own-data options of nerve-train, as given on the command line.
+/// The own-data options of nerve-train and nerve-pipeline, as given on the command line.
 struct own_data_options {
   std::string train, test, augment;
 
@@ -66,6 +70,43 @@ struct own_data_options {
     if (has_train) o.train_data = pair_of("--train-data", train);
     if (has_test) o.test_data = pair_of("--test-data", test);
     if (!resumed && app.count("--augment") > 0) o.augment = data::parse_augment(augment);
+  }
+
+  /// Refuses `--train-data` and `--augment` beside `--evaluate` or `--predict` (`mode`):
+  /// nothing is trained, so they would be ignored unseen.
+  static void refuse_for_evaluation(const CLI::App& app, const std::string& mode) {
+    for (const char* own : {"--train-data", "--augment"})
+      if (app.count(own))
+        throw std::invalid_argument(std::string(own) + " cannot be given with " + mode +
+                                    ": nothing is trained (--test-data names the data to evaluate on)");
+  }
+
+  /// For `--evaluate` or `--predict`: with `--test-data`, loads the test set into `o` (its
+  /// `model` and `init` set), the preset then built for its samples and for the classes of
+  /// the `--init` weights; the test labels are checked against those classes as they load.
+  void apply_for_evaluation(const CLI::App& app, layers::train_options& o) const {
+    if (app.count("--test-data") == 0) return;
+    if (app.count("--data"))
+      throw std::invalid_argument("--data cannot be given with --test-data: --data names Fashion-MNIST's directory, "
+                                  "--test-data your own .npy files");
+    o.test_data = pair_of("--test-data", test);
+    const auto peek = layers::run_test_set(o, 0);
+    const layers::shape input(std::vector<std::int64_t>(peek->sample_shape.begin(), peek->sample_shape.end()));
+    const auto classes = layers::classes_of_weights(o.init, o.model, input);
+    o.test_set = classes && std::size_t(*classes) != peek->classes ? layers::run_test_set(o, std::size_t(*classes)) : peek;
+  }
+
+  /// The banner's line on a run's own data (`o` after `layers::load_own_data`): the
+  /// training file, its samples, their shape and classes, and the augmentation; for
+  /// Fashion-MNIST only the augmentation; empty when there is neither.
+  static std::string banner_line(const layers::train_options& o) {
+    if (o.train_set) {
+      const auto d = layers::own_data_shape(o);
+      return "data: " + o.train_data.inputs.string() + ", " + std::to_string(o.train_set->size()) + " samples of " +
+             d->input->to_string() + " in " + std::to_string(d->classes) + " classes" +
+             (o.augment.any() ? ", augmented: " + data::augment_text(o.augment) : "");
+    }
+    return o.augment.any() ? "augmented: " + data::augment_text(o.augment) : "";
   }
 };
 

@@ -1,5 +1,6 @@
-// nerve-pipeline: train a preset network on Fashion-MNIST cut into pipeline stages, each
-// stage an actor on its own event loop, micro-batches flowing between them as messages.
+// nerve-pipeline: train a preset network on Fashion-MNIST (or your own .npy data) cut into
+// pipeline stages, each stage an actor on its own event loop, micro-batches flowing between
+// them as messages.
 //
 //   batch ──split──► stage 0 ──activations──► stage 1 ──► … ──► stage S-1 ─► loss
 //                      ▲ ◄──────gradients──────────┘ ◄──────────────┘
@@ -36,8 +37,10 @@
 #include "layers/inference.hpp"
 #include "layers/presets.hpp"
 #include "layers/summary.hpp"
+#include "layers/train_data.hpp"
 #include "layers/trainer.hpp"
 #include "apps/common/app_settings.hpp"
+#include "apps/common/data_options.hpp"
 #include "apps/common/job.hpp"
 #include "apps/common/model_report.hpp"
 #include "apps/common/options.hpp"
@@ -82,7 +85,8 @@ std::uint32_t count_in_range(const char* name, long long value, long long lo, lo
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"nerve-pipeline: pipeline-parallel training on Fashion-MNIST, one event loop per stage"};
+  CLI::App app{"nerve-pipeline: pipeline-parallel training on Fashion-MNIST or your own .npy data, one event loop "
+               "per stage"};
   std::string model = "deep-mlp", schedule_name = "1f1b", partition = "params", data = "/usr/share/datasets/fashion-mnist";
   std::string init, save, trace, load_schedule_file, write_schedule_file, devices;
   std::uint32_t stages = 2, micro = 8, chunks = 2, replicas = 1, credits = 0;
@@ -129,6 +133,8 @@ int main(int argc, char** argv) {
   double stall_timeout = 60;
   nerve::apps::add_stall_timeout(app, stall_timeout);
   app.add_option("--data", data, "Directory with the Fashion-MNIST IDX files")->capture_default_str();
+  nerve::apps::own_data_options own_data;
+  own_data.add_to(app);
   app.add_option("--init", init, "Start from these weights (safetensors: weights, or the weights of a checkpoint)");
   nerve::apps::model_actions actions;
   nerve::apps::add_model_actions(app, actions, " through the pipeline's stages", "stage");
@@ -183,7 +189,7 @@ int main(int argc, char** argv) {
       for (const char* opt : {"--model", "--stages", "--microbatches", "--schedule", "--chunks", "--credits",
                               "--replicas", "--partition", "--schedule-file", "--devices",
                               "--batch", "--lr", "--momentum", "--seed", "--no-shuffle", "--normalize",
-                              "--init", "--no-eval", "--allow-nonfinite"})
+                              "--init", "--no-eval", "--allow-nonfinite", "--augment"})
         if (app.count(opt) > 0)
           throw std::invalid_argument(std::string(opt) + " cannot be given with --resume: the run goes on with the "
                                       "settings its checkpoint holds");
@@ -259,6 +265,7 @@ int main(int argc, char** argv) {
       nerve::apps::refuse_beside(app, mode, {"--epochs", "--steps", "--batch", "--lr", "--momentum", "--no-shuffle",
                                              "--save", "--checkpoint", "--checkpoint-every", "--resume", "--metrics",
                                              "--no-eval"});
+      nerve::apps::own_data_options::refuse_for_evaluation(app, mode);
       if (init.empty())
         throw std::invalid_argument(mode + " needs --init FILE: the weights to evaluate (a --save file, or a --checkpoint)");
     }
@@ -290,6 +297,12 @@ int main(int argc, char** argv) {
       o.evaluate = !no_eval;
       o.allow_nonfinite = allow_nonfinite;
     }
+    if (inference) {
+      o.init = init;  // the weights' classes size the preset for --test-data
+      own_data.apply_for_evaluation(app, o);
+    } else {
+      own_data.apply(app, o, !resume.empty());
+    }
     state.apply(app, o);
     stopping.apply(app, o);
     o.stall_timeout = stall_timeout;
@@ -314,11 +327,12 @@ int main(int argc, char** argv) {
     o.lead = speak;
     nl::check_options(o);  // before the replicas, the partition and the data
     o.init.clear();
+    nl::load_own_data(o);  // once: the preset takes its input shape and classes from it
     ranks->agree_inputs(o);  // across ranks: the same data and checkpoint bytes on every rank
 
     std::vector<nl::graph> graphs;
     for (std::uint32_t r = 0; r < replicas; ++r) {
-      graphs.push_back(nl::make_preset(model, seed));
+      graphs.push_back(nl::make_preset_for(o));
       if (!init.empty()) nl::load_weights(graphs.back(), init, allow_nonfinite);  // every replica: the trainer's --init is not used
     }
     std::vector<nl::graph*> replica_graphs;
@@ -358,7 +372,7 @@ int main(int argc, char** argv) {
     std::string banner_totals;
     if (show_summary || (!json && speak && !inference)) {
       // On a graph of its own: the summary's forward calls leave the run's graphs untouched.
-      auto sg = nl::make_preset(model, seed);
+      auto sg = nl::make_preset_for(o);
       nl::summary_options so;
       const std::size_t parts = std::size_t(micro) * replicas;
       so.micro_batch = std::int64_t((o.batch + parts - 1) / parts);
@@ -379,6 +393,8 @@ int main(int argc, char** argv) {
                   model.c_str(), stages, replicas, replicas == 1 ? "" : "s", emergent ? "emergent" : plan.name.c_str(),
                   micro, o.batch / micro / replicas, o.batch, o.optimizer.c_str(), o.lr, threads,
                   np::to_string(g, pieces).c_str(), banner_totals.c_str());
+    if (const auto line = nerve::apps::own_data_options::banner_line(o); !json && speak && !inference && !line.empty())
+      std::printf("%s\n", line.c_str());
 
     np::pipeline_options po;
     po.emergent = emergent;

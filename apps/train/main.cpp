@@ -56,7 +56,7 @@ std::string fmt_g(double v) {
 
 /// What `--evaluate` and `--predict` read of the command line.
 struct evaluation_request {
-  std::string model, init, predict, data, device, trace, test_data;
+  std::string model, init, predict, data, device, trace;
   std::vector<double> normalize;
   unsigned threads = 1;
   bool spread = false;
@@ -68,13 +68,11 @@ struct evaluation_request {
 
 /// `--evaluate` / `--predict`: the --init weights through the test set on the engine
 /// `--device` names; nothing is trained. Returns the exit status.
-int evaluate_weights(CLI::App& app, const evaluation_request& r, const nerve::apps::job& ranks) {
+int evaluate_weights(CLI::App& app, const evaluation_request& r, const nerve::apps::own_data_options& own,
+                     const nerve::apps::job& ranks) {
   const std::string mode = r.evaluate_flag ? "--evaluate" : "--predict";
   nerve::apps::refuse_beside(app, mode, nerve::apps::training_only);
-  for (const char* own : {"--train-data", "--augment"})
-    if (app.count(own))
-      throw std::invalid_argument(std::string(own) + " cannot be given with " + mode +
-                                  ": nothing is trained (--test-data names the data to evaluate on)");
+  nerve::apps::own_data_options::refuse_for_evaluation(app, mode);
   if (app.count("--replicas"))
     throw std::invalid_argument("--replicas cannot be given with " + mode +
                                 ": the test set runs through one network (on any --device)");
@@ -95,18 +93,7 @@ int evaluate_weights(CLI::App& app, const evaluation_request& r, const nerve::ap
   o.trace_exact = r.trace_exact;
   o.allow_nonfinite = r.allow_nonfinite;
   o.stall_timeout = r.stall_timeout;
-  if (!r.test_data.empty()) {
-    if (app.count("--data"))
-      throw std::invalid_argument("--data cannot be given with --test-data: --data names Fashion-MNIST's directory, "
-                                  "--test-data your own .npy files");
-    // The preset is built for the data's samples and the weights' classes; the test labels
-    // are checked against those classes as they load.
-    o.test_data = nerve::apps::own_data_options::pair_of("--test-data", r.test_data);
-    const auto peek = run_test_set(o, 0);
-    const shape input(std::vector<std::int64_t>(peek->sample_shape.begin(), peek->sample_shape.end()));
-    const auto classes = classes_of_weights(o.init, o.model, input);
-    o.test_set = classes && std::size_t(*classes) != peek->classes ? run_test_set(o, std::size_t(*classes)) : peek;
-  }
+  own.apply_for_evaluation(app, o);
   nerve::gpu::register_devices();  // --device cuda, cuda:N, standin beside the built-in cpu
   auto g = make_preset_for(o);
   const auto e = evaluate(g, o, r.predict);
@@ -226,9 +213,9 @@ int main(int argc, char** argv) {
                                   std::to_string(replicas_in) + "): each replica is a group of layer actors");
     auto replicas = std::uint32_t(replicas_in);
     if ((evaluate_only || !predict.empty()) && !show_summary)
-      return evaluate_weights(app, {model, init, predict, data, device, trace, own_data.test, normalize, threads, spread,
-                                    seed, trace_exact, allow_nonfinite, stall_timeout, json, evaluate_only},
-                              *ranks);
+      return evaluate_weights(app, {model, init, predict, data, device, trace, normalize, threads, spread, seed,
+                                    trace_exact, allow_nonfinite, stall_timeout, json, evaluate_only},
+                              own_data, *ranks);
     if (!state.resume.empty()) {
       // The checkpoint's settings hold: a training option given beside --resume would be ignored.
       // Where the data lies may change (a run moved to another machine), and so may the
@@ -354,14 +341,8 @@ int main(int argc, char** argv) {
                   o.batch, o.optimizer.c_str(), o.lr, knobs.c_str(), o.threads, o.threads == 1 ? "" : "s");
     }
     if (!json && speak) std::printf("%s\n", banner_totals.c_str());
-    if (!json && speak && o.train_set) {
-      const auto d = own_data_shape(o);
-      std::printf("data: %s, %zu samples of %s in %lld classes%s\n", o.train_data.inputs.c_str(), o.train_set->size(),
-                  d->input->to_string().c_str(), static_cast<long long>(d->classes),
-                  o.augment.any() ? (", augmented: " + nerve::data::augment_text(o.augment)).c_str() : "");
-    } else if (!json && speak && o.augment.any()) {
-      std::printf("augmented: %s\n", nerve::data::augment_text(o.augment).c_str());
-    }
+    if (const auto line = nerve::apps::own_data_options::banner_line(o); !json && speak && !line.empty())
+      std::printf("%s\n", line.c_str());
     if (!json && speak && data_parallel)
       std::printf("%u replicas%s\n", replicas, ranks->size() > 1 ? ", one per rank" : " in this process");
     progress_bar bar(quiet || !speak);

@@ -1,5 +1,6 @@
-// nerve-train on .npy files this test writes: an augmented run stopped and resumed ends
-// with the uninterrupted run's bits, and the own-data options' refusals, word for word.
+// nerve-train and nerve-pipeline on .npy files this test writes: an augmented run stopped
+// and resumed ends with the uninterrupted run's bits, the pipeline's stages end with
+// nerve-train's bits, and the own-data options' refusals, word for word, in both apps.
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
@@ -33,9 +34,8 @@ struct own_data_run {
   std::string err, out;
 };
 
-/// Runs nerve-train with `args` to its end (stdout to `dir/stdout`, stderr to `dir/err`).
-own_data_run run_nerve_train(const fs::path& dir, const std::vector<std::string>& args) {
-  std::string bin = NERVE_TRAIN_BIN;
+/// Runs the app `bin` with `args` to its end (stdout to `dir/stdout`, stderr to `dir/err`).
+own_data_run run_own_data_app(std::string bin, const fs::path& dir, const std::vector<std::string>& args) {
   std::vector<std::string> copy = args;
   std::vector<char*> argv{bin.data()};
   for (auto& a : copy) argv.push_back(a.data());
@@ -54,6 +54,14 @@ own_data_run run_nerve_train(const fs::path& dir, const std::vector<std::string>
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) REQUIRE(errno == EINTR);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status), own_data_bytes(err), own_data_bytes(out)};
+}
+
+own_data_run run_nerve_train(const fs::path& dir, const std::vector<std::string>& args) {
+  return run_own_data_app(NERVE_TRAIN_BIN, dir, args);
+}
+
+own_data_run run_nerve_pipeline(const fs::path& dir, const std::vector<std::string>& args) {
+  return run_own_data_app(NERVE_PIPELINE_BIN, dir, args);
 }
 
 /// A folder of .npy files: `n` images of 1×8×8 floats in three classes (a bright square in
@@ -238,5 +246,131 @@ TEST_SUITE("train.own_data") {
       CHECK(refusal({"--resume", (dir / "ck").string(), "--augment", "flip"}) ==
             "nerve-train: --augment cannot be given with --resume: the run goes on with the settings its checkpoint holds\n");
     }
+  }
+
+  TEST_CASE("nerve-pipeline on .npy files takes the data's shape and ends with nerve-train's bits, resumed too") {
+    own_data_folder data;
+    const fs::path dir = data.dir;
+    // Samples of [1, 8, 8] in 3 classes: not Fashion-MNIST's [1, 28, 28] in 10. Two epochs of
+    // 6 steps, each batch in 4 micro-batches: nerve-train accumulates them on one network,
+    // nerve-pipeline runs them through 2 stages; the weights are the same bits.
+    const std::vector<std::string> run = {"--train-data", data.pair("train"), "--test-data", data.pair("test"),
+                                          "--model", "mlp", "--epochs", "2", "--batch", "16", "--microbatches", "4",
+                                          "--lr", "0.05", "--momentum", "0.9", "--augment", "crop=2,flip", "--seed",
+                                          "3", "--quiet"};
+    auto with = [&](std::vector<std::string> extra) {
+      auto a = run;
+      a.insert(a.end(), extra.begin(), extra.end());
+      return a;
+    };
+    const auto train = run_nerve_train(dir, with({"--save", (dir / "train.st").string(), "--json"}));
+    REQUIRE_MESSAGE(train.status == 0, train.err);
+    const std::string want = own_data_bytes(dir / "train.st");
+    REQUIRE(!want.empty());
+    const auto piped = run_nerve_pipeline(dir, with({"--stages", "2", "--save", (dir / "pipe.st").string(), "--json"}));
+    REQUIRE_MESSAGE(piped.status == 0, piped.err);
+    CHECK(own_data_bytes(dir / "pipe.st") == want);
+    const auto t = nlohmann::json::parse(train.out), p = nlohmann::json::parse(piped.out);
+    REQUIRE(p["epochs"].size() == 2);
+    REQUIRE(t["epochs"].size() == 2);
+    // The same predictions; the reported losses may differ in their last bits, as a
+    // pipelined step's loss may (docs/pipeline.md, "Why the weights are the same bits").
+    for (std::size_t e = 0; e < 2; ++e) {
+      CAPTURE(e);
+      CHECK(p["epochs"][e]["test_accuracy"] == t["epochs"][e]["test_accuracy"]);
+      CHECK(p["epochs"][e]["train_accuracy"] == t["epochs"][e]["train_accuracy"]);
+      CHECK(p["epochs"][e]["test_loss"].get<double>() ==
+            doctest::Approx(t["epochs"][e]["test_loss"].get<double>()).epsilon(1e-6));
+      CHECK(p["epochs"][e]["train_loss"].get<double>() ==
+            doctest::Approx(t["epochs"][e]["train_loss"].get<double>()).epsilon(1e-6));
+    }
+
+    // The banner names the data's shape and classes, as nerve-train's does.
+    const auto shown = run_nerve_pipeline(dir, with({"--stages", "2", "--steps", "1"}));
+    REQUIRE_MESSAGE(shown.status == 0, shown.err);
+    CHECK(shown.out.find("data: " + (dir / "train_x.npy").string() +
+                         ", 96 samples of [1, 8, 8] in 3 classes, augmented: crop=2,flip\n") != std::string::npos);
+
+    // Stopped inside the second epoch and resumed (the checkpoint keeps the files and the
+    // augmentation), then again from a copy with the files moved and named anew.
+    const auto first = run_nerve_pipeline(dir, with({"--stages", "2", "--steps", "8", "--checkpoint", (dir / "ck").string()}));
+    REQUIRE_MESSAGE(first.status == 0, first.err);
+    fs::copy_file(dir / "ck", dir / "ck-moved");
+    const auto rest = run_nerve_pipeline(dir, {"--resume", (dir / "ck").string(), "--steps", "12", "--save",
+                                               (dir / "out").string(), "--quiet"});
+    REQUIRE_MESSAGE(rest.status == 0, rest.err);
+    CHECK(own_data_bytes(dir / "out") == want);
+    fs::create_directory(dir / "moved");
+    for (const char* f : {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}) fs::rename(dir / f, dir / "moved" / f);
+    const auto moved = run_nerve_pipeline(
+        dir, {"--resume", (dir / "ck-moved").string(), "--steps", "12", "--save", (dir / "out-moved").string(),
+              "--train-data", (dir / "moved/train_x.npy").string() + "," + (dir / "moved/train_y.npy").string(),
+              "--test-data", (dir / "moved/test_x.npy").string() + "," + (dir / "moved/test_y.npy").string(), "--quiet"});
+    REQUIRE_MESSAGE(moved.status == 0, moved.err);
+    CHECK(own_data_bytes(dir / "out-moved") == want);
+    for (const char* f : {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}) fs::rename(dir / "moved" / f, dir / f);
+
+    // --evaluate on its stages, on --test-data: the trained run's last test figures.
+    const auto evaluated = run_nerve_pipeline(dir, {"--evaluate", "--init", (dir / "pipe.st").string(), "--model", "mlp",
+                                                    "--stages", "2", "--test-data", data.pair("test"), "--json"});
+    REQUIRE_MESSAGE(evaluated.status == 0, evaluated.err);
+    const auto e = nlohmann::json::parse(evaluated.out);
+    CHECK(e["test_loss"] == p["epochs"].back()["test_loss"]);
+    CHECK(e["test_accuracy"] == p["epochs"].back()["test_accuracy"]);
+    CHECK(e["samples"] == 32);
+    CHECK(e["classes"]["samples"].size() == 3);
+  }
+
+  TEST_CASE("nerve-pipeline refuses own data as nerve-train does, word for word") {
+    own_data_folder data;
+    const fs::path dir = data.dir;
+    const std::string train = data.pair("train"), test = data.pair("test");
+    // Each refusal of nerve-pipeline is nerve-train's, under the pipeline's name.
+    auto both = [&](const std::vector<std::string>& args, const std::string& want) {
+      CAPTURE(want);
+      const auto t = run_nerve_train(dir, args), p = run_nerve_pipeline(dir, args);
+      CHECK(t.status == 1);
+      CHECK(p.status == 1);
+      CHECK(t.err == "nerve-train: " + want + "\n");
+      CHECK(p.err == "nerve-pipeline: " + want + "\n");
+    };
+    both({"--data", dir.string(), "--train-data", train, "--test-data", test},
+         "--data cannot be given with --train-data: --data names Fashion-MNIST's directory, --train-data and "
+         "--test-data your own .npy files");
+    both({"--data", dir.string(), "--test-data", test},
+         "--data cannot be given with --test-data: --data names Fashion-MNIST's directory, --train-data and "
+         "--test-data your own .npy files");
+    both({"--test-data", test},
+         "--test-data needs --train-data: the run would train on Fashion-MNIST and test on your data");
+    both({"--train-data", train}, "--train-data needs --test-data INPUTS.npy,LABELS.npy to evaluate on (or --no-eval)");
+    both({"--train-data", (dir / "train_x.npy").string(), "--no-eval"},
+         "--train-data '" + (dir / "train_x.npy").string() + "': give two files, INPUTS.npy,LABELS.npy");
+    both({"--train-data", (dir / "none.npy").string() + "," + (dir / "train_y.npy").string(), "--no-eval"},
+         "--train-data: '" + (dir / "none.npy").string() + "' does not exist");
+    both({"--train-data", train, "--test-data", (dir / "test_x.npy").string() + "," + dir.string()},
+         "--test-data: '" + dir.string() + "' is not a regular file");
+    both({"--train-data", train, "--test-data", test, "--augment", "crop=4,mirror"},
+         "--augment 'crop=4,mirror': unknown 'mirror' (crop=N: a random crop after zero padding by N; flip: a random "
+         "horizontal flip)");
+    both({"--train-data", train, "--test-data", test, "--augment", "crop=9"},
+         "--augment crop=9: the padding must be at most 8, the smaller side of the data's samples of [1, 8, 8]");
+    both({"--train-data", train, "--test-data", test, "--model", "lenet"},
+         "model 'lenet' takes samples of [1, 28, 28] but the data's are [1, 8, 8] (mlp, deep-mlp and resmlp take "
+         "samples of any shape)");
+    both({"--evaluate", "--init", (dir / "w").string(), "--train-data", train},
+         "--train-data cannot be given with --evaluate: nothing is trained (--test-data names the data to evaluate on)");
+    both({"--predict", (dir / "p.csv").string(), "--init", (dir / "w").string(), "--augment", "flip"},
+         "--augment cannot be given with --predict: nothing is trained (--test-data names the data to evaluate on)");
+    both({"--evaluate", "--init", (dir / "w").string(), "--data", dir.string(), "--test-data", test},
+         "--data cannot be given with --test-data: --data names Fashion-MNIST's directory, --test-data your own .npy "
+         "files");
+    // Beside --resume: the checkpoint's augmentation holds; a Fashion-MNIST run takes no files.
+    REQUIRE(run_nerve_pipeline(dir, {"--train-data", train, "--test-data", test, "--steps", "1", "--batch", "16",
+                                     "--checkpoint", (dir / "ck").string(), "--quiet"})
+                .status == 0);
+    const auto augment = run_nerve_pipeline(dir, {"--resume", (dir / "ck").string(), "--augment", "flip"});
+    CHECK(augment.status == 1);
+    CHECK(augment.err == "nerve-pipeline: --augment cannot be given with --resume: the run goes on with the settings "
+                         "its checkpoint holds\n");
   }
 }
