@@ -28,22 +28,50 @@ void basic_linear<Scalar>::reset_parameters(std::mt19937_64& rng) {
 
 template <class Scalar>
 shape basic_linear<Scalar>::infer_shape(std::span<const shape> inputs) const {
-  if (inputs[0] != shape{in_}) throw this->mismatch(0, inputs[0], shape{in_}.to_string());
-  return shape{out_};
+  const shape& in = inputs[0];
+  if (in.rank() < 1 || in[in.rank() - 1] != in_) {
+    std::string want = "[…, " + std::to_string(in_) + "]";
+    if (in.rank() > 1 && in.numel() == in_) want += " (put a Flatten in front to take " + in.to_string() + " as one vector)";
+    throw this->mismatch(0, in, want);
+  }
+  auto dims = in.dims();
+  dims.back() = out_;
+  return shape(std::move(dims));
 }
+
+namespace {
+
+/// `a` (its last dimension the features) as `[rows, features]`; itself when it is 2-D.
+template <class Scalar>
+basic_array<Scalar> rows_of(basic_ops<Scalar>& o, const basic_array<Scalar>& a, std::int64_t features) {
+  if (a.dims.size() == 2) return a;
+  return o.reshape(a, {a.size() / features, features});
+}
+
+/// `a`'s rows back under `like`'s leading dimensions, `features` last.
+template <class Scalar>
+basic_array<Scalar> shaped_as(basic_ops<Scalar>& o, basic_array<Scalar> a, std::vector<std::int64_t> like,
+                              std::int64_t features) {
+  if (like.size() == 2) return a;
+  like.back() = features;
+  return o.reshape(a, std::move(like));
+}
+
+}  // namespace
 
 template <class Scalar>
 auto basic_linear<Scalar>::compute(basic_ops<Scalar>& o, std::span<const array> in, std::span<const array> params,
                                    std::vector<array>& keep, const forward_context&) -> array {
-  keep.push_back(in[0]);
-  return o.linear(in[0], params[0], bias_ ? params[1] : array{});
+  const auto x = rows_of(o, in[0], in_);
+  keep.push_back(x);
+  return shaped_as(o, o.linear(x, params[0], bias_ ? params[1] : array{}), in[0].dims, out_);
 }
 
 template <class Scalar>
 auto basic_linear<Scalar>::grad_input(basic_ops<Scalar>& o, std::span<const array>, std::span<const array> params,
                                       const array& dy, input_mask wanted) -> std::vector<array> {
   std::vector<array> g(1);
-  if (wanted & 1) g[0] = o.matmul(dy, params[0]);
+  if (wanted & 1) g[0] = shaped_as(o, o.matmul(rows_of(o, dy, out_), params[0]), dy.dims, in_);
   return g;
 }
 
@@ -51,7 +79,7 @@ template <class Scalar>
 void basic_linear<Scalar>::grad_weight(basic_ops<Scalar>& o, std::span<const array> keep, std::span<const array>,
                                        const array& dy, std::span<const array> grads) {
   const array& x = keep[0];
-  const std::int64_t n = dy.rows();
+  const std::int64_t n = x.rows();
   o.set().gemm(trans::yes, trans::no, out_, in_, n, Scalar(1), dy.data, out_, x.data, in_, Scalar(1), grads[0].data,
                in_);
   if (bias_) o.set().column_sums(dy.data, n, out_, grads[1].data, Scalar(1));

@@ -7,12 +7,13 @@
 namespace nerve::layers {
 
 /// A fully connected layer. Weight `[out, in]` (PyTorch layout, row-major), bias
-/// `[out]`. Input `[in]` per sample (anything with `in` scalars per sample is
-/// rejected unless its shape is exactly `[in]`: put a Flatten in front of images).
+/// `[out]`. Input `[…, in]` per sample, as PyTorch's: the last dimension is the
+/// features, any before it are rows of their own (a sequence's tokens: `[T, in]` gives
+/// `[T, out]`). An image `[C, H, W]` is not taken as one vector: put a Flatten in front.
 ///
 /// Written once with ops, for every backend: forward is one product with the bias fused
-/// (`ops::linear`). B: dx = dy·W. W: dW += dyᵀ·x, db += Σ dy, straight into the
-/// gradients. It keeps the input (moved in, never copied).
+/// (`ops::linear`) over the `[rows, in]` view. B: dx = dy·W. W: dW += dyᵀ·x, db += Σ dy,
+/// straight into the gradients. It keeps the input (moved in, never copied).
 template <class Scalar>
 class basic_linear final : public basic_op_layer<Scalar> {
  public:

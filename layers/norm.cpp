@@ -1,5 +1,6 @@
 #include "layers/norm.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace nerve::layers {
@@ -29,15 +30,22 @@ void basic_layer_norm<Scalar>::reset_parameters(std::mt19937_64&) {
 
 template <class Scalar>
 shape basic_layer_norm<Scalar>::infer_shape(std::span<const shape> inputs) const {
-  if (inputs[0] != shape_) throw this->mismatch(0, inputs[0], shape_.to_string());
-  return shape_;
+  // PyTorch's rule: the sample's trailing dimensions are the normalized shape; any before
+  // them (a sequence's tokens) are rows of their own.
+  const auto& in = inputs[0].dims();
+  const auto& want = shape_.dims();
+  if (in.size() < want.size() || !std::equal(want.begin(), want.end(), in.end() - std::ptrdiff_t(want.size()))) {
+    const auto text = shape_.to_string();
+    throw this->mismatch(0, inputs[0], want.empty() ? text : "[…, " + text.substr(1));
+  }
+  return inputs[0];
 }
 
 template <class Scalar>
 auto basic_layer_norm<Scalar>::compute(basic_ops<Scalar>& o, std::span<const array> in, std::span<const array> params,
                                        std::vector<array>& keep, const forward_context&) -> array {
   const array& x = in[0];
-  const std::int64_t n = x.rows(), f = x.cols();
+  const std::int64_t f = shape_.numel(), n = x.size() / f;  // rows: samples × leading positions
   auto& set = o.set();
   array xhat = o.empty(x.dims), rstd = o.empty({n}), mean = o.empty({n}), var = o.empty({n});
   set.normalize({1, n, f}, x.data, true, mean.data, var.data, eps_, xhat.data, rstd.data);
@@ -62,7 +70,7 @@ auto basic_layer_norm<Scalar>::grad_input(basic_ops<Scalar>& o, std::span<const 
   std::vector<array> g(1);
   if (!(wanted & 1)) return g;
   const array &xhat = keep[0], &rstd = keep[1];
-  const std::int64_t n = xhat.rows(), f = xhat.cols();
+  const std::int64_t f = shape_.numel(), n = xhat.size() / f;
   auto& set = o.set();
   const Scalar* dxhat = dy.data;  // dL/dx̂ = dy·weight
   array scaled;
@@ -80,7 +88,8 @@ template <class Scalar>
 void basic_layer_norm<Scalar>::grad_weight(basic_ops<Scalar>& o, std::span<const array> keep, std::span<const array>,
                                            const array& dy, std::span<const array> grads) {
   if (!affine_) return;
-  const norm_geometry per_feature{keep[0].rows(), keep[0].cols(), 1};
+  const std::int64_t f = shape_.numel();
+  const norm_geometry per_feature{keep[0].size() / f, f, 1};
   o.set().channel_sums(per_feature, dy.data, keep[0].data, grads[0].data);  // Σ dy·x̂
   if (bias_) o.set().channel_sums(per_feature, dy.data, nullptr, grads[1].data);
 }

@@ -6,13 +6,14 @@
 
 namespace nerve::layers {
 
-/// Normalises each sample over all its scalars (PyTorch's `nn.LayerNorm` with
-/// `normalized_shape` equal to the whole sample shape), biased variance, then an
-/// elementwise affine map. Weight (ones) and bias (zeros) have the sample shape.
+/// Normalises over the sample's trailing dimensions that are `normalized_shape`
+/// (PyTorch's `nn.LayerNorm`: `[…, F]` with `normalized_shape` `[F]` normalises each of a
+/// sequence's tokens on its own), biased variance, then an elementwise affine map. Weight
+/// (ones) and bias (zeros) have the normalized shape.
 ///
 /// Written once with ops, for every backend: the statistics with `normalize` over
-/// `[1, N, features]` (a channel per sample), the affine map with `channel_affine` over
-/// `[N, features, 1]`. It keeps x̂ and 1/σ per sample.
+/// `[1, rows, features]` (a channel per row: a sample, or a token of one), the affine map
+/// with `channel_affine` over `[rows, features, 1]`. It keeps x̂ and 1/σ per row.
 template <class Scalar>
 class basic_layer_norm final : public basic_op_layer<Scalar> {
  public:

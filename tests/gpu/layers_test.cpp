@@ -337,6 +337,13 @@ TEST_SUITE("gpu.layers") {
       compare_layer(fx, [] { return std::make_unique<layers::layer_norm>(layers::shape{2, 3, 5}); }, one(4, {2, 3, 5}),
                     -1, -1, -1);
     }
+    SUBCASE("Linear over a sequence's tokens, [T, in] samples") {
+      compare_layer(fx, [] { return std::make_unique<layers::linear>(12, 7); }, one(5, {6, 12}), 12, 7, 30);
+    }
+    SUBCASE("LayerNorm of [F] over a sequence's tokens") {
+      compare_layer(fx, [] { return std::make_unique<layers::layer_norm>(layers::shape{8}); }, one(3, {5, 8}),
+                    -1, -1, -1);
+    }
     SUBCASE("LayerNorm without a bias") {
       compare_layer(fx, [] { return std::make_unique<layers::layer_norm>(layers::shape{17}, 1e-5, true, false); },
                     one(3, {17}), -1, -1, -1);
