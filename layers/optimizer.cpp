@@ -1,5 +1,7 @@
 #include "layers/optimizer.hpp"
 
+#include "layers/detail/host_arrays.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -55,20 +57,13 @@ void basic_adam<Scalar>::update(basic_op_set<Scalar>& set, const typename basic_
 
 namespace {
 
-/// `t` as an array borrowing it, in PyTorch's shape.
-template <class Scalar>
-basic_array<Scalar> borrowed(basic_tensor<Scalar>& t, const std::vector<std::int64_t>& dims) {
-  return {dims.empty() ? t.full_shape() : dims, t.data(), nullptr, -1};
-}
-
 /// Host parameters as op-set parameters (arrays borrowing their tensors).
 template <class Scalar>
 std::vector<typename basic_optimizer<Scalar>::parameter> on_host(
     std::span<const basic_parameter_ref<Scalar>> params) {
   std::vector<typename basic_optimizer<Scalar>::parameter> out;
   out.reserve(params.size());
-  for (const auto& p : params)
-    out.push_back({p.name, borrowed(*p.value, p.torch_shape), borrowed(*p.grad, p.torch_shape)});
+  for (const auto& p : params) out.push_back({p.name, detail::host_array(*p.value), detail::host_array(*p.grad)});
   return out;
 }
 

@@ -13,6 +13,7 @@ void mirror_parameters(stream& s, node_entry& e) {
     copy_async(s, v->data(), p.value->data(), v->bytes());
     fill_zero_async(s, g->data(), g->bytes());
     e.parameters.push_back({p.name, v, g});
+    e.stepped.push_back({p.name, {p.torch_shape, v->data(), nullptr, -1}, {p.torch_shape, g->data(), nullptr, -1}});
   }
   for (auto& b : e.op->buffers()) {
     const shape_t shape{std::size_t(b.value->batch()), std::size_t(b.value->features())};
@@ -21,17 +22,6 @@ void mirror_parameters(stream& s, node_entry& e) {
     e.buffers.push_back(v);
   }
   s.synchronize();  // pageable host memory
-}
-
-std::vector<layers::optimizer::parameter> node_entry::optimizer_parameters() const {
-  std::vector<layers::optimizer::parameter> out;
-  auto host = op->parameters();
-  for (std::size_t i = 0; i < parameters.size(); ++i) {
-    const auto& p = parameters[i];
-    out.push_back({p.name, {host[i].torch_shape, p.value->data(), nullptr, -1},
-                   {host[i].torch_shape, p.grad->data(), nullptr, -1}});
-  }
-  return out;
 }
 
 /// The op layer's parameter values, then its buffers (or the parameters' gradients), as
@@ -101,8 +91,7 @@ class device_kernels final : public layers::layer_kernels {
     if (e_.on_host()) return host_update(b_, e_, lr_);
     if (e_.parameters.empty()) return;
     if (lr_ >= 0) e_.opt->set_lr(lr_);
-    const auto ps = e_.optimizer_parameters();
-    e_.opt->step(*b_.ops, ps);
+    e_.opt->step(*b_.ops, e_.stepped);
     for (auto& p : e_.parameters) fill_zero_async(b_.s, p.grad->data(), p.grad->bytes());
   }
   std::vector<float> gradients() override { throw host_gradients(); }
@@ -147,8 +136,7 @@ class device_kernels final : public layers::layer_kernels {
   void load_state(const layers::optimizer_state& st) override {
     b_.s.synchronize();
     if (e_.on_host()) return e_.opt->load_state(st, e_.node->layer->parameters());
-    const auto ps = e_.optimizer_parameters();
-    e_.opt->load_state(st, *b_.ops, ps);
+    e_.opt->load_state(st, *b_.ops, e_.stepped);
   }
   void with_host(actors::actor& owner, std::vector<layers::value*> vs,
                  std::function<void(std::vector<layers::tensor>&)> fn) override {

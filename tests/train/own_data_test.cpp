@@ -98,6 +98,28 @@ struct own_data_folder {
   }
 };
 
+
+/// `first` (an app's run stopped at step 8 with a checkpoint at `dir`/ck) resumed to step
+/// 12 by the same app, and again from a copy of the checkpoint with the data files moved
+/// elsewhere and named anew: both save `want`'s bytes. The files are put back after.
+template <class Run>
+void check_resume_ends_with(const fs::path& dir, Run run, const std::vector<std::string>& first, const std::string& want) {
+  const auto stopped = run(dir, first);
+  REQUIRE_MESSAGE(stopped.status == 0, stopped.err);
+  fs::copy_file(dir / "ck", dir / "ck-moved");
+  const auto rest = run(dir, {"--resume", (dir / "ck").string(), "--steps", "12", "--save", (dir / "out").string(), "--quiet"});
+  REQUIRE_MESSAGE(rest.status == 0, rest.err);
+  CHECK(own_data_bytes(dir / "out") == want);
+  fs::create_directory(dir / "moved");
+  for (const char* f : {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}) fs::rename(dir / f, dir / "moved" / f);
+  const auto moved = run(
+      dir, {"--resume", (dir / "ck-moved").string(), "--steps", "12", "--save", (dir / "out-moved").string(),
+            "--train-data", (dir / "moved/train_x.npy").string() + "," + (dir / "moved/train_y.npy").string(),
+            "--test-data", (dir / "moved/test_x.npy").string() + "," + (dir / "moved/test_y.npy").string(), "--quiet"});
+  REQUIRE_MESSAGE(moved.status == 0, moved.err);
+  CHECK(own_data_bytes(dir / "out-moved") == want);
+  for (const char* f : {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}) fs::rename(dir / "moved" / f, dir / f);
+}
 }  // namespace
 
 TEST_SUITE("train.own_data") {
@@ -118,24 +140,9 @@ TEST_SUITE("train.own_data") {
     const std::string want = own_data_bytes(dir / "want");
     REQUIRE(!want.empty());
 
-    const auto first = run_nerve_train(dir, with({"--steps", "8", "--checkpoint", (dir / "ck").string()}));
-    REQUIRE_MESSAGE(first.status == 0, first.err);
-    fs::copy_file(dir / "ck", dir / "ck-moved");
-    const auto rest = run_nerve_train(dir, {"--resume", (dir / "ck").string(), "--steps", "12", "--save",
-                                            (dir / "out").string(), "--quiet"});
-    REQUIRE_MESSAGE(rest.status == 0, rest.err);
-    CHECK(own_data_bytes(dir / "out") == want);
-
-    // The files moved elsewhere: given again beside --resume, the run ends the same.
-    fs::create_directory(dir / "moved");
-    for (const char* f : {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}) fs::rename(dir / f, dir / "moved" / f);
-    const auto moved = run_nerve_train(
-        dir, {"--resume", (dir / "ck-moved").string(), "--steps", "12", "--save", (dir / "out-moved").string(),
-              "--train-data", (dir / "moved/train_x.npy").string() + "," + (dir / "moved/train_y.npy").string(),
-              "--test-data", (dir / "moved/test_x.npy").string() + "," + (dir / "moved/test_y.npy").string(), "--quiet"});
-    REQUIRE_MESSAGE(moved.status == 0, moved.err);
-    CHECK(own_data_bytes(dir / "out-moved") == want);
-    for (const char* f : {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}) fs::rename(dir / "moved" / f, dir / f);
+    // Stopped at step 8 and resumed; then from a copy with the files moved elsewhere and
+    // given again beside --resume: both runs end the same.
+    check_resume_ends_with(dir, run_nerve_train, with({"--steps", "8", "--checkpoint", (dir / "ck").string()}), want);
 
     // The augmentation is at work: without it the weights differ.
     std::vector<std::string> plain = run;
@@ -293,22 +300,8 @@ TEST_SUITE("train.own_data") {
 
     // Stopped inside the second epoch and resumed (the checkpoint keeps the files and the
     // augmentation), then again from a copy with the files moved and named anew.
-    const auto first = run_nerve_pipeline(dir, with({"--stages", "2", "--steps", "8", "--checkpoint", (dir / "ck").string()}));
-    REQUIRE_MESSAGE(first.status == 0, first.err);
-    fs::copy_file(dir / "ck", dir / "ck-moved");
-    const auto rest = run_nerve_pipeline(dir, {"--resume", (dir / "ck").string(), "--steps", "12", "--save",
-                                               (dir / "out").string(), "--quiet"});
-    REQUIRE_MESSAGE(rest.status == 0, rest.err);
-    CHECK(own_data_bytes(dir / "out") == want);
-    fs::create_directory(dir / "moved");
-    for (const char* f : {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}) fs::rename(dir / f, dir / "moved" / f);
-    const auto moved = run_nerve_pipeline(
-        dir, {"--resume", (dir / "ck-moved").string(), "--steps", "12", "--save", (dir / "out-moved").string(),
-              "--train-data", (dir / "moved/train_x.npy").string() + "," + (dir / "moved/train_y.npy").string(),
-              "--test-data", (dir / "moved/test_x.npy").string() + "," + (dir / "moved/test_y.npy").string(), "--quiet"});
-    REQUIRE_MESSAGE(moved.status == 0, moved.err);
-    CHECK(own_data_bytes(dir / "out-moved") == want);
-    for (const char* f : {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}) fs::rename(dir / "moved" / f, dir / f);
+    check_resume_ends_with(dir, run_nerve_pipeline,
+                           with({"--stages", "2", "--steps", "8", "--checkpoint", (dir / "ck").string()}), want);
 
     // --evaluate on its stages, on --test-data: the trained run's last test figures.
     const auto evaluated = run_nerve_pipeline(dir, {"--evaluate", "--init", (dir / "pipe.st").string(), "--model", "mlp",

@@ -80,10 +80,10 @@ struct node_entry {
   std::vector<device_parameter> parameters;                // in parameters() order
   std::vector<device_tensor*> buffers;                     // in buffers() order (running statistics)
   std::unique_ptr<layers::optimizer> opt;
+  /// The device parameters as the optimizer steps them (made once, with `parameters`),
+  /// under the layer's names as on the CPU, so checkpoints read the same.
+  std::vector<layers::optimizer::parameter> stepped;
   bool on_host() const noexcept { return op == nullptr; }
-  /// The device parameters as the optimizer steps them, under the layer's names (as on
-  /// the CPU, so checkpoints read the same).
-  std::vector<layers::optimizer::parameter> optimizer_parameters() const;
 };
 
 /// The first error of a layer run on the host (its host functions run off the loops);
