@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// The messages that flow between layer actors: activations forward, gradients backward,
-/// targets into the loss, and the reports the coordinator collects.
+/// and the reports the coordinator collects.
 
 #include <cstdint>
 #include <memory>
@@ -41,32 +41,6 @@ struct backward_msg {
   value grad;
   std::size_t payload_bytes() const noexcept { return grad.payload_bytes(); }
   backward_msg clone() const { return {micro_batch, step, port, grad.clone()}; }
-};
-
-/// The targets of one micro-batch, for the loss actor. `scale` is the micro-batch's share
-/// of the mini-batch (nᵢ/N): the loss gradient is scaled by it, so the accumulated
-/// gradients are those of the mini-batch mean.
-struct targets_msg {
-  static constexpr std::string_view kind = "targets";
-  std::int64_t micro_batch = 0;
-  std::uint64_t step = 0;
-  bool train = true;
-  bool want_output = false;  ///< send the network output back in the report (predict)
-  double share = 1.0;
-  std::int64_t first = 0;  ///< the micro-batch's first row in the mini-batch
-  targets t;
-};
-
-/// The loss actor's report of one micro-batch.
-struct loss_report {
-  static constexpr std::string_view kind = "loss";
-  std::int64_t micro_batch = 0;
-  std::uint64_t step = 0;
-  double loss = 0;
-  double share = 1.0;
-  std::int64_t correct = 0;
-  std::int64_t samples = 0;
-  tensor output;  ///< only when asked for
 };
 
 /// A layer actor finished every backward of step `step` and applied its optimizer.

@@ -11,207 +11,11 @@
 #include <stdexcept>
 
 #include "layers/memory.hpp"
+#include "layers/pipeline/stage_gate.hpp"
 
 namespace nerve::layers {
 
-namespace {
-
-/// A batch to run (train or evaluate), sent to the coordinator as a request.
-struct step_request {
-  static constexpr std::string_view kind = "step";
-  tensor input;
-  targets t;
-  std::size_t micro_batches = 1;
-  std::uint64_t step = 0;
-  bool train = true;
-  bool want_output = false;
-  double lr = -1;
-};
-
-/// What the coordinator answers.
-struct step_outcome {
-  step_result result;
-  tensor output;
-};
-
-/// Computes the loss of each micro-batch when both its output and its targets are in (on
-/// the backend), and sends the gradient back into the network's output node.
-class loss_actor : public actors::actor {
- public:
-  loss_actor(std::shared_ptr<const loss> criterion, std::shared_ptr<backend> be)
-      : actor("loss"), criterion_(std::move(criterion)), backend_(std::move(be)) {
-    on<backend_done>([](backend_done& d) { handle_backend_done(d); });
-    on<forward_msg>([this](forward_msg& m) {
-      const key k{m.step, m.micro_batch};
-      pending_[k].output = std::move(m.x);
-      try_finish(k);
-    });
-    on<targets_msg>([this](targets_msg& m) {
-      const key k{m.step, m.micro_batch};
-      pending_[k].target = std::move(m);
-      try_finish(k);
-    });
-  }
-  /// The gradient of the network's output, back along the output's edge into the loss.
-  bus::signal<backward_msg>& gradient() noexcept { return grad_; }
-  void wire(actors::address coordinator) { coordinator_ = std::move(coordinator); }
-
- private:
-  struct slot {
-    std::optional<value> output;
-    std::optional<targets_msg> target;
-  };
-  using key = std::pair<std::uint64_t, std::int64_t>;  // (step, micro-batch): steps may overlap
-  void try_finish(key k) {
-    const auto mb = k.second;
-    auto it = pending_.find(k);
-    if (!it->second.output || !it->second.target) return;
-    auto s = std::move(it->second);
-    pending_.erase(it);
-    const auto& tm = *s.target;
-    backend_->loss(
-        *this, *criterion_, std::move(*s.output), tm.t, tm.first, tm.step, tm.share, tm.train, tm.want_output,
-        [&](value g) { grad_.emit(backward_msg{mb, tm.step, 0, std::move(g)}); },
-        [this, mb, step = tm.step, share = tm.share, rows = tm.t.size()](loss_figures& f) {
-          send(coordinator_, loss_report{mb, step, f.loss, share, f.correct, rows, std::move(f.output)});
-        });
-  }
-
-  std::shared_ptr<const loss> criterion_;
-  std::shared_ptr<backend> backend_;
-  bus::signal<backward_msg> grad_{*this, "grad"};
-  actors::address coordinator_;
-  std::map<key, slot> pending_;
-};
-
-/// Splits batches into micro-batches, feeds the network, and answers when a step is done.
-/// Training steps overlap up to the backend's `steps_in_flight` (a layer runs the next
-/// step's forwards once it issued its update); any other request runs alone. Answers go
-/// out in request order.
-class coordinator_actor : public actors::actor {
- public:
-  coordinator_actor(std::size_t layer_nodes, std::shared_ptr<backend> be)
-      : actor("coordinator"), layer_nodes_(layer_nodes), depth_(std::max<std::size_t>(1, be->steps_in_flight())),
-        backend_(std::move(be)) {
-    on<step_request>([this](step_request& r) {
-      queue_.push_back({std::move(r), defer_reply<step_outcome>()});
-      start_more();
-    });
-    on<loss_report>([this](loss_report& r) {
-      auto& j = running(r.step);
-      j.result.loss += r.share * r.loss;
-      j.result.correct += r.correct;
-      j.output = std::move(r.output);  // empty unless asked for
-      ++j.reports;
-      finish_done();
-    });
-    on<node_done>([this](node_done& d) {
-      ++running(d.step).nodes_done;
-      finish_done();
-    });
-  }
-  /// Stopped (the run failed, or the network is going away): whoever waits hears of it.
-  void on_stop() override {
-    auto err = system().error();
-    if (!err) err = std::make_exception_ptr(std::runtime_error("network stopped before the step finished"));
-    for (auto& j : queue_) j.reply.fail(err);
-    queue_.clear();
-    running_ = 0;
-  }
-  /// One signal per graph input: the batch's micro-batches go out on them.
-  void add_input(const std::string& name) { inputs_.push_back(std::make_unique<bus::signal<forward_msg>>(*this, name)); }
-  bus::signal<forward_msg>& input(std::size_t k) { return *inputs_.at(k); }
-  std::size_t input_count() const noexcept { return inputs_.size(); }
-  void wire(actors::address loss) { loss_ = std::move(loss); }
-
- private:
-  struct job {
-    step_request req;
-    actors::deferred_reply<step_outcome> reply;
-    step_result result{};
-    std::int64_t start_ns = -1;  // recorder time the step began (-1: not recording)
-    std::size_t reports = 0, nodes_done = 0;
-    tensor output{};  // `predict`'s, which runs one micro-batch
-  };
-
-  job& running(std::uint64_t step) {
-    for (std::size_t k = 0; k < running_; ++k)
-      if (queue_[k].req.step == step) return queue_[k];
-    throw std::logic_error("network: a report of step " + std::to_string(step) + ", which is not running");
-  }
-
-  /// Starts the queued requests that may run beside the ones running.
-  void start_more() {
-    while (running_ < queue_.size()) {
-      const auto& r = queue_[running_].req;
-      if (running_ > 0) {
-        if (running_ >= depth_ || !r.train) return;
-        for (std::size_t k = 0; k < running_; ++k)
-          if (!queue_[k].req.train || queue_[k].req.step == r.step) return;
-      }
-      if (start(queue_[running_])) ++running_;
-      else queue_.erase(queue_.begin() + std::ptrdiff_t(running_));
-    }
-  }
-
-  bool start(job& j) {
-    auto& r = j.req;
-    const std::int64_t n = r.input.batch();
-    std::vector<micro_batch_rows> split;
-    try {
-      split = split_micro_batches(n, r.micro_batches);
-    } catch (const std::invalid_argument& e) {
-      j.reply.fail(std::make_exception_ptr(std::invalid_argument(std::string("network: ") + e.what())));
-      return false;
-    }
-    const auto m = static_cast<std::int64_t>(split.size());
-    j.result.samples = n;
-    j.start_ns = system().trace().enabled() ? system().trace().now() : -1;
-    for (std::int64_t k = 0; k < m; ++k) {
-      const auto [first, count] = split[static_cast<std::size_t>(k)];
-      targets_msg tm{k, r.step, r.train, r.want_output, double(count) / double(n), first,
-                     m == 1 ? std::move(r.t) : r.t.slice(first, count)};
-      send(loss_, std::move(tm));
-      value x = backend_->feed(r.input, first, count, r.step);
-      for (std::size_t e = 0; e < inputs_.size(); ++e) {
-        forward_msg f{k, r.step, 0, static_cast<std::uint32_t>(m), r.train, r.lr,
-                      e + 1 == inputs_.size() ? std::move(x) : x.clone()};
-        inputs_[e]->emit(std::move(f));
-      }
-    }
-    return true;
-  }
-
-  bool done(const job& j) const {
-    return j.reports >= j.req.micro_batches && (!j.req.train || j.nodes_done >= layer_nodes_);
-  }
-
-  /// Answers the finished steps at the front, in order, and starts what may follow.
-  void finish_done() {
-    while (running_ > 0 && done(queue_.front())) {
-      auto j = std::move(queue_.front());
-      queue_.pop_front();
-      --running_;
-      step_outcome out{j.result, std::move(j.output)};
-      if (j.req.train && j.start_ns >= 0) {  // the step's slice on track 0 (docs/trace-format.md)
-        auto& rec = system().trace();
-        rec.span(0, "step", "step", j.start_ns, rec.now(), -1, nullptr, -1, -1, static_cast<std::int64_t>(j.req.step));
-      }
-      j.reply.deliver(std::move(out));
-    }
-    start_more();
-  }
-
-  std::size_t layer_nodes_;
-  std::size_t depth_;
-  std::shared_ptr<backend> backend_;
-  std::vector<std::unique_ptr<bus::signal<forward_msg>>> inputs_;
-  actors::address loss_;
-  std::deque<job> queue_;  // the first running_ are running
-  std::size_t running_ = 0;
-};
-
-}  // namespace
+using coordinator = pipeline::stage_gate;
 
 network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> criterion, optimizer_factory make_optimizer,
                  network_options opt)
@@ -234,10 +38,19 @@ network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> crit
     return l;
   };
 
+  // The one step coordinator, without admission: it feeds the inputs, owns the loss and
+  // answers each step once every layer reported it done (layers/pipeline/stage_gate.hpp).
   std::size_t layer_nodes = 0;
   for (auto& n : nodes) layer_nodes += n.layer ? 1 : 0;
-  coordinator_ = rt.spawn_on<coordinator_actor>(0, layer_nodes, backend_);
-  auto& coord = *static_cast<coordinator_actor*>(coordinator_.get());
+  coordinator::config cc;
+  cc.criterion = std::move(criterion);
+  cc.policy = pipeline::admission::none;
+  cc.loss_backend = backend_;
+  cc.steps_in_flight = backend_->steps_in_flight();
+  cc.layer_count = layer_nodes;
+  cc.name = "coordinator";
+  coordinator_ = rt.spawn_on<coordinator>(0, std::move(cc));
+  auto& coord = *static_cast<coordinator*>(coordinator_.get());
 
   // One actor per layer node.
   plan_ = make_plan(g);
@@ -250,22 +63,17 @@ network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> crit
     node_actors_[i] = rt.spawn_on<layer_actor>(check_loop(loop), n, static_cast<std::uint32_t>(i), plan_.nodes[i],
                                                 backend_->kernels_for(n));
   }
-  loss_ = rt.spawn_on<loss_actor>(0, std::move(criterion), backend_);
-  auto& loss_a = *static_cast<loss_actor*>(loss_.get());
   auto actor_at = [&](std::size_t i) -> layer_actor& { return *static_cast<layer_actor*>(node_actors_[i].get()); };
 
   // Edges are bus signals: each edge subscribes its consumer to the producer's output on
   // the consumer's input port, and the producer to the consumer's input gradient on the
-  // edge's index among the producer's edges. Graph inputs are the coordinator's signals.
-  for (std::size_t i = 0; i < nodes.size(); ++i)
-    if (nodes[i].is_input()) coord.add_input(nodes[i].name);
+  // edge's index among the producer's edges. Every graph input is the coordinator's input
+  // signal (each gets the batch), and the output feeds its loss.
   std::int32_t next_edge = 0;
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     const auto& np = plan_.nodes[i];
     if (nodes[i].is_input()) {
-      auto& sig = coord.input(static_cast<std::size_t>(
-          std::find(g.inputs().begin(), g.inputs().end(), i) - g.inputs().begin()));
-      for (auto& e : np.edges) sig.subscribe(node_actors_[e.consumer], e.port);
+      for (auto& e : np.edges) coord.input().subscribe(node_actors_[e.consumer], e.port);
       continue;
     }
     auto& a = actor_at(i);
@@ -277,14 +85,13 @@ network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> crit
       edge_ids.push_back(next_edge++);
     }
     if (np.feeds_loss) {
-      a.output().subscribe(loss_, 0);
-      loss_a.gradient().subscribe(node_actors_[i], static_cast<std::uint32_t>(np.edges.size()));
+      a.output().subscribe(coordinator_, 0);
+      coord.loss_gradient().subscribe(node_actors_[i], static_cast<std::uint32_t>(np.edges.size()));
       edge_ids.push_back(next_edge++);
     }
     a.wire(coordinator_, std::move(edge_ids));
   }
-  coord.wire(loss_);
-  loss_a.wire(coordinator_);
+  coord.wire({}, layer_actors());
   for (std::size_t i = 0; i < nodes.size(); ++i)
     if (node_actors_[i]) rt.annotate(node_actors_[i].id(), -1, "network");
 }
@@ -293,22 +100,24 @@ network::~network() {
   for (auto& a : node_actors_)
     if (a) rt_.stop(a);
   rt_.stop(coordinator_);
-  rt_.stop(loss_);
 }
 
 namespace {
 
+using pipeline::detail::run_msg;
+using pipeline::detail::run_outcome;
+
 /// The `part` of the coordinator's answer to `r`; a future that already holds `dead` if set.
 template <class T>
 std::future<T> ask_coordinator(actors::runtime& rt, const actors::address& coordinator, std::exception_ptr dead,
-                               step_request r, T step_outcome::*part,
-                               std::function<void(std::future<step_outcome>&)> watch = {}) {
+                               run_msg r, T run_outcome::*part,
+                               std::function<void(std::future<run_outcome>&)> watch = {}) {
   if (dead) {
     std::promise<T> p;
     p.set_exception(std::move(dead));
     return p.get_future();
   }
-  auto f = rt.ask<step_outcome>(coordinator, std::move(r), std::chrono::nanoseconds::max());
+  auto f = rt.ask<run_outcome>(coordinator, std::move(r), std::chrono::nanoseconds::max());
   return std::async(std::launch::deferred, [f = std::move(f), part, watch = std::move(watch)]() mutable {
     if (watch) watch(f);
     return std::move(f.get().*part);
@@ -385,7 +194,6 @@ void network::watch_step(F& f, std::uint64_t k) {
     stalled_ = true;
     for (auto& a : node_actors_)
       if (a) rt_.stop(a);
-    rt_.stop(loss_);
     rt_.stop(coordinator_);
     throw stall_error("network stalled: no layer handled a message for " + std::string(secs) +
                       " s (--stall-timeout) while training step " + std::to_string(k) +
@@ -395,37 +203,35 @@ void network::watch_step(F& f, std::uint64_t k) {
 
 std::future<step_result> network::train_step(tensor input, targets t, std::size_t micro_batches, std::uint64_t step,
                                              double lr) {
-  std::function<void(std::future<step_outcome>&)> watch;
+  std::function<void(std::future<run_outcome>&)> watch;
   const auto k = ++trains_;
-  if (stall_timeout_s_ > 0) watch = [this, k](std::future<step_outcome>& f) { watch_step(f, k); };
+  if (stall_timeout_s_ > 0) watch = [this, k](std::future<run_outcome>& f) { watch_step(f, k); };
   return ask_coordinator(rt_, coordinator_, stopped_error(),
-                         step_request{std::move(input), std::move(t), micro_batches, step, true, false, lr},
-                         &step_outcome::result, std::move(watch));
+                         run_msg{std::move(input), std::move(t), micro_batches, step, true, false, lr}, &run_outcome::result, std::move(watch));
 }
 
 std::future<step_result> network::evaluate(tensor input, targets t) {
   return ask_coordinator(rt_, coordinator_, stopped_error(),
-                         step_request{std::move(input), std::move(t), 1, 0, false, false}, &step_outcome::result);
+                         run_msg{std::move(input), std::move(t), 1, 0, false, false}, &run_outcome::result);
 }
 
 std::future<tensor> network::predict(tensor input) {
-  return ask_coordinator(rt_, coordinator_, stopped_error(), step_request{std::move(input), {}, 1, 0, false, true},
-                         &step_outcome::output);
+  return ask_coordinator(rt_, coordinator_, stopped_error(), run_msg{std::move(input), {}, 1, 0, false, true}, &run_outcome::output);
 }
 
 actors::address network::actor_of(std::string_view name) const { return node_actors_.at(graph_.index_of(name)); }
 
 bus_traffic network::traffic() const {
   bus_traffic t;
-  auto& coord = *static_cast<coordinator_actor*>(coordinator_.get());
-  for (std::size_t k = 0; k < coord.input_count(); ++k) t.feed += coord.input(k).deliveries();
+  auto& coord = *static_cast<coordinator*>(coordinator_.get());
+  t.feed += coord.input().deliveries();
   for (std::size_t i = 0; i < node_actors_.size(); ++i) {
     if (!node_actors_[i]) continue;
     auto& la = *static_cast<layer_actor*>(node_actors_[i].get());
     t.forward += la.output().deliveries();
     for (std::size_t k = 0; k < graph_.nodes()[i].inputs.size(); ++k) t.backward += la.input_gradient(k).deliveries();
   }
-  t.backward += static_cast<loss_actor*>(loss_.get())->gradient().deliveries();
+  t.backward += coord.loss_gradient().deliveries();
   return t;
 }
 

@@ -4,14 +4,17 @@
 /// edges are bus signals (`graph_plan` says which).
 ///
 /// ```
-///   train_step ──► coordinator ══input══► fc1 ══out══► relu1 ══out══► fc2 ══out══► loss
-///        ▲              ▲  └────targets───────────────────────────────────────────┘ │
-///        └── future ────┴──── node_done (each layer) ◄══grad══ ... ◄══grad══════════┘
+///   train_step ──► coordinator ══input══► fc1 ══out══► relu1 ══out══► fc2 ══out══╗
+///        ▲          (the loss) ◄═══════════════════════════════════════════════════╝
+///        └── future ──┘ ▲ ╚═grad═► fc2 ══grad══► … ══grad══► fc1
+///                       └── node_done (each layer)
 ///   (══ a bus signal: forward on each node's output, gradients on each input's signal)
 /// ```
-/// The coordinator splits a mini-batch into micro-batches (the same split as the direct
-/// executor), sends each one's input to the graph's first layers and its targets to the
-/// loss actor, and answers the step once the loss of every micro-batch is in and every
+/// The coordinator is the one every run goes through (a pipeline stage's too:
+/// layers/pipeline/stage_gate.hpp), here without admission: it splits a mini-batch into
+/// micro-batches (the same split as the direct executor), sends each one's input to the
+/// graph's first layers, computes each one's loss when the output arrives and sends its
+/// gradient back, and answers the step once the loss of every micro-batch is in and every
 /// layer has applied its optimizer. The weights after a step are bitwise those of
 /// `direct_executor::train_step` on the same graph, data and optimizer settings.
 ///
@@ -49,7 +52,7 @@ struct bus_traffic {
 /// Where the network's actors go.
 struct network_options {
   /// Loop of each graph node, by node index (graph inputs ignored). Empty: `spread` says.
-  /// The coordinator and loss actors are on loop 0.
+  /// The coordinator (which computes the loss) is on loop 0.
   std::vector<unsigned> loops;
   /// Without `loops`: false puts every actor on loop 0; true spreads layers over the
   /// runtime's loops round-robin in topological order (independent branches then run at once).
@@ -134,7 +137,7 @@ class network {
   graph_plan plan_;
   std::shared_ptr<backend> backend_;
   std::vector<actors::address> node_actors_;  // by node index; empty for graph inputs
-  actors::address coordinator_, loss_;
+  actors::address coordinator_;  // the step coordinator, without admission (stage_gate.hpp)
   std::exception_ptr failure_at_start_;  // the runtime's error when the network was built (if any)
   double stall_timeout_s_ = 0;
   std::uint64_t trains_ = 0;         // training steps asked for (the caller's thread)

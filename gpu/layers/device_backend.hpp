@@ -7,7 +7,7 @@
 ///  coordinator (loop)      layer actors (same loop)                     stream (GPU or stand-in)
 ///  batch ─► pinned ─H2D─►  value ══bus══► fc1 ══► relu1 ══► … ══► loss   fwd … xent … B, W … update
 ///                          (device tensors: stream order makes them ready, no host copy)
-///  loss figures ─D2H─► pinned ─[event]─► backend_done on the loss actor ─► loss_report
+///  loss figures ─D2H─► pinned ─[event]─► backend_done on the coordinator (the loss node)
 ///  each layer: update enqueued ─[event]─► backend_done on its loop ─► node_done
 /// ```
 /// The math is each layer's own, written once with ops (layers/ops.hpp) and run with

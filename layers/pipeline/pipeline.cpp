@@ -196,7 +196,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       // Its messages of a step (arrivals, done reports) fit whatever the order.
       const actors::spawn_options so{.loop = loop_of(r, s),
                                      .capacity = std::size_t(8) * (M + 1) * (N + 2) * plan_.chunks};
-      stage_gate::config gc{s, shared_plan, criterion, options_.emergent, options_.credits ? options_.credits : S - s};
+      stage_gate::config gc{s, shared_plan, criterion, options_.emergent ? admission::emergent : admission::schedule, options_.credits ? options_.credits : S - s};
       if (s == last_stage) gc.loss_backend = loss_backend;
       if (options_.stall_timeout_s > 0) gc.watch = watches_[std::size_t(r) * S + s] = std::make_shared<stage_watch>();
       stages_.back() = rt_.spawn_with<stage_gate>(so, std::move(gc));

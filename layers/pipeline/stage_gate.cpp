@@ -29,7 +29,16 @@ std::string what_of(const std::exception_ptr& e) {
 }  // namespace
 
 stage_gate::stage_gate(config c)
-    : actor("stage " + std::to_string(c.stage)), c_(std::move(c)), S_(c_.plan->stages), P_(c_.plan->pieces()) {
+    : actor(c.name.empty() ? "stage " + std::to_string(c.stage) : c.name), c_(std::move(c)),
+      S_(c_.plan ? c_.plan->stages : 1), P_(c_.plan ? c_.plan->pieces() : 1),
+      emergent_(c_.policy == admission::emergent) {
+  if (!c_.plan && !free()) throw std::invalid_argument("stage_gate: a schedule's admission needs its plan");
+  // Without admission the handlers let a failure go to the runtime (as any actor's), which
+  // stops every actor: on_stop then fails the runs waiting.
+  on<detail::run_msg>([this](detail::run_msg& r) {
+    free_jobs_.push_back({std::move(r), defer_reply<detail::run_outcome>()});
+    free_start_more();
+  });
   on<detail::step_msg>([this](detail::step_msg& m) {
     if (failed_)  // a layer failed between steps (a bad optimizer state, say): the stage is gone
       return defer_reply<detail::stage_report>().fail(std::make_exception_ptr(
@@ -37,14 +46,24 @@ stage_gate::stage_gate(config c)
     guarded([&] { on_step(m); });
   });
   on<layers::layer_event>([this](layers::layer_event& e) { guarded([&] { on_event(e); }); });
-  on<layers::forward_msg>([this](layers::forward_msg& m) { guarded([&] { on_output(m); }); });
-  on<layers::node_done>([this](layers::node_done&) {
+  on<layers::forward_msg>([this](layers::forward_msg& m) {
+    if (free()) return free_output(m);
+    guarded([&] { on_output(m); });
+  });
+  on<layers::node_done>([this](layers::node_done& d) {
+    if (free()) {
+      ++free_running(d.step).nodes_done;
+      return free_finish();
+    }
     guarded([&] {
       ++nodes_done_;
       finish_step();
     });
   });
-  on<layers::backend_done>([this](layers::backend_done& d) { guarded([&] { layers::handle_backend_done(d); }); });
+  on<layers::backend_done>([this](layers::backend_done& d) {
+    if (free()) return layers::handle_backend_done(d);
+    guarded([&] { layers::handle_backend_done(d); });
+  });
   // A layer of the stage failed (the gate is its supervisor), or a layer of another stage.
   on<actors::failure>([this](actors::failure& f) { fail(std::exchange(f.error, nullptr), false); });
   on<detail::abort_msg>([this](detail::abort_msg& m) {
@@ -255,11 +274,11 @@ std::optional<action> stage_gate::emergent_next(bool& blocked_by_credits, std::u
 void stage_gate::advance() {
   if (!active_ || running_ || stepping_ || failed_) return;
   const auto& list = c_.plan->actions[c_.stage];
-  const std::size_t total = c_.emergent ? std::size_t(c_.plan->micro_batches) * 2 : list.size();
+  const std::size_t total = emergent_ ? std::size_t(c_.plan->micro_batches) * 2 : list.size();
   if (cursor_ < total) {
     action a;
     bool credit_block = false;
-    if (c_.emergent) {
+    if (emergent_) {
       auto n = emergent_next(credit_block, seen_);
       if (!n) n = emergent_next(credit_block, arrivals_);  // nothing else to do: everything counts
       if (!n) return block(credit_block);
@@ -321,7 +340,7 @@ void stage_gate::complete() {
   const action a = cur_;
   if (a.op == op::F) rep_.peak_stashed = std::max(rep_.peak_stashed, ++held_);
   else if (a.op == op::W || !c_.plan->split_backward) --held_;
-  if (c_.emergent) {
+  if (emergent_) {
     if (a.op == op::F) ++next_f_, ++in_flight_;
     else --in_flight_;
   }
@@ -331,7 +350,7 @@ void stage_gate::complete() {
   auto& rec = system().trace();
   if (rec.enabled())
     rec.span(stage_track(req_.replica * S_ + c_.stage), "action", op_name(a.op), cur_start_, end, a.micro_batch,
-             nullptr, int(c_.stage), c_.emergent ? -1 : int(cursor_), a.chunk);
+             nullptr, int(c_.stage), emergent_ ? -1 : int(cursor_), a.chunk);
   ++cursor_;
   advance();
 }
@@ -359,9 +378,9 @@ void stage_gate::publish() {
   if (!c_.watch) return;
   gate_state g;
   g.out = out_;
-  g.credit_limit = c_.emergent ? c_.credits : 0;
+  g.credit_limit = emergent_ ? c_.credits : 0;
   g.actions_done = cursor_;
-  g.actions = c_.emergent ? std::size_t(c_.plan->micro_batches) * 2 : c_.plan->actions[c_.stage].size();
+  g.actions = emergent_ ? std::size_t(c_.plan->micro_batches) * 2 : c_.plan->actions[c_.stage].size();
   if (failed_) {
     g.now = gate_state::phase::failed;
   } else if (stepping_) {
@@ -381,7 +400,7 @@ void stage_gate::publish() {
     // The action it would run next: the list's; in emergent mode the next forward (a
     // gradient that frees a credit, or any due, comes first when it arrives).
     std::optional<action> a;
-    if (!c_.emergent) a = c_.plan->actions[c_.stage][cursor_];
+    if (!emergent_) a = c_.plan->actions[c_.stage][cursor_];
     else if (next_f_ < c_.plan->micro_batches) a = action{op::F, next_f_, 0};
     if (a) {
       g.next = *a;
@@ -405,7 +424,7 @@ void stage_gate::publish() {
         g.need = ch.gradients_in;
       }
     }
-    if (c_.emergent && !a && c_.stage + 1 < P_) {  // every forward ran: the gradients are due
+    if (emergent_ && !a && c_.stage + 1 < P_) {  // every forward ran: the gradients are due
       g.forward = false;
       g.from_stage = std::int32_t((c_.stage + 1) % S_);
     }
@@ -416,6 +435,98 @@ void stage_gate::publish() {
     }
   }
   c_.watch->publish(g);
+}
+
+// ---- Without admission (a network) ----
+
+void stage_gate::on_stop() {
+  if (free_jobs_.empty()) return;
+  auto err = system().error();
+  if (!err) err = std::make_exception_ptr(std::runtime_error("network stopped before the step finished"));
+  for (auto& j : free_jobs_) j.reply.fail(err);
+  free_jobs_.clear();
+  free_running_ = 0;
+}
+
+stage_gate::free_job& stage_gate::free_running(std::uint64_t step) {
+  for (std::size_t k = 0; k < free_running_; ++k)
+    if (free_jobs_[k].req.step == step) return free_jobs_[k];
+  throw std::logic_error("network: a report of step " + std::to_string(step) + ", which is not running");
+}
+
+/// Starts the queued runs that may go beside the ones running: training steps of other
+/// numbers, up to the steps in flight; anything else alone.
+void stage_gate::free_start_more() {
+  const auto depth = std::max<std::size_t>(1, c_.steps_in_flight);
+  while (free_running_ < free_jobs_.size()) {
+    const auto& r = free_jobs_[free_running_].req;
+    if (free_running_ > 0) {
+      if (free_running_ >= depth || !r.train) return;
+      for (std::size_t k = 0; k < free_running_; ++k)
+        if (!free_jobs_[k].req.train || free_jobs_[k].req.step == r.step) return;
+    }
+    if (free_start(free_jobs_[free_running_])) ++free_running_;
+    else free_jobs_.erase(free_jobs_.begin() + std::ptrdiff_t(free_running_));
+  }
+}
+
+bool stage_gate::free_start(free_job& j) {
+  auto& r = j.req;
+  const std::int64_t n = r.input.batch();
+  try {
+    j.split = layers::split_micro_batches(n, r.micro_batches);
+  } catch (const std::invalid_argument& e) {
+    j.reply.fail(std::make_exception_ptr(std::invalid_argument(std::string("network: ") + e.what())));
+    return false;
+  }
+  const auto m = static_cast<std::uint32_t>(j.split.size());
+  j.result.samples = n;
+  j.start_ns = system().trace().enabled() ? now() : -1;
+  for (std::uint32_t k = 0; k < m; ++k) {
+    const auto [first, count] = j.split[k];
+    input_.emit(layers::forward_msg{k, r.step, 0, m, r.train, r.lr, c_.loss_backend->feed(r.input, first, count, r.step)});
+  }
+  return true;
+}
+
+/// The output of a micro-batch: its loss on the backend, the gradient back at once (the
+/// layers are not gated), the figures into the run's result.
+void stage_gate::free_output(layers::forward_msg& m) {
+  auto& j = free_running(m.step);
+  const auto mb = m.micro_batch;
+  const auto [first, count] = j.split.at(std::size_t(mb));
+  const double share = double(count) / double(j.result.samples);  // the input may be gone to `feed`
+  const auto& r = j.req;
+  auto t = j.split.size() == 1 ? std::move(j.req.t) : r.t.slice(first, count);
+  c_.loss_backend->loss(
+      *this, *c_.criterion, std::move(m.x), t, first, r.step, share, r.train, r.want_output,
+      [&](layers::value g) { loss_grad_.emit(layers::backward_msg{mb, r.step, 0, std::move(g)}); },
+      [this, step = r.step, share](layers::loss_figures& f) {
+        auto& job = free_running(step);
+        job.result.loss += share * f.loss;
+        job.result.correct += f.correct;
+        job.output = std::move(f.output);  // empty unless asked for
+        ++job.reports;
+        free_finish();
+      });
+}
+
+/// Answers the finished runs at the front, in order, and starts what may follow.
+void stage_gate::free_finish() {
+  const auto done = [&](const free_job& j) {
+    return j.reports >= j.split.size() && (!j.req.train || j.nodes_done >= c_.layer_count);
+  };
+  while (free_running_ > 0 && done(free_jobs_.front())) {
+    auto j = std::move(free_jobs_.front());
+    free_jobs_.pop_front();
+    --free_running_;
+    if (j.req.train && j.start_ns >= 0) {  // the step's slice on track 0 (docs/trace-format.md)
+      auto& rec = system().trace();
+      rec.span(0, "step", "step", j.start_ns, rec.now(), -1, nullptr, -1, -1, static_cast<std::int64_t>(j.req.step));
+    }
+    j.reply.deliver(detail::run_outcome{j.result, std::move(j.output)});
+  }
+  free_start_more();
 }
 
 }  // namespace nerve::pipeline

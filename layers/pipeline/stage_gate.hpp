@@ -1,7 +1,20 @@
 #pragma once
 /// \file
-/// `stage_gate`: the schedule of one CPU pipeline stage, in front of the stage's group of
-/// layer actors (the layer actors of its pieces, on the stage's loop).
+/// `stage_gate`: the one step coordinator. Every run goes through one: a `network` (one
+/// stage, no admission) and each stage of a `pipeline` (a schedule's list or the emergent
+/// credit policy). It feeds the graph input on its signal, owns the loss node (the loss of
+/// each micro-batch on its backend, the gradient back on its signal), collects what its
+/// layers report and answers the step. What differs between a network and a pipeline stage
+/// is only the **admission policy** (`admission`):
+///
+/// - `none` (a network): the coordinator splits the batch into micro-batches, feeds them all,
+///   and the layers run each message as it comes (forward, B and W, then their optimizer
+///   step once the step's last backward ran). Training steps overlap up to
+///   `config::steps_in_flight` (a layer runs the next step's forwards once it issued its
+///   update; a device backend has 2); evaluations and predictions run alone. Answers go out
+///   in request order. A layer's failure stops the runtime, which stops the coordinator:
+///   whoever waits hears of it (`on_stop`).
+/// - `schedule` and `emergent` (a pipeline stage):
 ///
 /// ```
 ///   stage s-1 layers ══forward══► entry layers ══► … ══► exit layers ══forward══► stage s+1
@@ -38,6 +51,7 @@
 /// Thread safety: an actor; `wire` and the signals' wiring before messages flow.
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -48,6 +62,7 @@
 
 #include "actors/actor.hpp"
 #include "bus/signal.hpp"
+#include "layers/executor.hpp"
 #include "layers/layer_actor.hpp"
 #include "layers/loss.hpp"
 #include "layers/pipeline/pipeline.hpp"
@@ -91,6 +106,25 @@ class stage_aborted : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A run of a coordinator without admission (a network's step, evaluation or prediction):
+/// the whole batch, which the coordinator splits. Answered with a `run_outcome`.
+struct run_msg {
+  static constexpr std::string_view kind = "step";
+  layers::tensor input;
+  layers::targets t;
+  std::size_t micro_batches = 1;
+  std::uint64_t step = 0;
+  bool train = true;
+  bool want_output = false;
+  double lr = -1;
+};
+
+/// What a coordinator without admission answers: the figures, and the output of a prediction.
+struct run_outcome {
+  layers::step_result result;
+  layers::tensor output;
+};
+
 struct stage_report {
   std::vector<double> losses;  // last stage: per micro-batch
   std::vector<std::int64_t> correct;
@@ -112,13 +146,21 @@ struct gate_piece {
   std::uint32_t gradients_in = 0;        ///< held gradients per micro-batch
 };
 
+/// How a coordinator lets work into its layers (see the file comment).
+enum class admission : std::uint8_t {
+  schedule,  ///< the plan's action list, one action at a time
+  emergent,  ///< per-edge credits, gradients before forwards
+  none,      ///< no gate: the layers run each message as it comes (a network)
+};
+
 class stage_gate : public actors::actor {
  public:
   struct config {
     std::uint32_t stage = 0;
-    std::shared_ptr<const ::nerve::pipeline::schedule> plan;  // shared: a stopping actor may outlive its pipeline
+    /// Shared: a stopping actor may outlive its pipeline. Null with `admission::none`.
+    std::shared_ptr<const ::nerve::pipeline::schedule> plan;
     std::shared_ptr<const layers::loss> criterion;  // used by the stage of the last piece
-    bool emergent = false;
+    admission policy = admission::schedule;
     std::uint32_t credits = 1;
     /// What computes the last piece's loss: its stage's backend (a device on its stream,
     /// the figures back as a `backend_done`; the CPU at once), or the CPU's where a device
@@ -126,6 +168,11 @@ class stage_gate : public actors::actor {
     std::shared_ptr<layers::backend> loss_backend;
     /// Where the gate counts its messages and publishes its state (null: nowhere).
     std::shared_ptr<stage_watch> watch;
+    /// `admission::none`: training steps that may run at once (the backend's), the
+    /// layers that report each step done, and the actor's name.
+    std::size_t steps_in_flight = 1;
+    std::size_t layer_count = 0;
+    std::string name;
   };
   explicit stage_gate(config c);
 
@@ -135,6 +182,8 @@ class stage_gate : public actors::actor {
   bus::signal<layers::forward_msg>& input() noexcept { return input_; }
   /// The loss gradient, sent back at B of the last piece (subscribed by the output layer).
   bus::signal<layers::backward_msg>& loss_gradient() noexcept { return loss_grad_; }
+  /// `admission::none`: fails whoever waits (the runtime stopped, or a layer failed).
+  void on_stop() override;
 
  private:
   using key = std::pair<std::int64_t, std::uint32_t>;  // (micro-batch, piece)
@@ -158,9 +207,26 @@ class stage_gate : public actors::actor {
   /// Publishes the gate's state to `c_.watch` (at each start, block, step and failure).
   void publish();
   std::int64_t now();
+  // Without admission (a network): the runs queued, the first `free_running_` running.
+  struct free_job {
+    detail::run_msg req;
+    actors::deferred_reply<detail::run_outcome> reply;
+    std::vector<layers::micro_batch_rows> split;
+    layers::step_result result{};
+    std::int64_t start_ns = -1;  // recorder time the step began (-1: not recording)
+    std::size_t reports = 0, nodes_done = 0;
+    layers::tensor output{};  // a prediction's, which runs one micro-batch
+  };
+  bool free() const noexcept { return c_.policy == admission::none; }
+  free_job& free_running(std::uint64_t step);
+  void free_start_more();
+  bool free_start(free_job& j);
+  void free_output(layers::forward_msg& m);
+  void free_finish();
 
   config c_;
   std::uint32_t S_ = 1, P_ = 1;
+  bool emergent_ = false;
   std::vector<gate_piece> chunks_;
   std::vector<actors::address> members_;
   bus::signal<layers::forward_msg> input_{*this, "input"};
@@ -197,6 +263,8 @@ class stage_gate : public actors::actor {
   std::uint32_t out_ = 0;                     // micro-batches sent to the next stage, gradient not back
   std::size_t held_ = 0, bytes_ = 0;           // micro-batch·chunks between F and W, and the stage's stash bytes
   std::map<std::uint32_t, std::size_t> layer_bytes_;
+  std::deque<free_job> free_jobs_;
+  std::size_t free_running_ = 0;
 };
 
 }  // namespace nerve::pipeline

@@ -559,7 +559,7 @@ TEST_SUITE("gpu.layers") {
     }
   }
 
-  TEST_CASE("predict on the device gives the direct executor's output (downloaded from the loss actor)") {
+  TEST_CASE("predict on the device gives the direct executor's output (downloaded by the coordinator)") {
     auto cpu_graph = layers::make_preset("resmlp", 3);
     auto dev_graph = layers::make_preset("resmlp", 3);
     device_net net(dev_graph, {"sgd", 0.1});
