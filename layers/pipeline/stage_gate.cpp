@@ -37,7 +37,7 @@ stage_gate::stage_gate(config c)
   // stops every actor: on_stop then fails the runs waiting.
   on<detail::run_msg>([this](detail::run_msg& r) {
     free_jobs_.push_back({std::move(r), defer_reply<detail::run_outcome>()});
-    free_start_more();
+    free_guarded([&] { free_start_more(); });
   });
   on<detail::step_msg>([this](detail::step_msg& m) {
     if (failed_)  // a layer failed between steps (a bad optimizer state, say): the stage is gone
@@ -47,21 +47,22 @@ stage_gate::stage_gate(config c)
   });
   on<layers::layer_event>([this](layers::layer_event& e) { guarded([&] { on_event(e); }); });
   on<layers::forward_msg>([this](layers::forward_msg& m) {
-    if (free()) return free_output(m);
+    if (free()) return free_guarded([&] { free_output(m); });
     guarded([&] { on_output(m); });
   });
   on<layers::node_done>([this](layers::node_done& d) {
-    if (free()) {
-      ++free_running(d.step).nodes_done;
-      return free_finish();
-    }
+    if (free())
+      return free_guarded([&] {
+        ++free_running(d.step).nodes_done;
+        free_finish();
+      });
     guarded([&] {
       ++nodes_done_;
       finish_step();
     });
   });
   on<layers::backend_done>([this](layers::backend_done& d) {
-    if (free()) return layers::handle_backend_done(d);
+    if (free()) return free_guarded([&] { layers::handle_backend_done(d); });
     guarded([&] { layers::handle_backend_done(d); });
   });
   // A layer of the stage failed (the gate is its supervisor), or a layer of another stage.
@@ -439,9 +440,22 @@ void stage_gate::publish() {
 
 // ---- Without admission (a network) ----
 
+template <class F>
+void stage_gate::free_guarded(F&& f) {
+  try {
+    f();
+  } catch (...) {
+    // The actor fails with it; its on_stop runs before the runtime records the failure,
+    // so the runs waiting get this error.
+    own_failure_ = std::current_exception();
+    throw;
+  }
+}
+
 void stage_gate::on_stop() {
   if (free_jobs_.empty()) return;
   auto err = system().error();
+  if (!err) err = std::exchange(own_failure_, nullptr);
   if (!err) err = std::make_exception_ptr(std::runtime_error("network stopped before the step finished"));
   for (auto& j : free_jobs_) j.reply.fail(err);
   free_jobs_.clear();

@@ -218,6 +218,9 @@ class stage_gate : public actors::actor {
     layers::tensor output{};  // a prediction's, which runs one micro-batch
   };
   bool free() const noexcept { return c_.policy == admission::none; }
+  /// Runs `f`; a failure goes on to the runtime, and to the runs waiting (`on_stop`).
+  template <class F>
+  void free_guarded(F&& f);
   free_job& free_running(std::uint64_t step);
   void free_start_more();
   bool free_start(free_job& j);
@@ -265,6 +268,7 @@ class stage_gate : public actors::actor {
   std::map<std::uint32_t, std::size_t> layer_bytes_;
   std::deque<free_job> free_jobs_;
   std::size_t free_running_ = 0;
+  std::exception_ptr own_failure_;  // what this coordinator failed with, for on_stop
 };
 
 }  // namespace nerve::pipeline

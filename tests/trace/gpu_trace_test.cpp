@@ -125,7 +125,8 @@ TEST_SUITE("trace.gpu") {
     }
     rt.synchronize();
 
-    // Who waits: each layer once a step (its update), the loss once a micro-batch (its figures).
+    // Who waits: each layer once a step (its update), the coordinator (the loss node) once a
+    // micro-batch (its figures).
     std::map<std::int64_t, int> waits_of;
     for (auto& a : net->layer_actors()) waits_of[std::int64_t(a.id())] = steps;
     const auto path = (std::filesystem::temp_directory_path() / "nerve-gpu-trace-network.json").string();
@@ -134,11 +135,11 @@ TEST_SUITE("trace.gpu") {
     auto j = nlohmann::json::parse(in);
     std::filesystem::remove(path);
     auto c = count(j);
-    std::int64_t loss_tid = -1;
+    std::int64_t coordinator_tid = -1;
     for (auto& [tid, name] : c.thread_names)
-      if (name == "loss") loss_tid = std::stoll(tid);
-    REQUIRE(loss_tid >= 0);
-    waits_of[loss_tid] = steps * int(m);
+      if (name == "coordinator") coordinator_tid = std::stoll(tid);
+    REQUIRE(coordinator_tid >= 0);
+    waits_of[coordinator_tid] = steps * int(m);
     int waits = 0;
     for (auto& [tid, n] : waits_of) waits += n;
     CHECK(c.gpu_spans == std::map<std::string, int>{{"loss", steps * int(m)}, {"update", steps * 3}});  // fc1, relu1, fc2
