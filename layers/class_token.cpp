@@ -7,11 +7,17 @@ namespace nerve::layers {
 
 // ---- ClassToken ------------------------------------------------------------------------
 
+namespace {
+/// `dim`, once it is positive (before the token is made).
+std::int64_t checked_dim(std::int64_t dim) {
+  if (dim <= 0) throw std::invalid_argument("ClassToken: dim must be positive, got " + std::to_string(dim));
+  return dim;
+}
+}  // namespace
+
 template <class Scalar>
 basic_class_token<Scalar>::basic_class_token(std::int64_t dim)
-    : dim_(dim), weight_(tensor_type::zeros(1, {1, dim})), weight_grad_(tensor_type::zeros(1, {1, dim})) {
-  if (dim <= 0) throw std::invalid_argument("ClassToken: dim must be positive, got " + std::to_string(dim));
-}
+    : dim_(checked_dim(dim)), weight_(tensor_type::zeros(1, {1, dim})), weight_grad_(tensor_type::zeros(1, {1, dim})) {}
 
 template <class Scalar>
 auto basic_class_token<Scalar>::parameters() -> std::vector<parameter_ref> {

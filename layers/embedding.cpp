@@ -18,20 +18,34 @@ std::string id_text(double v) {
   return buf;
 }
 
-}  // namespace
 
-// ---- Embedding -----------------------------------------------------------------------
-
-template <class Scalar>
-basic_embedding<Scalar>::basic_embedding(std::int64_t vocab, std::int64_t dim)
-    : vocab_(vocab), dim_(dim), weight_(tensor_type::zeros(vocab, {dim})), weight_grad_(tensor_type::zeros(vocab, {dim})) {
+/// `vocab`, once the sizes are known to be ones an Embedding takes (before its table is made).
+std::int64_t checked_vocab(std::int64_t vocab, std::int64_t dim) {
   if (vocab <= 0 || dim <= 0)
     throw std::invalid_argument("Embedding: vocab and dim must be positive, got vocab=" + std::to_string(vocab) +
                                 " dim=" + std::to_string(dim));
   if (vocab > exact_ids)
     throw std::invalid_argument("Embedding: vocab " + std::to_string(vocab) +
                                 " is over 16777216 (2^24): ids travel as floats, exact only up to there");
+  return vocab;
 }
+
+/// `tokens`, once both are positive.
+std::int64_t checked_tokens(std::int64_t tokens, std::int64_t dim) {
+  if (tokens <= 0 || dim <= 0)
+    throw std::invalid_argument("PositionalEmbedding: tokens and dim must be positive, got tokens=" +
+                                std::to_string(tokens) + " dim=" + std::to_string(dim));
+  return tokens;
+}
+
+}  // namespace
+
+// ---- Embedding -----------------------------------------------------------------------
+
+template <class Scalar>
+basic_embedding<Scalar>::basic_embedding(std::int64_t vocab, std::int64_t dim)
+    : vocab_(checked_vocab(vocab, dim)), dim_(dim), weight_(tensor_type::zeros(vocab, {dim})),
+      weight_grad_(tensor_type::zeros(vocab, {dim})) {}
 
 template <class Scalar>
 auto basic_embedding<Scalar>::parameters() -> std::vector<parameter_ref> {
@@ -68,12 +82,8 @@ auto basic_embedding<Scalar>::compute(basic_ops<Scalar>& o, std::span<const arra
 
 template <class Scalar>
 basic_positional_embedding<Scalar>::basic_positional_embedding(std::int64_t tokens, std::int64_t dim)
-    : tokens_(tokens), dim_(dim), weight_(tensor_type::zeros(1, {tokens, dim})),
-      weight_grad_(tensor_type::zeros(1, {tokens, dim})) {
-  if (tokens <= 0 || dim <= 0)
-    throw std::invalid_argument("PositionalEmbedding: tokens and dim must be positive, got tokens=" +
-                                std::to_string(tokens) + " dim=" + std::to_string(dim));
-}
+    : tokens_(checked_tokens(tokens, dim)), dim_(dim), weight_(tensor_type::zeros(1, {tokens, dim})),
+      weight_grad_(tensor_type::zeros(1, {tokens, dim})) {}
 
 template <class Scalar>
 auto basic_positional_embedding<Scalar>::parameters() -> std::vector<parameter_ref> {

@@ -6,17 +6,23 @@
 
 namespace nerve::layers {
 
-template <class Scalar>
-basic_patch_embedding<Scalar>::basic_patch_embedding(std::int64_t patch, std::int64_t dim, std::int64_t channels)
-    : patch_(patch), dim_(dim), channels_(channels),
-      weight_(tensor_type::zeros(dim, {channels * patch * patch})),
-      weight_grad_(tensor_type::zeros(dim, {channels * patch * patch})), b_(tensor_type::zeros(1, {dim})),
-      b_grad_(tensor_type::zeros(1, {dim})) {
+namespace {
+/// `patch`, once all three are positive (before the weight is made).
+std::int64_t checked_patch(std::int64_t patch, std::int64_t dim, std::int64_t channels) {
   if (patch <= 0 || dim <= 0 || channels <= 0)
     throw std::invalid_argument("PatchEmbedding: patch, dim and channels must be positive, got patch=" +
                                 std::to_string(patch) + " dim=" + std::to_string(dim) +
                                 " channels=" + std::to_string(channels));
+  return patch;
 }
+}  // namespace
+
+template <class Scalar>
+basic_patch_embedding<Scalar>::basic_patch_embedding(std::int64_t patch, std::int64_t dim, std::int64_t channels)
+    : patch_(checked_patch(patch, dim, channels)), dim_(dim), channels_(channels),
+      weight_(tensor_type::zeros(dim, {channels * patch * patch})),
+      weight_grad_(tensor_type::zeros(dim, {channels * patch * patch})), b_(tensor_type::zeros(1, {dim})),
+      b_grad_(tensor_type::zeros(1, {dim})) {}
 
 template <class Scalar>
 auto basic_patch_embedding<Scalar>::parameters() -> std::vector<parameter_ref> {
