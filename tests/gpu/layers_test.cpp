@@ -850,6 +850,20 @@ TEST_SUITE("gpu.layers") {
     if (suite_device() == "standin") {
       CHECK_THROWS_WITH_AS(run(), "wte (Embedding): id 7 at sample 1, position 0 is not an integer in [0, 5)",
                            std::invalid_argument);
+      // The same in a network on the device engine: the step fails with it.
+      layers::graph_builder b;
+      b.input("ids", {2});
+      b.add("wte", layers::embedding(5, 3), {"ids"});
+      b.add("first", layers::select_token(0), {"wte"});
+      b.add("head", layers::linear(3, 2), {"first"});
+      auto g = b.build(1);
+      device_net net(g, {"sgd", 0.1, 0.0});
+      layers::tensor x(2, layers::shape{2});
+      std::copy(ids.begin(), ids.end(), x.data());
+      layers::targets y;
+      y.labels = {0, 1};
+      auto f = net.net.train_step(std::move(x), std::move(y));
+      CHECK_THROWS_WITH(f.get(), doctest::Contains("wte (Embedding): id 7 at sample 1, position 0 is not an integer"));
       return;
     }
     auto r = run();

@@ -4,12 +4,17 @@
 // scripts/torch_reference_embed.py; relative ∞-norm error at most 1e-5 in float32).
 #include <doctest/doctest.h>
 
+#include "actors/runtime.hpp"
 #include "layers/checkpoint/safetensors.hpp"
 #include "layers/class_token.hpp"
 #include "layers/conv2d.hpp"
 #include "layers/embedding.hpp"
 #include "layers/graph.hpp"
 #include "layers/init.hpp"
+#include "layers/linear.hpp"
+#include "layers/loss.hpp"
+#include "layers/network.hpp"
+#include "layers/optimizer.hpp"
 #include "layers/patch_embedding.hpp"
 #include "tests/layers/gradcheck.hpp"
 
@@ -133,6 +138,24 @@ TEST_SUITE("layers.embedding") {
           std::string::npos);
     CHECK(refusal(e, id_tensor(1, {4, 0})).empty());
     CHECK_THROWS_AS(embedding(std::int64_t(1) << 25, 8), std::invalid_argument);
+  }
+
+  TEST_CASE("a bad id ends a network's run with the Embedding's refusal") {
+    graph_builder b;
+    b.input("ids", {3});
+    b.add("wte", embedding(5, 4), {"ids"});
+    b.add("first", basic_select_token<float>(0), {"wte"});
+    b.add("head", linear(4, 2), {"first"});
+    auto g = b.build(1);
+    nerve::actors::runtime rt({.loops = 1});
+    network net(rt, g, std::make_shared<cross_entropy>(), [] { return std::make_unique<sgd>(sgd_options{0.1}); });
+    targets y;
+    y.labels = {0, 1};
+    auto f = net.train_step(id_tensor(2, {0, 1, 2, 3, 9, 4}), std::move(y));
+    CHECK_THROWS_WITH_AS(rt.synchronize(),
+                         "actor 'wte' failed: wte (Embedding): id 9 at sample 1, position 1 is not an integer in [0, 5)",
+                         nerve::actors::actor_failure);
+    CHECK_THROWS(f.get());
   }
 
   TEST_CASE("Embedding's weight gradient matches finite differences, repeated ids summed") {
