@@ -136,4 +136,32 @@ void avg_pool_backward(stream& s, const float* dy, const window_geometry& g, flo
   launch_window(s, "avg_pool_backward", ops::pool_backward<false>{dy, nullptr, g, dx});
 }
 
+
+void gather_rows(stream& s, const float* table, std::size_t rows, std::size_t cols, const float* ids, std::size_t n,
+                 float* y) {
+  if (n && cols) of(s).launch(s.impl(), n * cols, ops::gather_rows{table, ids, y, rows, cols});
+}
+void scatter_add_rows(stream& s, const float* dy, const float* ids, std::size_t n, std::size_t rows, std::size_t cols,
+                      float* table) {
+  const std::size_t chunks = (cols + ops::scatter_chunk - 1) / ops::scatter_chunk;
+  if (n && rows && cols) of(s).launch(s.impl(), rows * chunks, ops::scatter_add_rows{dy, ids, table, n, cols, chunks});
+}
+
+namespace {
+/// The image elements of a patchify window, after its checks (`what` names the call).
+std::size_t patch_elements(const window_geometry& g, const char* what) {
+  if (g.batch < 0 || g.channels < 1 || g.kernel_h < 1 || g.kernel_w < 1 || g.height % g.kernel_h ||
+      g.width % g.kernel_w || g.stride_h != g.kernel_h || g.stride_w != g.kernel_w || g.pad_h || g.pad_w)
+    throw error(errc::invalid_argument, std::string(what) + ": not a tiling of the images by patches");
+  return ops::inputs(g);
+}
+}  // namespace
+
+void patchify(stream& s, const window_geometry& g, const float* x, float* y) {
+  if (const auto n = patch_elements(g, "patchify")) of(s).launch(s.impl(), n, ops::patch_permute<true>{x, y, g});
+}
+void unpatchify(stream& s, const window_geometry& g, const float* y, float* x) {
+  if (const auto n = patch_elements(g, "unpatchify")) of(s).launch(s.impl(), n, ops::patch_permute<false>{y, x, g});
+}
+
 }  // namespace nerve::gpu

@@ -152,4 +152,18 @@ void avg_pool_forward(stream& s, const float* x, const window_geometry& g, float
 /// dx (overwritten) = Σ over windows containing it of dy / (kernel_h·kernel_w).
 void avg_pool_backward(stream& s, const float* dy, const window_geometry& g, float* dx);
 
+/// y[t] = table[ids[t]] for `n` ids (floats holding integers), `cols` floats a row; a zero
+/// row for an id that is not an integer in [0, rows) (no read outside the table).
+void gather_rows(stream& s, const float* table, std::size_t rows, std::size_t cols, const float* ids, std::size_t n,
+                 float* y);
+/// table[ids[t]] += dy[t] for t = 0, 1, …, n − 1, each row's additions in that order (a
+/// thread per row and chunk of columns scans the ids: no atomics); other ids add nothing.
+void scatter_add_rows(stream& s, const float* dy, const float* ids, std::size_t n, std::size_t rows, std::size_t cols,
+                      float* table);
+/// Images `[N, C, H, W]` to patches `[N, (H/kh)·(W/kw), C·kh·kw]` (`g`: stride = kernel,
+/// no padding, H and W multiples of the kernel; layers/ops.hpp's order).
+void patchify(stream& s, const window_geometry& g, const float* x, float* y);
+/// The inverse permutation: patches back into the images `x` (overwritten).
+void unpatchify(stream& s, const window_geometry& g, const float* y, float* x);
+
 }  // namespace nerve::gpu

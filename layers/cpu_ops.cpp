@@ -429,6 +429,52 @@ class cpu_ops final : public basic_op_set<S> {
         }
     }
   }
+
+  void gather_rows(const S* table, std::int64_t rows, std::int64_t cols, const S* ids, std::int64_t n,
+                   S* y) override {
+    for (std::int64_t t = 0; t < n; ++t, y += cols) {
+      const S id = ids[t];
+      if (is_row(id, rows))
+        std::copy(table + std::int64_t(id) * cols, table + (std::int64_t(id) + 1) * cols, y);
+      else
+        std::fill(y, y + cols, S(0));
+    }
+  }
+  void scatter_add_rows(const S* dy, const S* ids, std::int64_t n, std::int64_t rows, std::int64_t cols,
+                        S* table) override {
+    for (std::int64_t t = 0; t < n; ++t)
+      if (is_row(ids[t], rows)) vec_map<S>(table + std::int64_t(ids[t]) * cols, cols) += const_vec_map<S>(dy + t * cols, cols);
+  }
+  bad_id find_bad_id(const S* ids, std::int64_t n, std::int64_t rows) override {
+    for (std::int64_t t = 0; t < n; ++t)
+      if (!is_row(ids[t], rows)) return {t, double(ids[t])};
+    return {};
+  }
+  void patchify(const window_geometry& g, const S* x, S* y) override {
+    each_patch_value(g, [&](std::int64_t image, std::int64_t patch) { y[patch] = x[image]; });
+  }
+  void unpatchify(const window_geometry& g, const S* y, S* x) override {
+    each_patch_value(g, [&](std::int64_t image, std::int64_t patch) { x[image] = y[patch]; });
+  }
+
+ private:
+  /// Whether `id` names a row of a table of `rows`: an integer in [0, rows) (NaN is not).
+  static bool is_row(S id, std::int64_t rows) noexcept {
+    return id >= S(0) && id < S(rows) && id == std::floor(id);
+  }
+  /// Calls `f(i, j)` for every pixel: `i` its index in the images, `j` in the patches.
+  template <class F>
+  static void each_patch_value(const window_geometry& g, F&& f) {
+    const std::int64_t p = g.kernel_h, q = g.kernel_w, pw = g.width / q, per_patch = g.channels * p * q;
+    const std::int64_t patches = (g.height / p) * pw;
+    for (std::int64_t n = 0; n < g.batch; ++n)
+      for (std::int64_t c = 0; c < g.channels; ++c)
+        for (std::int64_t h = 0; h < g.height; ++h)
+          for (std::int64_t w = 0; w < g.width; ++w) {
+            const std::int64_t patch = (h / p) * pw + w / q, within = (c * p + h % p) * q + w % q;
+            f(((n * g.channels + c) * g.height + h) * g.width + w, (n * patches + patch) * per_patch + within);
+          }
+  }
 };
 
 }  // namespace

@@ -32,6 +32,9 @@ struct gradcheck_options {
   std::uint64_t seed = 99;
   /// The context of every forward call (the same each time, so Dropout keeps its mask).
   forward_context context{3, 5};
+  /// The inputs perturbed: bit `i` for input `i`. An input left out (token ids, which a
+  /// step of h would make no id at all) is compared with a zero gradient instead.
+  input_mask perturbed = all_inputs;
 };
 
 /// The comparison for one input or one parameter tensor.

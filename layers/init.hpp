@@ -44,4 +44,16 @@ void default_init(basic_tensor<Scalar>& weight, basic_tensor<Scalar>* bias, std:
   if (bias) uniform_fill(*bias, fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0, rng);
 }
 
+/// Fills `t` with draws of N(0, std²), row-major order (PyTorch's `normal_`: `nn.Embedding`'s
+/// weight), each from two uniform draws by Box–Muller: √(−2 ln(1 − u₁))·cos(2πu₂), in
+/// double, rounded to the scalar.
+template <class Scalar>
+void normal_fill(basic_tensor<Scalar>& t, double std, std::mt19937_64& rng) {
+  Scalar* p = t.data();
+  for (std::int64_t i = 0; i < t.size(); ++i) {
+    const double u1 = uniform01(rng), u2 = uniform01(rng);
+    p[i] = static_cast<Scalar>(std * std::sqrt(-2.0 * std::log(1.0 - u1)) * std::cos(6.283185307179586477 * u2));
+  }
+}
+
 }  // namespace nerve::layers

@@ -25,7 +25,7 @@ std::string_view to_string(op_kind k) noexcept {
   static constexpr std::string_view names[op_kinds] = {
       "gemm", "gemm_bias", "unary",  "unary_grad", "binary", "broadcast",   "column_sums", "axpy",
       "scale", "fill",    "copy",   "copy2d",     "conv2d", "pool2d",      "dropout_mask", "norm",
-      "optimizer", "host_copy", "softmax_xent"};
+      "optimizer", "host_copy", "softmax_xent", "gather_rows", "patchify"};
   return std::size_t(k) < op_kinds ? names[std::size_t(k)] : "?";
 }
 

@@ -37,9 +37,9 @@ namespace nerve::layers {
 /// What an op set may run (`basic_op_set::supports`).
 enum class op_kind : std::uint8_t {
   gemm, gemm_bias, unary, unary_grad, binary, broadcast, column_sums, axpy, scale, fill, copy, copy2d, conv2d,
-  pool2d, dropout_mask, norm, optimizer, host_copy, softmax_xent
+  pool2d, dropout_mask, norm, optimizer, host_copy, softmax_xent, gather_rows, patchify
 };
-inline constexpr std::size_t op_kinds = 19;
+inline constexpr std::size_t op_kinds = 21;
 
 // GCC 12 takes a scoped enumerator for a shadow of the layer aliases of the same name
 // (layers/activation.hpp's `relu`, …), which it cannot be.
@@ -82,6 +82,14 @@ struct norm_geometry {
   /// The values of one channel: outer·inner.
   constexpr std::int64_t count() const noexcept { return outer * inner; }
   constexpr std::int64_t size() const noexcept { return outer * channels * inner; }
+};
+
+/// Where `basic_op_set::find_bad_id` found an id that is not an integer in [0, rows):
+/// its position among the ids and its value; `position` −1 when every id is one.
+struct bad_id {
+  std::int64_t position = -1;
+  double value = 0;
+  explicit operator bool() const noexcept { return position >= 0; }
 };
 
 /// One SGD update (`basic_sgd`, PyTorch's rule) of a parameter: `d = g + weight_decay·w`;
@@ -237,6 +245,29 @@ class basic_op_set {
   /// The input's gradient (overwritten) from `dy`. Max reads `x` to find each window's
   /// maximum again (as cuDNN's backward does), so nothing but the input is kept.
   virtual void pool2d_grad(pool_fn f, const window_geometry& g, const S* x, const S* dy, S* dx) = 0;
+
+  /// `y[t] = table[ids[t]]`: row `ids[t]` of a `rows × cols` table for each of `n` ids
+  /// (`nn.Embedding`'s lookup). The ids are values of S that must be integers in
+  /// [0, rows): the caller checks them (`find_bad_id`); for any other a device writes a
+  /// zero row, never reading outside the table.
+  virtual void gather_rows(const S* table, std::int64_t rows, std::int64_t cols, const S* ids, std::int64_t n,
+                           S* y) = 0;
+  /// The gather's derivative, added into the table's gradient: `table[ids[t]] += dy[t]`
+  /// for t = 0, 1, …, n − 1, each row's additions in that order on every backend (no
+  /// atomics: the same bits every run). Ids outside [0, rows) add nothing.
+  virtual void scatter_add_rows(const S* dy, const S* ids, std::int64_t n, std::int64_t rows, std::int64_t cols,
+                                S* table) = 0;
+  /// The first of `n` ids that is not an integer in [0, rows), once the work before it
+  /// is done. A set that would stall its queue to read them back (CUDA) returns none and
+  /// relies on the gather's guard.
+  virtual bad_id find_bad_id(const S* ids, std::int64_t n, std::int64_t rows) = 0;
+  /// Images `x` (`g`: a window whose stride is its kernel, the patch, with no padding and
+  /// H, W multiples of it) as patches `y`, `[N, out_h·out_w, C·kernel_h·kernel_w]`:
+  /// patches in row-major order, a patch's values by channel, then row-major (the order
+  /// of a Conv2d filter's `[C, kh, kw]`). A permutation: every pixel in one patch.
+  virtual void patchify(const window_geometry& g, const S* x, S* y) = 0;
+  /// Its inverse, which is also its derivative: patches `y` back into images `x` (overwritten).
+  virtual void unpatchify(const window_geometry& g, const S* y, S* x) = 0;
 };
 
 /// The CPU's op set: Eigen, and the product engine of layers/gemm.hpp.
@@ -332,6 +363,16 @@ class basic_ops {
   /// The inputs side by side along their columns (the 2-D views, the same rows):
   /// `torch.cat(dim=1)` of flattened samples; `dims` is the result's.
   array concat_cols(std::span<const array> in, std::vector<std::int64_t> dims);
+  /// Rows `ids` of `table` (`[rows, cols]`): `ids.dims` followed by `cols`. The ids get
+  /// no gradient (they are indices); the table's is the rows' scatter-add. Checking the
+  /// ids is the caller's (`basic_op_set::find_bad_id`).
+  array gather_rows(const array& table, const array& ids);
+  /// The patches of images `x` (`[N, C, H, W]`, H and W multiples of `patch`):
+  /// `[N, (H/patch)·(W/patch), C·patch²]` (`basic_op_set::patchify`'s order).
+  array patchify(const array& x, std::int64_t patch);
+  /// Columns [first, first + count) of x's 2-D view, under `dims` (rows·count elements);
+  /// the gradient goes back into those columns, zeros elsewhere.
+  array slice_cols(const array& x, std::int64_t first, std::int64_t count, std::vector<std::int64_t> dims);
 
  private:
   array binary(binary_fn f, const array& a, const array& b);

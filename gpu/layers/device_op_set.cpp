@@ -1,10 +1,14 @@
 #include "gpu/layers/device_op_set.hpp"
 
 #include "gpu/blas.hpp"
+#include "gpu/detail/device_core.hpp"
+#include "gpu/device.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/kernels/ops.hpp"
 #include "gpu/status.hpp"
 
 #include <algorithm>
+#include <vector>
 
 namespace nerve::gpu {
 namespace {
@@ -232,6 +236,33 @@ void device_op_set::pool2d_grad(layers::pool_fn f, const layers::window_geometry
   device_buffer argmax(s_, std::max<std::size_t>(1, outputs) * sizeof(std::int32_t));
   max_pool_forward(s_, x, g, y.data(), static_cast<std::int32_t*>(argmax.data()));
   max_pool_backward(s_, dy, static_cast<const std::int32_t*>(argmax.data()), g, dx);
+}
+
+void device_op_set::gather_rows(const float* table, std::int64_t rows, std::int64_t cols, const float* ids,
+                                std::int64_t n, float* y) {
+  gpu::gather_rows(s_, table, std::size_t(rows), std::size_t(cols), ids, std::size_t(n), y);
+}
+
+void device_op_set::scatter_add_rows(const float* dy, const float* ids, std::int64_t n, std::int64_t rows,
+                                     std::int64_t cols, float* table) {
+  gpu::scatter_add_rows(s_, dy, ids, std::size_t(n), std::size_t(rows), std::size_t(cols), table);
+}
+
+layers::bad_id device_op_set::find_bad_id(const float* ids, std::int64_t n, std::int64_t rows) {
+  if (n <= 0 || s_.impl().core->impl->kind() != backend_kind::standin) return {};
+  std::vector<float> host(static_cast<std::size_t>(n));
+  read(ids, host.data(), n);
+  for (std::int64_t t = 0; t < n; ++t)
+    if (!ops::is_row(host[std::size_t(t)], std::size_t(rows))) return {t, double(host[std::size_t(t)])};
+  return {};
+}
+
+void device_op_set::patchify(const layers::window_geometry& g, const float* x, float* y) {
+  gpu::patchify(s_, kernel_window(g), x, y);
+}
+
+void device_op_set::unpatchify(const layers::window_geometry& g, const float* y, float* x) {
+  gpu::unpatchify(s_, kernel_window(g), y, x);
 }
 
 }  // namespace nerve::gpu

@@ -64,6 +64,16 @@ class device_op_set final : public layers::op_set {
   void pool2d(layers::pool_fn f, const layers::window_geometry& g, const float* x, float* y) override;
   void pool2d_grad(layers::pool_fn f, const layers::window_geometry& g, const float* x, const float* dy,
                    float* dx) override;
+  void gather_rows(const float* table, std::int64_t rows, std::int64_t cols, const float* ids, std::int64_t n,
+                   float* y) override;
+  void scatter_add_rows(const float* dy, const float* ids, std::int64_t n, std::int64_t rows, std::int64_t cols,
+                        float* table) override;
+  /// On the stand-in, reads the ids back (waiting for the stream: its memory is the
+  /// host's, and a test machine's loop may wait) and scans them; on CUDA none, without a
+  /// wait: the gather's guard writes a zero row for a bad id instead of reading outside.
+  layers::bad_id find_bad_id(const float* ids, std::int64_t n, std::int64_t rows) override;
+  void patchify(const layers::window_geometry& g, const float* x, float* y) override;
+  void unpatchify(const layers::window_geometry& g, const float* y, float* x) override;
 
   /// `t` as an array that keeps it alive.
   static layers::array array_of(std::shared_ptr<device_tensor> t);

@@ -23,7 +23,10 @@
 #include "gpu/status.hpp"
 #include "gpu/testing.hpp"
 #include "layers/activation.hpp"
+#include "layers/class_token.hpp"
 #include "layers/conv2d.hpp"
+#include "layers/embedding.hpp"
+#include "layers/patch_embedding.hpp"
 #include "layers/devices.hpp"
 #include "layers/dropout.hpp"
 #include "layers/executor.hpp"
@@ -795,4 +798,130 @@ TEST_SUITE("gpu.layers") {
     CHECK(dev->make_backend(g, {}, layers::optimizer_settings{}, 64)->on_device());
   }
 
+  TEST_CASE("the embedding layers match their CPU twins on the device") {
+    layer_fixture fx;
+    auto one = [&](std::int64_t n, layers::shape s) {
+      std::vector<layers::tensor> v;
+      v.push_back(fx.random(n, std::move(s)));
+      return v;
+    };
+    SUBCASE("Embedding, ids repeating across the batch") {
+      std::vector<layers::tensor> v;
+      v.emplace_back(6, layers::shape{9});
+      std::uniform_int_distribution<int> id(0, 10);
+      for (std::int64_t i = 0; i < v[0].size(); ++i) v[0].data()[i] = float(id(fx.rng));
+      // dW: a row sums at most the batch's 54 tokens.
+      compare_layer(fx, [] { return std::make_unique<layers::embedding>(11, 37); }, std::move(v), 0, 0, 54);
+    }
+    SUBCASE("PositionalEmbedding") {
+      compare_layer(fx, [] { return std::make_unique<layers::positional_embedding>(5, 8); }, one(4, {5, 8}), 0, 0, 4);
+    }
+    SUBCASE("ClassToken") {
+      compare_layer(fx, [] { return std::make_unique<layers::class_token>(8); }, one(4, {5, 8}), 0, 0, 4);
+    }
+    SUBCASE("SelectToken") {
+      compare_layer(fx, [] { return std::make_unique<layers::select_token>(2); }, one(3, {5, 8}), 0, 0, 0);
+    }
+    SUBCASE("PatchEmbedding 7×7 of Fashion-MNIST-sized images") {
+      // forward: 49 terms (+ bias); dx: 16 (dim); dW: 3 images × 16 patches.
+      compare_layer(fx, [] { return std::make_unique<layers::patch_embedding>(7, 16); }, one(3, {1, 28, 28}), 49, 16,
+                    48);
+    }
+    SUBCASE("PatchEmbedding 3×3 of two channels") {
+      compare_layer(fx, [] { return std::make_unique<layers::patch_embedding>(3, 5, 2); }, one(2, {2, 6, 9}), 18, 5,
+                    12);
+    }
+  }
+
+  TEST_CASE("an id that names no row: the stand-in refuses it naming the layer, CUDA gathers a zero row") {
+    layer_fixture fx;
+    layers::embedding e(5, 3);
+    e.set_name("wte");
+    e.reset_parameters(fx.rng);
+    const std::vector<float> ids{1, 4, 7, 0};
+    auto dids = std::make_shared<gpu::device_tensor>(gpu::upload(fx.s, ids.data(), {2, 2}));
+    auto w = e.parameters()[0];
+    auto dw = std::make_shared<gpu::device_tensor>(gpu::upload(fx.s, w.value->data(), {5, 3}));
+    gpu::device_op_set set(fx.s, "suite");
+    auto run = [&] {
+      return layers::basic_op_run<float>(e, set, {gpu::device_op_set::array_of(dids)},
+                                         {layers::array{{5, 3}, dw->data(), nullptr, -1}}, 1, false, {});
+    };
+    if (suite_device() == "standin") {
+      CHECK_THROWS_WITH_AS(run(), "wte (Embedding): id 7 at sample 1, position 0 is not an integer in [0, 5)",
+                           std::invalid_argument);
+      // The same in a network on the device engine: the step fails with it.
+      layers::graph_builder b;
+      b.input("ids", {2});
+      b.add("wte", layers::embedding(5, 3), {"ids"});
+      b.add("first", layers::select_token(0), {"wte"});
+      b.add("head", layers::linear(3, 2), {"first"});
+      auto g = b.build(1);
+      device_net net(g, {"sgd", 0.1, 0.0});
+      layers::tensor x(2, layers::shape{2});
+      std::copy(ids.begin(), ids.end(), x.data());
+      layers::targets y;
+      y.labels = {0, 1};
+      auto f = net.net.train_step(std::move(x), std::move(y));
+      CHECK_THROWS_WITH(f.get(), doctest::Contains("wte (Embedding): id 7 at sample 1, position 0 is not an integer"));
+      return;
+    }
+    auto r = run();
+    const auto y = gpu::download(fx.s, *set.tensor_of(r.output()));
+    REQUIRE(y.size() == 12);
+    for (std::size_t t = 0; t < 4; ++t)
+      for (std::size_t c = 0; c < 3; ++c) {
+        CAPTURE(t);
+        CAPTURE(c);
+        CHECK(y[t * 3 + c] == (t == 2 ? 0.0f : w.value->data()[std::size_t(ids[t]) * 3 + c]));
+      }
+  }
+
+  TEST_CASE("a ViT's embedding and head train on the device as on the CPU: patches, class token, positions") {
+    // [1, 28, 28] → patch 7×7 → 16 tokens of 64 → class token → 17 + positions → LayerNorm
+    // → the class token → 10 classes.
+    auto build = [] {
+      layers::graph_builder b;
+      b.input("input", {1, 28, 28});
+      b.add("patch", layers::patch_embedding(7, 64), {"input"});
+      b.add("cls", layers::class_token(64), {"patch"});
+      b.add("pos", layers::positional_embedding(17, 64), {"cls"});
+      b.add("ln", layers::layer_norm(layers::shape{64}), {"pos"});
+      b.add("token", layers::select_token(0), {"ln"});
+      b.add("head", layers::linear(64, 10), {"token"});
+      return b.build(5);
+    };
+    for (const std::string optimizer : {"sgd", "adamw"}) {
+      CAPTURE(optimizer);
+      layer_fixture fx;
+      auto cpu_graph = build(), dev_graph = build();
+      const double lr = optimizer == "sgd" ? 0.05 : 1e-3, momentum = optimizer == "sgd" ? 0.9 : 0.0;
+      auto opt = layers::make_optimizer<float>(optimizer, lr, momentum);
+      device_net net(dev_graph, {optimizer, lr, momentum});
+      layers::direct_executor exec(cpu_graph);
+      layers::cross_entropy loss;
+      for (int step = 0; step < 3; ++step) {
+        auto x = fx.random(12, {1, 28, 28});
+        layers::targets y;
+        std::uniform_int_distribution<int> label(0, 9);
+        for (int i = 0; i < 12; ++i) y.labels.push_back(label(fx.rng));
+        auto got = net.net.train_step(x.clone(), y.clone(), 2, std::uint64_t(step)).get();
+        auto want = exec.train_step(std::move(x), y, loss, *opt, 2, std::uint64_t(step));
+        CHECK(got.samples == want.samples);
+        CHECK(got.loss == doctest::Approx(want.loss).epsilon(1e-4));
+      }
+      net.be->download();
+      auto want = cpu_graph.parameters(), got = dev_graph.parameters();
+      REQUIRE(want.size() == 8);
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        double scale = 0;
+        for (std::int64_t j = 0; j < want[i].value->size(); ++j)
+          scale = std::max(scale, double(std::abs(want[i].value->data()[j])));
+        // Adam's steps at the noise floor move by ±lr whatever the digits (see the presets' test).
+        const double tol = optimizer == "sgd" ? 1e-4 * scale : 1e-4 * scale + 2.0 * lr * 3;
+        check_within(want[i].name, values(*got[i].value), values(*want[i].value),
+                     std::vector<double>(std::size_t(want[i].value->size()), tol));
+      }
+    }
+  }
 }
