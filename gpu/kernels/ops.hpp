@@ -484,6 +484,79 @@ struct pool_backward {
   }
 };
 
+// ---- attention: the row softmax and the head permutations --------------------------
+
+/// Row r's softmax (one thread per row), columns past its last visible one 0 (layers'
+/// causal_mask: row r % block_rows of its block sees the columns ≤ that + offset). Plain
+/// loads, not the read-only path: the thread reads back what it wrote into y.
+struct softmax_rows {
+  const float* x;
+  float* y;
+  std::size_t cols;
+  bool causal;
+  std::size_t block_rows;
+  std::int64_t offset;
+  NERVE_HOST_DEVICE void operator()(std::size_t r) const {
+    const float* xr = x + r * cols;
+    float* yr = y + r * cols;
+    std::int64_t last = std::int64_t(cols) - 1;
+    if (causal) {
+      const std::int64_t mine = std::int64_t(r % block_rows) + offset;
+      if (mine < last) last = mine;
+    }
+    float top = last >= 0 ? xr[0] : 0.0f;
+    for (std::int64_t c = 1; c <= last; ++c) top = xr[c] > top ? xr[c] : top;
+    double sum = 0.0;
+    for (std::int64_t c = 0; c <= last; ++c) {
+      const float e = expf(xr[c] - top);
+      yr[c] = e;
+      sum += double(e);
+    }
+    for (std::int64_t c = 0; c <= last; ++c) yr[c] = float(double(yr[c]) / sum);
+    for (std::int64_t c = last + 1; c < std::int64_t(cols); ++c) yr[c] = 0.0f;
+  }
+};
+/// dx = y·(dy − Σ_c dy·y) over row r (one thread per row), the sum in double.
+struct softmax_rows_backward {
+  const float *y, *dy;
+  float* dx;
+  std::size_t cols;
+  NERVE_HOST_DEVICE void operator()(std::size_t r) const {
+    const std::size_t at = r * cols;
+    double dot = 0.0;
+    for (std::size_t c = 0; c < cols; ++c) dot += double(read_only(dy[at + c])) * double(read_only(y[at + c]));
+    const float d = float(dot);
+    for (std::size_t c = 0; c < cols; ++c) dx[at + c] = read_only(y[at + c]) * (read_only(dy[at + c]) - d);
+  }
+};
+/// Element i of one head layout from the other: `Split` writes `[parts, B, H, T, D]`
+/// element i from `[B, T, parts, H, D]`, else the reverse (a gather either way).
+template <bool Split>
+struct permute_heads {
+  const float* from;
+  float* to;
+  head_layout g;
+  NERVE_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::size_t d = i % g.head_dim;
+    std::size_t rest = i / g.head_dim;
+    if constexpr (Split) {  // i is (p, b, h, t, d)
+      const std::size_t t = rest % g.tokens;
+      rest /= g.tokens;
+      const std::size_t h = rest % g.heads;
+      rest /= g.heads;
+      const std::size_t b = rest % g.batch, p = rest / g.batch;
+      to[i] = read_only(from[(((b * g.tokens + t) * g.parts + p) * g.heads + h) * g.head_dim + d]);
+    } else {  // i is (b, t, p, h, d)
+      const std::size_t h = rest % g.heads;
+      rest /= g.heads;
+      const std::size_t p = rest % g.parts;
+      rest /= g.parts;
+      const std::size_t t = rest % g.tokens, b = rest / g.tokens;
+      to[i] = read_only(from[(((p * g.batch + b) * g.heads + h) * g.tokens + t) * g.head_dim + d]);
+    }
+  }
+};
+
 /// Every pointwise op: what a backend runs over elements [0, n) (`backend::launch`).
 using pointwise_op =
     std::variant<activation_forward<activation::relu>, activation_forward<activation::leaky_relu>,
@@ -493,7 +566,8 @@ using pointwise_op =
                  activation_backward<activation::tanh>, activation_backward<activation::gelu>, bias_add,
                  softmax_xent_backward, axpy, scale, fill, sgd_update, adam_update, binary<0>, binary<1>,
                  binary<2>, broadcast<0>, broadcast<1>, broadcast<2>, copy2d, dropout_mask, channel_stats,
-                 normalize_apply, normalize_grad_means, normalize_grad_apply, channel_affine, channel_sums>;
+                 normalize_apply, normalize_grad_means, normalize_grad_apply, channel_affine, channel_sums,
+                 softmax_rows, softmax_rows_backward, permute_heads<true>, permute_heads<false>>;
 /// Every window op (`backend::launch`, over its `size()` elements).
 using window_op = std::variant<im2col, col2im, pool_forward<true>, pool_forward<false>, pool_backward<true>,
                                pool_backward<false>>;
