@@ -23,6 +23,7 @@
 #include "gpu/status.hpp"
 #include "gpu/testing.hpp"
 #include "layers/activation.hpp"
+#include "layers/attention.hpp"
 #include "layers/conv2d.hpp"
 #include "layers/devices.hpp"
 #include "layers/dropout.hpp"
@@ -343,6 +344,16 @@ TEST_SUITE("gpu.layers") {
     SUBCASE("LayerNorm of [F] over a sequence's tokens") {
       compare_layer(fx, [] { return std::make_unique<layers::layer_norm>(layers::shape{8}); }, one(3, {5, 8}),
                     -1, -1, -1);
+    }
+    // Attention: products, a softmax and products again; each result within 64 float
+    // roundings of the tensor's largest magnitude, as a normalisation's.
+    SUBCASE("MultiheadAttention over [T, C] samples") {
+      compare_layer(fx, [] { return std::make_unique<layers::multihead_attention>(12, 3); }, one(3, {5, 12}), -1, -1,
+                    -1);
+    }
+    SUBCASE("causal MultiheadAttention") {
+      compare_layer(fx, [] { return std::make_unique<layers::multihead_attention>(8, 2, true); }, one(2, {6, 8}), -1,
+                    -1, -1);
     }
     SUBCASE("LayerNorm without a bias") {
       compare_layer(fx, [] { return std::make_unique<layers::layer_norm>(layers::shape{17}, 1e-5, true, false); },
