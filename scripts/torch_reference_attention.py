@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch fixtures for nerve's multi-head self-attention (tests/layers/attention_test.cpp).
+"""PyTorch fixtures for nerve's transformer pieces (tests/layers/attention_test.cpp).
 
     /usr/bin/python3 scripts/torch_reference_attention.py
 
@@ -9,6 +9,9 @@ tests/layers/fixtures/ with scripts/torch_reference.py's `layer_case`: the input
 heads contiguous), `qkv.bias`, `proj.weight`, `proj.bias`, an output gradient, and
 PyTorch's output and gradients. The module is written with plain torch ops (a Linear
 split into q, k and v, a softmax), so the layout is the one nerve's checkpoints use.
+`torch_cross_entropy_tokens.safetensors` holds cross-entropy over every token of
+[B, T, vocab] logits with [B, T] labels, as a GPT's loss: the logits, the labels, the
+mean loss over all B·T tokens and the logits' gradient.
 Fixed seeds, deterministic on the CPU.
 """
 import math
@@ -18,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_reference import OUT, layer_case  # noqa: E402
+from torch_reference import OUT, layer_case, write_safetensors  # noqa: E402
 
 
 class SelfAttention(torch.nn.Module):
@@ -50,6 +53,15 @@ def main():
         layer_case(name, SelfAttention(dim, heads, causal), torch.randn(2, tokens, dim),
                    {"dim": dim, "heads": heads, "tokens": tokens, "causal": int(causal)})
 
+    # Every token a row: F.cross_entropy(logits.view(-1, V), y.view(-1)).
+    logits = (torch.randn(2, 5, 7) * 3).requires_grad_(True)
+    labels = torch.randint(0, 7, (2, 5), dtype=torch.int64)
+    loss = torch.nn.functional.cross_entropy(logits.view(-1, 7), labels.view(-1))
+    loss.backward()
+    write_safetensors(os.path.join(OUT, "torch_cross_entropy_tokens.safetensors"),
+                      {"logits": logits.detach(), "labels": labels, "loss": loss.detach().reshape(1),
+                       "grad_logits": logits.grad},
+                      {"torch_version": torch.__version__, "case": "cross_entropy_tokens"})
     print(f"wrote attention fixtures to {os.path.normpath(OUT)}")
 
 
