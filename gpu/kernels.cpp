@@ -135,6 +135,21 @@ void avg_pool_forward(stream& s, const float* x, const window_geometry& g, float
 void avg_pool_backward(stream& s, const float* dy, const window_geometry& g, float* dx) {
   launch_window(s, "avg_pool_backward", ops::pool_backward<false>{dy, nullptr, g, dx});
 }
+void softmax_rows(stream& s, const float* x, float* y, std::size_t rows, std::size_t cols, bool causal,
+                  std::size_t block_rows, std::int64_t offset) {
+  if (causal && block_rows == 0) throw error(errc::invalid_argument, "softmax_rows: a causal mask of blocks of 0 rows");
+  if (rows && cols) of(s).launch(s.impl(), rows, ops::softmax_rows{x, y, cols, causal, block_rows, offset});
+}
+void softmax_rows_backward(stream& s, const float* y, const float* dy, float* dx, std::size_t rows,
+                           std::size_t cols) {
+  if (rows && cols) of(s).launch(s.impl(), rows, ops::softmax_rows_backward{y, dy, dx, cols});
+}
+void split_heads(stream& s, const head_layout& g, const float* x, float* y) {
+  if (g.size()) of(s).launch(s.impl(), g.size(), ops::permute_heads<true>{x, y, g});
+}
+void merge_heads(stream& s, const head_layout& g, const float* y, float* x) {
+  if (g.size()) of(s).launch(s.impl(), g.size(), ops::permute_heads<false>{y, x, g});
+}
 
 
 void gather_rows(stream& s, const float* table, std::size_t rows, std::size_t cols, const float* ids, std::size_t n,

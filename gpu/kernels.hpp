@@ -165,5 +165,24 @@ void scatter_add_rows(stream& s, const float* dy, const float* ids, std::size_t 
 void patchify(stream& s, const window_geometry& g, const float* x, float* y);
 /// The inverse permutation: patches back into the images `x` (overwritten).
 void unpatchify(stream& s, const window_geometry& g, const float* y, float* x);
+/// The softmax of each of `rows` rows of `cols` floats (layers/ops.hpp's `softmax_rows`):
+/// with `causal`, row i of each block of `block_rows` rows sees the columns ≤ i + offset,
+/// the others are 0 (a row that sees none is all 0). The visible maximum is subtracted,
+/// the exponentials summed in double in column order; one thread per row.
+void softmax_rows(stream& s, const float* x, float* y, std::size_t rows, std::size_t cols, bool causal,
+                  std::size_t block_rows, std::int64_t offset);
+/// dx = y·(dy − Σ_c dy·y) per row (the sum in double, in column order); one thread per row.
+void softmax_rows_backward(stream& s, const float* y, const float* dy, float* dx, std::size_t rows,
+                           std::size_t cols);
+/// Multi-head attention's layouts (layers::head_geometry): `[batch, tokens, parts, heads,
+/// head_dim]` and `[parts, batch, heads, tokens, head_dim]`.
+struct head_layout {
+  std::size_t batch = 1, tokens = 1, parts = 1, heads = 1, head_dim = 1;
+  constexpr std::size_t size() const { return batch * tokens * parts * heads * head_dim; }
+};
+/// `[B, T, parts, H, D]` → `[parts, B, H, T, D]` (y must not overlap x).
+void split_heads(stream& s, const head_layout& g, const float* x, float* y);
+/// `[parts, B, H, T, D]` → `[B, T, parts, H, D]` (x must not overlap y).
+void merge_heads(stream& s, const head_layout& g, const float* y, float* x);
 
 }  // namespace nerve::gpu

@@ -429,6 +429,63 @@ class cpu_ops final : public basic_op_set<S> {
         }
     }
   }
+  void gemm_batched(trans ta, trans tb, std::int64_t m, std::int64_t n, std::int64_t k, S alpha, const S* a,
+                    std::int64_t lda, std::int64_t stride_a, const S* b, std::int64_t ldb,
+                    std::int64_t stride_b, S beta, S* c, std::int64_t ldc, std::int64_t stride_c,
+                    std::int64_t batch) override {
+    for (std::int64_t i = 0; i < batch; ++i)
+      layers::gemm<S>(ta, tb, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta, c + i * stride_c,
+                      ldc);
+  }
+  // The row softmax and its derivative follow gpu/kernels/ops.hpp's formulas: the same
+  // float exponentials, the same double sums in column order.
+  void softmax_rows(const S* x, S* y, std::int64_t rows, std::int64_t cols, const causal_mask& mask) override {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const S* xr = x + r * cols;
+      S* yr = y + r * cols;
+      const std::int64_t last = mask.last_visible(r, cols);
+      if (last < 0) {
+        std::fill(yr, yr + cols, S(0));
+        continue;
+      }
+      S top = xr[0];
+      for (std::int64_t c = 1; c <= last; ++c) top = std::max(top, xr[c]);
+      double sum = 0;
+      for (std::int64_t c = 0; c <= last; ++c) sum += double(yr[c] = std::exp(xr[c] - top));
+      for (std::int64_t c = 0; c <= last; ++c) yr[c] = S(double(yr[c]) / sum);
+      std::fill(yr + last + 1, yr + cols, S(0));
+    }
+  }
+  void softmax_rows_grad(const S* y, const S* dy, S* dx, std::int64_t rows, std::int64_t cols) override {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t at = r * cols;
+      double dot = 0;
+      for (std::int64_t c = 0; c < cols; ++c) dot += double(dy[at + c]) * double(y[at + c]);
+      const S d = S(dot);
+      for (std::int64_t c = 0; c < cols; ++c) dx[at + c] = y[at + c] * (dy[at + c] - d);
+    }
+  }
+  // Each head's row of D values is contiguous on both sides: one copy per (part, b, t, h).
+  void split_heads(const head_geometry& g, const S* x, S* y) override {
+    const std::int64_t D = g.head_dim, H = g.heads, T = g.tokens, P = g.parts;
+    for (std::int64_t b = 0; b < g.batch; ++b)
+      for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t p = 0; p < P; ++p)
+          for (std::int64_t h = 0; h < H; ++h) {
+            const S* from = x + (((b * T + t) * P + p) * H + h) * D;
+            std::copy(from, from + D, y + (((p * g.batch + b) * H + h) * T + t) * D);
+          }
+  }
+  void merge_heads(const head_geometry& g, const S* y, S* x) override {
+    const std::int64_t D = g.head_dim, H = g.heads, T = g.tokens, P = g.parts;
+    for (std::int64_t b = 0; b < g.batch; ++b)
+      for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t p = 0; p < P; ++p)
+          for (std::int64_t h = 0; h < H; ++h) {
+            const S* from = y + (((p * g.batch + b) * H + h) * T + t) * D;
+            std::copy(from, from + D, x + (((b * T + t) * P + p) * H + h) * D);
+          }
+  }
 
   void gather_rows(const S* table, std::int64_t rows, std::int64_t cols, const S* ids, std::int64_t n,
                    S* y) override {

@@ -41,17 +41,25 @@ auto basic_op_loss<Scalar>::backward(const stash_type& saved, Scalar scale) cons
 template <class Scalar>
 auto basic_cross_entropy<Scalar>::compute(basic_op_set<Scalar>& set, const array& logits,
                                           const basic_op_targets<Scalar>& target) const -> run_type {
-  if (logits.dims.size() != 2)
-    throw std::invalid_argument("CrossEntropyLoss: prediction must be [K] per sample, got " + logits.shape_string());
-  const std::int64_t n = logits.rows(), k = logits.cols();
+  if (logits.dims.size() != 2 && logits.dims.size() != 3)
+    throw std::invalid_argument("CrossEntropyLoss: prediction must be [K] or [T, K] per sample, got " +
+                                logits.shape_string());
+  // Every row is scored: a sample's, or each token's of a [T, K] sample.
+  const std::int64_t k = logits.dims.back(), n = k ? logits.size() / k : 0;
+  const std::int64_t tokens = logits.dims.size() == 3 ? logits.dims[1] : 1;
   if (static_cast<std::int64_t>(target.host_labels.size()) != n)
     throw std::invalid_argument("CrossEntropyLoss: " + std::to_string(target.host_labels.size()) +
-                                " labels for a batch of " + std::to_string(n));
+                                " labels for a batch of " + std::to_string(logits.rows()) +
+                                (tokens == 1 ? std::string()
+                                             : " samples of " + std::to_string(tokens) + " tokens (one per token: " +
+                                                   std::to_string(n) + ")"));
   for (std::int64_t s = 0; s < n; ++s) {
     const std::int32_t label = target.host_labels[static_cast<std::size_t>(s)];
     if (label < 0 || label >= k)
       throw std::invalid_argument("CrossEntropyLoss: label " + std::to_string(label) + " of sample " +
-                                  std::to_string(s) + " is outside [0, " + std::to_string(k) + ")");
+                                  std::to_string(s / tokens) +
+                                  (tokens == 1 ? std::string() : ", token " + std::to_string(s % tokens)) +
+                                  " is outside [0, " + std::to_string(k) + ")");
   }
   run_type r;
   r.terms = set.alloc({n});
@@ -67,9 +75,10 @@ template <class Scalar>
 auto basic_cross_entropy<Scalar>::gradient(basic_op_set<Scalar>& set, const run_type& run,
                                            const basic_op_targets<Scalar>& target, Scalar scale) const -> array {
   const auto& probs = run.stash.at(0);
-  const std::int64_t n = probs.rows(), k = probs.cols();
+  const std::int64_t k = probs.dims.back(), n = k ? probs.size() / k : 0;
   auto g = set.alloc(probs.dims);
-  // scale/n: the micro-batch's share of the mean over the mini-batch, over its rows.
+  // scale/n: the micro-batch's share of the mean over the mini-batch, over its rows
+  // (samples, or every sample's tokens).
   set.softmax_xent_grad(probs.data, target.labels, n, k, n ? scale / Scalar(n) : Scalar(0), g.data);
   return g;
 }

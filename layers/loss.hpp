@@ -20,10 +20,13 @@ template <class Scalar>
 struct basic_targets {
   std::vector<std::int32_t> labels;
   basic_tensor<Scalar> values;
+  /// Labels per sample, one after the other: 1 (a class per sample), or T for a
+  /// sequence's tokens (`[B, T]` labels, row-major, for a `[B, T, vocab]` prediction).
+  std::int64_t labels_per_sample = 1;
 
   /// Number of samples described (labels or rows of values).
   std::int64_t size() const noexcept {
-    return labels.empty() ? values.batch() : static_cast<std::int64_t>(labels.size());
+    return labels.empty() ? values.batch() : static_cast<std::int64_t>(labels.size()) / labels_per_sample;
   }
   /// An explicit deep copy (like `basic_tensor::clone`).
   basic_targets clone() const { return slice(0, size()); }
@@ -31,7 +34,9 @@ struct basic_targets {
   /// Samples `[first, first + count)` (a micro-batch), copied.
   basic_targets slice(std::int64_t first, std::int64_t count) const {
     basic_targets t;
-    if (!labels.empty()) t.labels.assign(labels.begin() + first, labels.begin() + first + count);
+    t.labels_per_sample = labels_per_sample;
+    if (!labels.empty())
+      t.labels.assign(labels.begin() + first * labels_per_sample, labels.begin() + (first + count) * labels_per_sample);
     if (!values.empty()) t.values = values.slice(first, count);
     return t;
   }
@@ -121,7 +126,10 @@ class basic_op_loss : public basic_loss<Scalar> {
 
 /// Softmax followed by the negative log-likelihood of the labels
 /// (`nn.CrossEntropyLoss()`, mean reduction), computed stably with the
-/// log-sum-exp shift. Prediction `[K]` per sample, labels in [0, K).
+/// log-sum-exp shift. Prediction `[K]` per sample, labels in [0, K); or `[T, K]` per
+/// sample with a label per token (`targets::labels_per_sample` T), every token a row
+/// and the loss the mean over all of them, as PyTorch's
+/// `F.cross_entropy(logits.view(-1, K), y.view(-1))`; `correct` counts tokens then.
 /// The stash holds the softmax probabilities.
 template <class Scalar>
 class basic_cross_entropy final : public basic_op_loss<Scalar> {

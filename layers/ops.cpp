@@ -2,6 +2,7 @@
 // op set: cpu_ops.cpp).
 #include "layers/ops.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -25,7 +26,7 @@ std::string_view to_string(op_kind k) noexcept {
   static constexpr std::string_view names[op_kinds] = {
       "gemm", "gemm_bias", "unary",  "unary_grad", "binary", "broadcast",   "column_sums", "axpy",
       "scale", "fill",    "copy",   "copy2d",     "conv2d", "pool2d",      "dropout_mask", "norm",
-      "optimizer", "host_copy", "softmax_xent", "gather_rows", "patchify"};
+      "optimizer", "host_copy", "softmax_xent", "gather_rows", "patchify", "gemm_batched", "softmax_rows", "heads"};
   return std::size_t(k) < op_kinds ? names[std::size_t(k)] : "?";
 }
 
@@ -433,6 +434,144 @@ auto basic_ops<S>::concat_cols(std::span<const array> in, std::vector<std::int64
         }
         first += a.cols();
       }
+    });
+  }
+  return y;
+}
+
+// ---- attention's ops: batched products, the row softmax, the head permutations --------
+
+namespace {
+
+std::int64_t product(const std::vector<std::int64_t>& dims, std::size_t from, std::size_t to) {
+  std::int64_t n = 1;
+  for (std::size_t i = from; i < to; ++i) n *= dims[i];
+  return n;
+}
+
+}  // namespace
+
+template <class S>
+auto basic_ops<S>::batched_matmul(const array& a, const array& b, trans ta, trans tb, S alpha) -> array {
+  const std::size_t ra = a.dims.size(), rb = b.dims.size();
+  const bool at = ta == trans::yes, bt = tb == trans::yes;
+  detail::ops_require(ra >= 2 && ra == rb && std::equal(a.dims.begin(), a.dims.end() - 2, b.dims.begin()),
+                      "batched matmul of " + a.shape_string() + " and " + b.shape_string() +
+                          ": they need the same leading dimensions and two more");
+  const std::int64_t batch = product(a.dims, 0, ra - 2);
+  const std::int64_t ar = a.dims[ra - 2], ac = a.dims[ra - 1], br = b.dims[rb - 2], bc = b.dims[rb - 1];
+  const std::int64_t m = at ? ac : ar, k = at ? ar : ac, kb = bt ? bc : br, n = bt ? br : bc;
+  detail::ops_require(k == kb, "batched matmul of " + a.shape_string() + (at ? "ᵀ" : "") + " and " +
+                                   b.shape_string() + (bt ? "ᵀ" : "") + ": inner dimensions " + std::to_string(k) +
+                                   " and " + std::to_string(kb));
+  std::vector<std::int64_t> dims(a.dims.begin(), a.dims.end() - 2);
+  dims.push_back(m);
+  dims.push_back(n);
+  auto c = set_.alloc(std::move(dims));
+  set_.gemm_batched(ta, tb, m, n, k, alpha, a.data, ac, ar * ac, b.data, bc, br * bc, S(0), c.data, n, m * n,
+                    batch);
+  if (recording({&a, &b})) {
+    c.id = tape_->record([a, b, at, bt, m, n, k, ar, ac, br, bc, batch, alpha](basic_tape<S>& t, const array& dc) {
+      auto& set = t.set();
+      // Per matrix, as matmul's derivative: d op(A) = alpha·dC·op(B)ᵀ, d op(B) = alpha·op(A)ᵀ·dC.
+      if (a.id >= 0) {
+        auto g = set.alloc(a.dims);
+        if (!at)  // dA (m×k) = dC·op(B)ᵀ
+          set.gemm_batched(trans::no, bt ? trans::no : trans::yes, m, k, n, alpha, dc.data, n, m * n, b.data,
+                           bc, br * bc, S(0), g.data, k, ar * ac, batch);
+        else  // dA (k×m) = op(B)·dCᵀ
+          set.gemm_batched(bt ? trans::yes : trans::no, trans::yes, k, m, n, alpha, b.data, bc, br * bc,
+                           dc.data, n, m * n, S(0), g.data, m, ar * ac, batch);
+        t.accumulate(a.id, std::move(g), true);
+      }
+      if (b.id >= 0) {
+        auto g = set.alloc(b.dims);
+        if (!bt)  // dB (k×n) = op(A)ᵀ·dC
+          set.gemm_batched(at ? trans::no : trans::yes, trans::no, k, n, m, alpha, a.data, ac, ar * ac,
+                           dc.data, n, m * n, S(0), g.data, n, br * bc, batch);
+        else  // dB (n×k) = dCᵀ·op(A)
+          set.gemm_batched(trans::yes, at ? trans::yes : trans::no, n, k, m, alpha, dc.data, n, m * n, a.data,
+                           ac, ar * ac, S(0), g.data, k, br * bc, batch);
+        t.accumulate(b.id, std::move(g), true);
+      }
+    });
+  }
+  return c;
+}
+
+template <class S>
+auto basic_ops<S>::softmax(const array& x, bool causal, std::int64_t offset) -> array {
+  const std::int64_t cols = x.dims.empty() ? 1 : x.dims.back();
+  detail::ops_require(cols > 0, "softmax of " + x.shape_string() + ": no columns");
+  const std::int64_t rows = x.size() / cols;
+  const causal_mask mask{causal, x.dims.size() >= 2 ? x.dims[x.dims.size() - 2] : 1, offset};
+  auto y = set_.alloc(x.dims);
+  set_.softmax_rows(x.data, y.data, rows, cols, mask);
+  if (recording({&x})) {
+    array out = y;  // the derivative reads the output only
+    out.id = -1;
+    y.id = tape_->record([x, out, rows, cols](basic_tape<S>& t, const array& dy) {
+      auto g = t.set().alloc(x.dims);
+      t.set().softmax_rows_grad(out.data, dy.data, g.data, rows, cols);
+      t.accumulate(x.id, std::move(g), true);
+    });
+  }
+  return y;
+}
+
+template <class S>
+auto basic_ops<S>::split_heads(const array& x, std::int64_t heads, std::int64_t parts) -> array {
+  detail::ops_require(x.dims.size() == 3 && heads > 0 && parts > 0 && x.dims[2] % (heads * parts) == 0,
+                      "split of " + x.shape_string() + " into " + std::to_string(parts) + " parts of " +
+                          std::to_string(heads) + " heads (it needs [B, T, parts·heads·D])");
+  const head_geometry g{x.dims[0], x.dims[1], parts, heads, x.dims[2] / (heads * parts)};
+  auto y = set_.alloc({parts, g.batch, heads, g.tokens, g.head_dim});
+  set_.split_heads(g, x.data, y.data);
+  if (recording({&x})) {
+    y.id = tape_->record([id = x.id, dims = x.dims, g](basic_tape<S>& t, const array& dy) {
+      auto gx = t.set().alloc(dims);
+      t.set().merge_heads(g, dy.data, gx.data);
+      t.accumulate(id, std::move(gx), true);
+    });
+  }
+  return y;
+}
+
+template <class S>
+auto basic_ops<S>::merge_heads(const array& x) -> array {
+  const auto& d = x.dims;
+  detail::ops_require(d.size() == 4 || d.size() == 5,
+                      "merge of heads " + x.shape_string() + " (it needs [parts, B, H, T, D] or [B, H, T, D])");
+  const std::size_t o = d.size() - 4;  // the first of B, H, T, D
+  const head_geometry g{d[o], d[o + 2], o ? d[0] : 1, d[o + 1], d[o + 3]};
+  auto y = set_.alloc({g.batch, g.tokens, g.parts * g.heads * g.head_dim});
+  set_.merge_heads(g, x.data, y.data);
+  if (recording({&x})) {
+    y.id = tape_->record([id = x.id, dims = x.dims, g](basic_tape<S>& t, const array& dy) {
+      auto gx = t.set().alloc(dims);
+      t.set().split_heads(g, dy.data, gx.data);
+      t.accumulate(id, std::move(gx), true);
+    });
+  }
+  return y;
+}
+
+template <class S>
+auto basic_ops<S>::part(const array& x, std::int64_t i) -> array {
+  detail::ops_require(!x.dims.empty() && i >= 0 && i < x.dims[0],
+                      "part " + std::to_string(i) + " of " + x.shape_string());
+  array y = x;
+  y.dims.erase(y.dims.begin());
+  const std::int64_t stride = y.size();
+  y.data = x.data + i * stride;
+  y.id = -1;
+  if (recording({&x})) {
+    y.id = tape_->record([id = x.id, dims = x.dims, i, stride](basic_tape<S>& t, const array& dy) {
+      // The other parts' gradients come from their own views: zeros here.
+      auto gx = t.set().alloc(dims);
+      t.set().fill(gx.size(), S(0), gx.data);
+      t.set().copy(stride, dy.data, gx.data + i * stride);
+      t.accumulate(id, std::move(gx), true);
     });
   }
   return y;

@@ -37,9 +37,10 @@ namespace nerve::layers {
 /// What an op set may run (`basic_op_set::supports`).
 enum class op_kind : std::uint8_t {
   gemm, gemm_bias, unary, unary_grad, binary, broadcast, column_sums, axpy, scale, fill, copy, copy2d, conv2d,
-  pool2d, dropout_mask, norm, optimizer, host_copy, softmax_xent, gather_rows, patchify
+  pool2d, dropout_mask, norm, optimizer, host_copy, softmax_xent, gather_rows, patchify, gemm_batched, softmax_rows,
+  heads
 };
-inline constexpr std::size_t op_kinds = 21;
+inline constexpr std::size_t op_kinds = 24;
 
 // GCC 12 takes a scoped enumerator for a shadow of the layer aliases of the same name
 // (layers/activation.hpp's `relu`, …), which it cannot be.
@@ -90,6 +91,27 @@ struct bad_id {
   std::int64_t position = -1;
   double value = 0;
   explicit operator bool() const noexcept { return position >= 0; }
+/// A causal mask over `[T, T']` blocks of rows (`basic_op_set::softmax_rows`): row `i`
+/// of each block of `block_rows` rows sees the columns `c ≤ i + offset` (offset 0: a
+/// token attends to itself and those before it; a negative offset may mask whole rows).
+struct causal_mask {
+  bool on = false;
+  std::int64_t block_rows = 1, offset = 0;
+  /// The last column row `r` sees (all of them when off; below 0: none).
+  constexpr std::int64_t last_visible(std::int64_t r, std::int64_t cols) const noexcept {
+    if (!on) return cols - 1;
+    const std::int64_t last = r % block_rows + offset;
+    return last < cols - 1 ? last : cols - 1;
+  }
+};
+
+/// Multi-head attention's layout: a `[batch, tokens, parts, heads, head_dim]` tensor (a
+/// fused qkv projection's output: parts 3, q then k then v, each's heads contiguous) and
+/// its per-head form `[parts, batch, heads, tokens, head_dim]` (each part a `[B, H, T,
+/// D]` block, one after the other).
+struct head_geometry {
+  std::int64_t batch = 1, tokens = 1, parts = 1, heads = 1, head_dim = 1;
+  constexpr std::int64_t size() const noexcept { return batch * tokens * parts * heads * head_dim; }
 };
 
 /// One SGD update (`basic_sgd`, PyTorch's rule) of a parameter: `d = g + weight_decay·w`;
@@ -268,6 +290,24 @@ class basic_op_set {
   virtual void patchify(const window_geometry& g, const S* x, S* y) = 0;
   /// Its inverse, which is also its derivative: patches `y` back into images `x` (overwritten).
   virtual void unpatchify(const window_geometry& g, const S* y, S* x) = 0;
+  /// `batch` products `C_i = alpha·op(A_i)·op(B_i) + beta·C_i` with `X_i = X + i·stride_x`
+  /// (a stride of 0 shares one operand), each `gemm`'s contract; the C_i must not overlap.
+  virtual void gemm_batched(trans ta, trans tb, std::int64_t m, std::int64_t n, std::int64_t k, S alpha,
+                            const S* a, std::int64_t lda, std::int64_t stride_a, const S* b, std::int64_t ldb,
+                            std::int64_t stride_b, S beta, S* c, std::int64_t ldc, std::int64_t stride_c,
+                            std::int64_t batch) = 0;
+  /// The softmax of each of `rows` rows of `cols` values, columns past the row's
+  /// `mask.last_visible` taken as −∞: the row's visible maximum subtracted, the
+  /// exponentials summed in double in column order. A row with no visible column is zeros.
+  virtual void softmax_rows(const S* x, S* y, std::int64_t rows, std::int64_t cols, const causal_mask& mask) = 0;
+  /// Its derivative from the output `y`: `dx = y·(dy − Σ_c dy·y)` per row, the sum in
+  /// double in column order (a masked column has y = 0, so its dx is 0).
+  virtual void softmax_rows_grad(const S* y, const S* dy, S* dx, std::int64_t rows, std::int64_t cols) = 0;
+  /// `[B, T, parts, H, D]` → `[parts, B, H, T, D]` (`g`): every part's heads apart.
+  virtual void split_heads(const head_geometry& g, const S* x, S* y) = 0;
+  /// The inverse permutation, `[parts, B, H, T, D]` → `[B, T, parts, H, D]`: the heads of
+  /// each token side by side again (and `split_heads`' derivative, as it is this one's).
+  virtual void merge_heads(const head_geometry& g, const S* y, S* x) = 0;
 };
 
 /// The CPU's op set: Eigen, and the product engine of layers/gemm.hpp.
@@ -373,6 +413,23 @@ class basic_ops {
   /// Columns [first, first + count) of x's 2-D view, under `dims` (rows·count elements);
   /// the gradient goes back into those columns, zeros elsewhere.
   array slice_cols(const array& x, std::int64_t first, std::int64_t count, std::vector<std::int64_t> dims);
+
+  /// `alpha·op(a_i)·op(b_i)` for each matrix `i` of the batch: `a` and `b` are `[…, r,
+  /// c]` with the same leading dimensions (their product the batch); the result is
+  /// `[…, m, n]` (`torch.matmul` of 3-D and higher tensors).
+  array batched_matmul(const array& a, const array& b, trans ta = trans::no, trans tb = trans::no, S alpha = S(1));
+  /// The softmax over the last dimension, numerically stable; `causal`: in each `[T,
+  /// T']` block of the last two dimensions, row `i` sees the columns `≤ i + offset` (a
+  /// row that sees none is zeros, never NaN).
+  array softmax(const array& x, bool causal = false, std::int64_t offset = 0);
+  /// `x` (`[B, T, parts·heads·D]`) as `[parts, B, heads, T, D]`: a fused qkv projection's
+  /// output (parts 3) split into per-head q, k and v (`part` takes each).
+  array split_heads(const array& x, std::int64_t heads, std::int64_t parts);
+  /// `x` (`[parts, B, heads, T, D]`, or `[B, heads, T, D]` for one part) as `[B, T,
+  /// parts·heads·D]`: the heads side by side again.
+  array merge_heads(const array& x);
+  /// Entry `i` of `x`'s first dimension, `x.dims` without it: a view of the same memory.
+  array part(const array& x, std::int64_t i);
 
  private:
   array binary(binary_fn f, const array& a, const array& b);

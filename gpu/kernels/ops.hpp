@@ -11,6 +11,8 @@
 /// order everywhere: deterministic, no atomics.
 
 #include "gpu/kernels.hpp"
+#include "gpu/kernels/element.hpp"
+#include "gpu/kernels/sequence_ops.hpp"
 
 #include <cfloat>
 #include <cmath>
@@ -19,24 +21,7 @@
 #include <type_traits>
 #include <variant>
 
-#ifdef __CUDACC__
-#define NERVE_HOST_DEVICE __host__ __device__
-#else
-#define NERVE_HOST_DEVICE
-#endif
-
 namespace nerve::gpu::ops {
-
-/// Reads memory that no thread of the launch writes: on a GPU through the read-only data
-/// cache (`__ldg`, what a `const __restrict__` kernel parameter gives), on the host plainly.
-template <class T>
-NERVE_HOST_DEVICE T read_only(const T& v) {
-#ifdef __CUDA_ARCH__
-  return __ldg(&v);
-#else
-  return v;
-#endif
-}
 
 inline constexpr float inv_sqrt2 = 0.70710678118654752440f;
 inline constexpr float inv_sqrt2pi = 0.39894228040143267794f;
@@ -484,69 +469,6 @@ struct pool_backward {
   }
 };
 
-// ---- rows of a table by id, patches of images ----------------------------------------
-
-/// Whether `id` (a float holding an integer) names a row of a table of `rows`: an integer
-/// in [0, rows); NaN is not.
-NERVE_HOST_DEVICE inline bool is_row(float id, std::size_t rows) {
-  return id >= 0.0f && id < float(rows) && id == floorf(id);
-}
-/// y[i] = table[ids[i / cols]][i % cols], or 0 where that id names no row (never a read
-/// outside the table).
-struct gather_rows {
-  const float *table, *ids;
-  float* y;
-  std::size_t rows, cols;
-  NERVE_HOST_DEVICE void operator()(std::size_t i) const {
-    const std::size_t t = i / cols, c = i - t * cols;
-    const float id = read_only(ids[t]);
-    y[i] = is_row(id, rows) ? read_only(table[std::size_t(id) * cols + c]) : 0.0f;
-  }
-};
-/// The columns one thread of `scatter_add_rows` adds: a warp spans a row's neighbouring
-/// columns, and the ids are scanned once per chunk rather than once per element.
-inline constexpr std::size_t scatter_chunk = 32;
-/// Element i is (row r, chunk k) of the table: table[r][c] += dy[t][c] for every t with
-/// ids[t] = r, t in increasing order (the CPU's order: the same bits), for the chunk's
-/// columns c. A gather per row instead of a scatter with atomics: deterministic.
-struct scatter_add_rows {
-  const float *dy, *ids;
-  float* table;
-  std::size_t n, cols, chunks;  // chunks: ceil(cols / scatter_chunk)
-  NERVE_HOST_DEVICE void operator()(std::size_t i) const {
-    const std::size_t r = i / chunks, c0 = (i - r * chunks) * scatter_chunk;
-    const std::size_t c1 = c0 + scatter_chunk < cols ? c0 + scatter_chunk : cols;
-    for (std::size_t t = 0; t < n; ++t) {
-      const float id = read_only(ids[t]);
-      if (id != float(r)) continue;
-      for (std::size_t c = c0; c < c1; ++c) table[r * cols + c] += read_only(dy[t * cols + c]);
-    }
-  }
-};
-/// Image element i of `[N, C, H, W]` and its place in the patches `[N, patches, C·p·q]`
-/// (a window with stride = kernel = p × q, H and W multiples of it).
-NERVE_HOST_DEVICE inline std::size_t patch_index(const window_geometry& g, std::size_t i) {
-  const std::size_t p = std::size_t(g.kernel_h), q = std::size_t(g.kernel_w), C = std::size_t(g.channels);
-  const std::size_t H = std::size_t(g.height), W = std::size_t(g.width);
-  const std::size_t w = i % W, h = (i / W) % H, c = (i / (W * H)) % C, n = i / (W * H * C);
-  const std::size_t patches = (H / p) * (W / q), patch = (h / p) * (W / q) + w / q;
-  return (n * patches + patch) * (C * p * q) + (c * p + h % p) * q + w % q;
-}
-/// y = the patches of x (`Forward`), or x = the images of y (the inverse); element i is
-/// image element i either way.
-template <bool Forward>
-struct patch_permute {
-  const float* from;
-  float* to;
-  window_geometry g;
-  NERVE_HOST_DEVICE void operator()(std::size_t i) const {
-    if constexpr (Forward)
-      to[patch_index(g, i)] = read_only(from[i]);
-    else
-      to[i] = read_only(from[patch_index(g, i)]);
-  }
-};
-
 /// Every pointwise op: what a backend runs over elements [0, n) (`backend::launch`).
 using pointwise_op =
     std::variant<activation_forward<activation::relu>, activation_forward<activation::leaky_relu>,
@@ -557,7 +479,8 @@ using pointwise_op =
                  softmax_xent_backward, axpy, scale, fill, sgd_update, adam_update, binary<0>, binary<1>,
                  binary<2>, broadcast<0>, broadcast<1>, broadcast<2>, copy2d, dropout_mask, channel_stats,
                  normalize_apply, normalize_grad_means, normalize_grad_apply, channel_affine, channel_sums,
-                 gather_rows, scatter_add_rows, patch_permute<true>, patch_permute<false>>;
+                 gather_rows, scatter_add_rows, patch_permute<true>, patch_permute<false>, softmax_rows,
+                 softmax_rows_backward, permute_heads<true>, permute_heads<false>>;
 /// Every window op (`backend::launch`, over its `size()` elements).
 using window_op = std::variant<im2col, col2im, pool_forward<true>, pool_forward<false>, pool_backward<true>,
                                pool_backward<false>>;

@@ -31,7 +31,9 @@ device_backend::device_backend(device& dev, layers::graph& g, device_backend_opt
   m.features = g.nodes()[g.inputs()[0]].output_shape.numel();
   const auto rows = m.options.max_batch * kSlots;
   m.in = pinned_buffer(dev, rows * std::size_t(m.features) * sizeof(float));
-  m.labels = pinned_buffer(dev, rows * sizeof(std::int32_t));
+  const auto& out = g.nodes()[g.output()].output_shape;
+  m.labels_per_row = out.rank() == 2 ? out[0] : 1;
+  m.labels = pinned_buffer(dev, rows * std::size_t(m.labels_per_row) * sizeof(std::int32_t));
   m.s.synchronize();
 }
 
@@ -98,10 +100,14 @@ void device_backend::loss(actors::actor& owner, const layers::loss& criterion, l
     layers::op_targets target;
     device_buffer labels;
     if (!t.labels.empty()) {
-      if (t.labels.size() != n)
+      if (t.labels.size() != n * std::size_t(t.labels_per_sample) || t.labels_per_sample > m.labels_per_row)
         throw std::invalid_argument("device backend: " + std::to_string(t.labels.size()) + " labels for a batch of " +
-                                    std::to_string(n));
-      auto* pl = m.labels.as<std::int32_t>().data() + std::int64_t(step % kSlots * m.options.max_batch) + first;
+                                    std::to_string(n) +
+                                    (m.labels_per_row == 1 ? std::string()
+                                                           : " samples of at most " + std::to_string(m.labels_per_row) +
+                                                                 " tokens"));
+      auto* pl = m.labels.as<std::int32_t>().data() +
+                 (std::int64_t(step % kSlots * m.options.max_batch) + first) * m.labels_per_row;
       std::memcpy(pl, t.labels.data(), t.labels.size() * sizeof(std::int32_t));
       labels = device_buffer(s, std::max<std::size_t>(1, t.labels.size()) * sizeof(std::int32_t));
       copy_async(s, labels.data(), pl, t.labels.size() * sizeof(std::int32_t));

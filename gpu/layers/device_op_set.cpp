@@ -37,6 +37,10 @@ window_geometry kernel_window(const layers::window_geometry& g) {
 channel_geometry kernel_channels(const layers::norm_geometry& g) {
   return {std::size_t(g.outer), std::size_t(g.channels), std::size_t(g.inner)};
 }
+head_layout kernel_heads(const layers::head_geometry& g) {
+  return {std::size_t(g.batch), std::size_t(g.tokens), std::size_t(g.parts), std::size_t(g.heads),
+          std::size_t(g.head_dim)};
+}
 binary_op to_binary(layers::binary_fn f) {
   switch (f) {
     case layers::binary_fn::add: return binary_op::add;
@@ -263,6 +267,35 @@ void device_op_set::patchify(const layers::window_geometry& g, const float* x, f
 
 void device_op_set::unpatchify(const layers::window_geometry& g, const float* y, float* x) {
   gpu::unpatchify(s_, kernel_window(g), y, x);
+}
+
+void device_op_set::gemm_batched(layers::trans ta, layers::trans tb, std::int64_t m, std::int64_t n,
+                                 std::int64_t k, float alpha, const float* a, std::int64_t lda,
+                                 std::int64_t stride_a, const float* b, std::int64_t ldb,
+                                 std::int64_t stride_b, float beta, float* c, std::int64_t ldc,
+                                 std::int64_t stride_c, std::int64_t batch) {
+  if (batch <= 0) return;
+  gpu::gemm_strided_batched(s_, to_transpose(ta), to_transpose(tb), int(m), int(n), int(k), alpha, a, int(lda),
+                            stride_a, b, int(ldb), stride_b, beta, c, int(ldc), stride_c, int(batch));
+}
+
+void device_op_set::softmax_rows(const float* x, float* y, std::int64_t rows, std::int64_t cols,
+                                 const layers::causal_mask& mask) {
+  gpu::softmax_rows(s_, x, y, std::size_t(rows), std::size_t(cols), mask.on, std::size_t(mask.block_rows),
+                    mask.offset);
+}
+
+void device_op_set::softmax_rows_grad(const float* y, const float* dy, float* dx, std::int64_t rows,
+                                      std::int64_t cols) {
+  gpu::softmax_rows_backward(s_, y, dy, dx, std::size_t(rows), std::size_t(cols));
+}
+
+void device_op_set::split_heads(const layers::head_geometry& g, const float* x, float* y) {
+  gpu::split_heads(s_, kernel_heads(g), x, y);
+}
+
+void device_op_set::merge_heads(const layers::head_geometry& g, const float* y, float* x) {
+  gpu::merge_heads(s_, kernel_heads(g), y, x);
 }
 
 }  // namespace nerve::gpu

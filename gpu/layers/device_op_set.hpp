@@ -74,6 +74,15 @@ class device_op_set final : public layers::op_set {
   layers::bad_id find_bad_id(const float* ids, std::int64_t n, std::int64_t rows) override;
   void patchify(const layers::window_geometry& g, const float* x, float* y) override;
   void unpatchify(const layers::window_geometry& g, const float* y, float* x) override;
+  void gemm_batched(layers::trans ta, layers::trans tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                    float alpha, const float* a, std::int64_t lda, std::int64_t stride_a, const float* b,
+                    std::int64_t ldb, std::int64_t stride_b, float beta, float* c, std::int64_t ldc,
+                    std::int64_t stride_c, std::int64_t batch) override;
+  void softmax_rows(const float* x, float* y, std::int64_t rows, std::int64_t cols,
+                    const layers::causal_mask& mask) override;
+  void softmax_rows_grad(const float* y, const float* dy, float* dx, std::int64_t rows, std::int64_t cols) override;
+  void split_heads(const layers::head_geometry& g, const float* x, float* y) override;
+  void merge_heads(const layers::head_geometry& g, const float* y, float* x) override;
 
   /// `t` as an array that keeps it alive.
   static layers::array array_of(std::shared_ptr<device_tensor> t);

@@ -11,6 +11,8 @@
 //   the terms' magnitudes.
 // - bias add, relu, scale, fill, im2col/col2im, pooling: bitwise, the same float
 //   operations in the same order on both sides.
+// - the row softmax: 16·u·|ref| (expf's error on each side, through the sum and the
+//   quotient); its backward from the same output, and the head permutations: bitwise.
 #include "gpu/blas.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/kernels/ops.hpp"
@@ -325,6 +327,49 @@ TEST_SUITE("gpu.device.ops") {
       gpu::cpu::each(in, gpu::ops::pool_backward<false>{dyv.data(), nullptr, g, rback.data()});
       check_equal("avg pool backward", fx.down<float>(back.data(), in), rback);
     }
+  }
+
+  TEST_CASE("the row softmax, causal or not, and its backward against the CPU twin; the head permutations bitwise") {
+    cuda_fixture fx;
+    // Rows of [B·H, T, T] scores (long rows: one thread per row walks them in order).
+    const std::size_t t = 97, rows = 6 * t, cols = t;
+    auto x = fx.normal(rows * cols, 20.0f), dyv = fx.normal(rows * cols);
+    auto dx_ = fx.up(x), ddy = fx.up(dyv);
+    gpu::device_buffer y(fx.s, rows * cols * 4), dx(fx.s, rows * cols * 4);
+    struct mask {
+      bool causal;
+      std::int64_t offset;
+    };
+    for (const mask m : {mask{false, 0}, mask{true, 0}, mask{true, -1}, mask{true, 5}}) {
+      CAPTURE(m.causal);
+      CAPTURE(m.offset);
+      gpu::softmax_rows(fx.s, f(dx_), f(y), rows, cols, m.causal, t, m.offset);
+      auto gy = fx.down<float>(y.data(), rows * cols);
+      std::vector<float> ry(rows * cols), rdx(rows * cols);
+      gpu::cpu::each(rows, gpu::ops::softmax_rows{x.data(), ry.data(), cols, m.causal, t, m.offset});
+      // expf is within 2 ulp on the GPU and 1 on the host, so an exponential within 6·u
+      // of the other side's, their double sum as close, and the quotient one rounding
+      // more: 13·u, bounded by 16·u.
+      std::vector<double> tol(ry.size());
+      for (std::size_t i = 0; i < tol.size(); ++i) tol[i] = 16 * unit_roundoff * std::abs(ry[i]);
+      check_within("softmax", gy, ry, tol);
+      for (std::size_t i = 0; i < gy.size(); ++i) CHECK(std::isfinite(gy[i]));
+      // Backward from the GPU's own output: the same float and double operations.
+      gpu::softmax_rows_backward(fx.s, f(y), f(ddy), f(dx), rows, cols);
+      gpu::cpu::each(rows, gpu::ops::softmax_rows_backward{gy.data(), dyv.data(), rdx.data(), cols});
+      check_equal("softmax backward", fx.down<float>(dx.data(), rows * cols), rdx);
+    }
+
+    const gpu::head_layout g{3, 17, 3, 4, 8};
+    auto h = fx.normal(g.size());
+    auto dh = fx.up(h);
+    gpu::device_buffer split(fx.s, g.size() * 4), merged(fx.s, g.size() * 4);
+    gpu::split_heads(fx.s, g, f(dh), f(split));
+    gpu::merge_heads(fx.s, g, f(split), f(merged));
+    std::vector<float> rsplit(g.size());
+    gpu::cpu::each(g.size(), gpu::ops::permute_heads<true>{h.data(), rsplit.data(), g});
+    check_equal("split heads", fx.down<float>(split.data(), g.size()), rsplit);
+    check_equal("merge heads", fx.down<float>(merged.data(), g.size()), h);
   }
 
   TEST_CASE("bad arguments are errors at the call, not faults on the device") {

@@ -23,6 +23,7 @@
 #include "gpu/status.hpp"
 #include "gpu/testing.hpp"
 #include "layers/activation.hpp"
+#include "layers/attention.hpp"
 #include "layers/class_token.hpp"
 #include "layers/conv2d.hpp"
 #include "layers/embedding.hpp"
@@ -347,6 +348,16 @@ TEST_SUITE("gpu.layers") {
       compare_layer(fx, [] { return std::make_unique<layers::layer_norm>(layers::shape{8}); }, one(3, {5, 8}),
                     -1, -1, -1);
     }
+    // Attention: products, a softmax and products again; each result within 64 float
+    // roundings of the tensor's largest magnitude, as a normalisation's.
+    SUBCASE("MultiheadAttention over [T, C] samples") {
+      compare_layer(fx, [] { return std::make_unique<layers::multihead_attention>(12, 3); }, one(3, {5, 12}), -1, -1,
+                    -1);
+    }
+    SUBCASE("causal MultiheadAttention") {
+      compare_layer(fx, [] { return std::make_unique<layers::multihead_attention>(8, 2, true); }, one(2, {6, 8}), -1,
+                    -1, -1);
+    }
     SUBCASE("LayerNorm without a bias") {
       compare_layer(fx, [] { return std::make_unique<layers::layer_norm>(layers::shape{17}, 1e-5, true, false); },
                     one(3, {17}), -1, -1, -1);
@@ -619,6 +630,49 @@ TEST_SUITE("gpu.layers") {
       auto want = exec.train_step(std::move(x), y, *criterion, *opt, 2, std::uint64_t(step));
       CHECK(got.samples == 20);
       CHECK(got.correct == 0);
+      CHECK(got.loss == doctest::Approx(want.loss).epsilon(1e-5));
+    }
+    rt.synchronize();
+    be->download();
+    auto want = cpu_graph.parameters();
+    auto got = dev_graph.parameters();
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      double scale = 0;
+      for (std::int64_t j = 0; j < want[i].value->size(); ++j)
+        scale = std::max(scale, double(std::abs(want[i].value->data()[j])));
+      check_within(want[i].name, values(*got[i].value), values(*want[i].value),
+                   std::vector<double>(std::size_t(want[i].value->size()), 1e-4 * scale));
+    }
+  }
+
+  TEST_CASE("causal attention and cross-entropy over every token train on the device to the CPU's weights") {
+    // A GPT's shape in small: [T, C] tokens through causal attention and a per-token head,
+    // a label per token ([B, T] labels), two micro-batches of sequences.
+    auto build = [] {
+      layers::graph_builder b;
+      b.input("tokens", {6, 8});
+      b.add("attn", std::make_unique<layers::multihead_attention>(8, 2, true), {"tokens"});
+      b.add("head", std::make_unique<layers::linear>(8, 5), {"attn"});
+      return b.build(4);
+    };
+    auto cpu_graph = build(), dev_graph = build();
+    actors::runtime rt({.loops = 1});
+    gpu::device dev(gpu::test::layers_suite_options());
+    auto be = std::make_shared<gpu::device_backend>(dev, dev_graph, device_net::backend_options({"sgd", 0.05, 0.9}, 64));
+    auto criterion = std::make_shared<layers::cross_entropy>();
+    layers::network net(rt, dev_graph, criterion, {}, {.backend = be});
+    auto opt = layers::make_optimizer<float>("sgd", 0.05, 0.9);
+    layers::direct_executor exec(cpu_graph);
+    layer_fixture fx;
+    for (int step = 0; step < 3; ++step) {
+      auto x = fx.random(10, {6, 8});
+      layers::targets y;
+      y.labels_per_sample = 6;
+      std::uniform_int_distribution<int> label(0, 4);
+      for (int i = 0; i < 60; ++i) y.labels.push_back(label(fx.rng));
+      auto got = net.train_step(x.clone(), y.clone(), 2, std::uint64_t(step)).get();
+      auto want = exec.train_step(std::move(x), y, *criterion, *opt, 2, std::uint64_t(step));
+      CHECK(got.samples == 10);
       CHECK(got.loss == doctest::Approx(want.loss).epsilon(1e-5));
     }
     rt.synchronize();

@@ -3,7 +3,9 @@
 #include "gpu/blas.hpp"
 #include "gpu/device.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/layers/device_op_set.hpp"
 #include "gpu/memory.hpp"
+#include "layers/ops.hpp"
 
 #include <doctest/doctest.h>
 
@@ -170,5 +172,69 @@ TEST_SUITE("gpu.standin") {
     b = f.download(back.data(), x.size());
     // Windows hanging over the padding lose the padding's share.
     CHECK(std::accumulate(b.begin(), b.end(), 0.0) <= double(outs) + 1e-3);
+  }
+
+  TEST_CASE("attention's ops on the stand-in: the CPU op set's softmax and permutation bits, its products' values") {
+    fixture f;
+    gpu::device_op_set dev(f.s, "standin");
+    auto& cpu = layers::cpu_op_set<float>();
+    std::mt19937 rng(36);
+    std::normal_distribution<float> d(0.0f, 10.0f);
+    auto random = [&](std::vector<std::int64_t> dims) {
+      auto on_cpu = cpu.alloc(dims);
+      for (std::int64_t i = 0; i < on_cpu.size(); ++i) on_cpu.data[i] = d(rng);
+      auto on_dev = dev.alloc(std::move(dims));
+      dev.write(on_cpu.data, on_dev.data, on_cpu.size());
+      return std::pair{on_cpu, on_dev};
+    };
+    auto same_bits = [&](const layers::array& on_cpu, const layers::array& on_dev) {
+      std::vector<float> got(std::size_t(on_dev.size()));
+      dev.read(on_dev.data, got.data(), on_dev.size());
+      return std::memcmp(got.data(), on_cpu.data, got.size() * sizeof(float)) == 0;
+    };
+
+    const std::int64_t t = 7, rows = 3 * t;  // three [7, 7] blocks of scores
+    auto [x, dx_] = random({3, t, t});
+    auto [dy, ddy] = random({3, t, t});
+    for (const layers::causal_mask m : {layers::causal_mask{}, layers::causal_mask{true, t, 0},
+                                        layers::causal_mask{true, t, -1}, layers::causal_mask{true, t, 3}}) {
+      CAPTURE(m.on);
+      CAPTURE(m.offset);
+      auto y = cpu.alloc(x.dims), gy = dev.alloc(x.dims), g = cpu.alloc(x.dims), gg = dev.alloc(x.dims);
+      cpu.softmax_rows(x.data, y.data, rows, t, m);
+      dev.softmax_rows(dx_.data, gy.data, rows, t, m);
+      CHECK(same_bits(y, gy));
+      cpu.softmax_rows_grad(y.data, dy.data, g.data, rows, t);
+      dev.softmax_rows_grad(gy.data, ddy.data, gg.data, rows, t);
+      CHECK(same_bits(g, gg));
+    }
+
+    const layers::head_geometry g{2, 5, 3, 2, 4};
+    auto [h, dh] = random({2, 5, 24});
+    auto split = cpu.alloc({3, 2, 2, 5, 4}), dsplit = dev.alloc({3, 2, 2, 5, 4});
+    cpu.split_heads(g, h.data, split.data);
+    dev.split_heads(g, dh.data, dsplit.data);
+    CHECK(same_bits(split, dsplit));
+    auto merged = cpu.alloc(h.dims), dmerged = dev.alloc(h.dims);
+    cpu.merge_heads(g, split.data, merged.data);
+    dev.merge_heads(g, dsplit.data, dmerged.data);
+    CHECK(same_bits(merged, dmerged));
+    CHECK(same_bits(h, dmerged));
+
+    // q·kᵀ over 4 heads, k shared by every head in the second product (stride 0).
+    auto [q, dq] = random({4, 5, 3});
+    auto [k, dk] = random({4, 6, 3});
+    for (std::int64_t stride_b : {18, 0}) {
+      CAPTURE(stride_b);
+      auto c = cpu.alloc({4, 5, 6}), dc = dev.alloc({4, 5, 6});
+      cpu.gemm_batched(layers::trans::no, layers::trans::yes, 5, 6, 3, 0.5f, q.data, 3, 15, k.data, 3,
+                       stride_b, 0.0f, c.data, 6, 30, 4);
+      dev.gemm_batched(layers::trans::no, layers::trans::yes, 5, 6, 3, 0.5f, dq.data, 3, 15, dk.data, 3,
+                       stride_b, 0.0f, dc.data, 6, 30, 4);
+      std::vector<float> got(std::size_t(dc.size()));
+      dev.read(dc.data, got.data(), dc.size());
+      for (std::int64_t i = 0; i < c.size(); ++i)
+        CHECK(got[std::size_t(i)] == doctest::Approx(c.data[i]).epsilon(1e-5));
+    }
   }
 }

@@ -317,5 +317,174 @@ TEST_CASE("BatchNorm refuses a training batch with one value per channel, naming
                        std::invalid_argument);
 }
 
+// ---- attention's ops against plain loops ----------------------------------------------
+
+/// The row softmax as written in the docs, in long double: the reference.
+std::vector<double> plain_softmax(const arr& x, std::int64_t rows, std::int64_t cols, const causal_mask& mask) {
+  std::vector<double> y(std::size_t(rows * cols), 0.0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t last = mask.on ? std::min(cols - 1, r % mask.block_rows + mask.offset) : cols - 1;
+    if (last < 0) continue;
+    long double top = x.data[r * cols], sum = 0;
+    for (std::int64_t c = 0; c <= last; ++c) top = std::max<long double>(top, x.data[r * cols + c]);
+    for (std::int64_t c = 0; c <= last; ++c) sum += std::exp(x.data[r * cols + c] - top);
+    for (std::int64_t c = 0; c <= last; ++c)
+      y[std::size_t(r * cols + c)] = double(std::exp(x.data[r * cols + c] - top) / sum);
+  }
+  return y;
+}
+
+TEST_CASE("the strided batched product is each entry's product, with every transposition and a shared operand") {
+  auto& set = cpu_op_set<double>();
+  std::mt19937_64 rng(41);
+  const std::int64_t batch = 3, m = 4, n = 5, k = 3;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (std::int64_t share_b : {0, 1}) {
+        CAPTURE(ta);
+        CAPTURE(tb);
+        CAPTURE(share_b);
+        // Leading dimensions one wider than the matrices, so a stride is not a shape.
+        const std::int64_t lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 1, ldc = n + 1;
+        const std::int64_t sa = (ta ? k : m) * lda, sb = share_b ? 0 : (tb ? n : k) * ldb, sc = m * ldc;
+        auto a = random_array(set, {batch * sa}, rng), b = random_array(set, {batch * (tb ? n : k) * ldb}, rng);
+        auto c = random_array(set, {batch * sc}, rng);
+        std::vector<double> want(c.data, c.data + c.size());
+        for (std::int64_t i = 0; i < batch; ++i)
+          for (std::int64_t r = 0; r < m; ++r)
+            for (std::int64_t col = 0; col < n; ++col) {
+              double acc = 0;
+              for (std::int64_t p = 0; p < k; ++p)
+                acc += (ta ? a.data[i * sa + p * lda + r] : a.data[i * sa + r * lda + p]) *
+                       (tb ? b.data[i * sb + col * ldb + p] : b.data[i * sb + p * ldb + col]);
+              auto& w = want[std::size_t(i * sc + r * ldc + col)];
+              w = 0.5 * acc - 2 * w;
+            }
+        set.gemm_batched(ta ? trans::yes : trans::no, tb ? trans::yes : trans::no, m, n, k, 0.5, a.data, lda,
+                         sa, b.data, ldb, sb, -2, c.data, ldc, sc, batch);
+        for (std::int64_t i = 0; i < c.size(); ++i)
+          CHECK(c.data[i] == doctest::Approx(want[std::size_t(i)]).epsilon(1e-13));
+      }
+}
+
+TEST_CASE("the row softmax is the plain formula's, with and without a causal mask, and its rows add to one") {
+  auto& set = cpu_op_set<double>();
+  std::mt19937_64 rng(43);
+  const std::int64_t blocks = 2, t = 5, cols = 7;  // [2, 5, 7]: offset 2 makes T' = T + 2 meaningful
+  auto x = random_array(set, {blocks, t, cols}, rng);
+  for (std::int64_t i = 0; i < x.size(); ++i) x.data[i] *= 30;  // exp would overflow without the shift
+  for (const causal_mask mask : {causal_mask{}, causal_mask{true, t, 0}, causal_mask{true, t, 2}}) {
+    CAPTURE(mask.on);
+    CAPTURE(mask.offset);
+    auto y = set.alloc(x.dims);
+    set.softmax_rows(x.data, y.data, blocks * t, cols, mask);
+    const auto want = plain_softmax(x, blocks * t, cols, mask);
+    for (std::int64_t r = 0; r < blocks * t; ++r) {
+      double sum = 0;
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const double v = y.data[r * cols + c];
+        CHECK(v == doctest::Approx(want[std::size_t(r * cols + c)]).epsilon(1e-13));
+        if (mask.on && c > r % t + mask.offset) CHECK(v == 0.0);
+        sum += v;
+      }
+      CHECK(sum == doctest::Approx(1.0).epsilon(1e-13));
+    }
+  }
+}
+
+TEST_CASE("a softmax row with every column masked is zeros and its gradient zeros, never NaN, at any length") {
+  for (std::int64_t cols = 1; cols <= 40; ++cols) {
+    CAPTURE(cols);
+    // Offset −1: row 0 of each block sees nothing, row i sees columns < i.
+    const std::int64_t rows = cols;
+    const causal_mask mask{true, rows, -1};
+    std::vector<float> x(std::size_t(rows * cols)), y(x.size()), dy(x.size()), dx(x.size());
+    std::mt19937_64 rng{std::uint64_t(cols)};
+    std::normal_distribution<float> d(0.0f, 50.0f);
+    for (auto& v : x) v = d(rng);
+    for (auto& v : dy) v = d(rng);
+    auto& set = cpu_op_set<float>();
+    set.softmax_rows(x.data(), y.data(), rows, cols, mask);
+    set.softmax_rows_grad(y.data(), dy.data(), dx.data(), rows, cols);
+    for (std::int64_t c = 0; c < cols; ++c) {
+      CHECK(y[std::size_t(c)] == 0.0f);
+      CHECK(dx[std::size_t(c)] == 0.0f);
+    }
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      CHECK(std::isfinite(y[i]));
+      CHECK(std::isfinite(dx[i]));
+    }
+  }
+}
+
+TEST_CASE("split_heads and merge_heads move every element where the layout says, and undo each other") {
+  auto& set = cpu_op_set<double>();
+  const head_geometry g{2, 3, 3, 2, 4};  // [B, T, parts, H, D]
+  auto x = set.alloc({g.batch, g.tokens, g.parts * g.heads * g.head_dim});
+  for (std::int64_t i = 0; i < x.size(); ++i) x.data[i] = double(i);
+  auto y = set.alloc({g.parts, g.batch, g.heads, g.tokens, g.head_dim}), back = set.alloc(x.dims);
+  set.split_heads(g, x.data, y.data);
+  for (std::int64_t p = 0; p < g.parts; ++p)
+    for (std::int64_t b = 0; b < g.batch; ++b)
+      for (std::int64_t h = 0; h < g.heads; ++h)
+        for (std::int64_t t = 0; t < g.tokens; ++t)
+          for (std::int64_t d = 0; d < g.head_dim; ++d) {
+            const auto to = (((p * g.batch + b) * g.heads + h) * g.tokens + t) * g.head_dim + d;
+            const auto from = (((b * g.tokens + t) * g.parts + p) * g.heads + h) * g.head_dim + d;
+            CHECK(y.data[to] == x.data[from]);
+          }
+  set.merge_heads(g, y.data, back.data);
+  for (std::int64_t i = 0; i < x.size(); ++i) CHECK(back.data[i] == x.data[i]);
+}
+
+TEST_CASE("attention's ops on the tape match central differences") {
+  SUBCASE("batched products with every transposition and a scale") {
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        CAPTURE(ta);
+        CAPTURE(tb);
+        const std::vector<std::int64_t> a = ta ? std::vector<std::int64_t>{2, 3, 4, 3}
+                                               : std::vector<std::int64_t>{2, 3, 3, 4};
+        const std::vector<std::int64_t> b = tb ? std::vector<std::int64_t>{2, 3, 5, 4}
+                                               : std::vector<std::int64_t>{2, 3, 4, 5};
+        CHECK(check_tape({a, b}, [&](auto& o, auto& l) {
+                return o.batched_matmul(l[0], l[1], ta ? trans::yes : trans::no, tb ? trans::yes : trans::no, 0.7);
+              }) == 72 + 120);
+      }
+  }
+  SUBCASE("the softmax, causal or not") {
+    CHECK(check_tape({{2, 4, 4}}, [](auto& o, auto& l) { return o.softmax(l[0]); }) == 32);
+    CHECK(check_tape({{2, 4, 4}}, [](auto& o, auto& l) { return o.softmax(l[0], true); }) == 32);
+    CHECK(check_tape({{3, 6}}, [](auto& o, auto& l) { return o.softmax(l[0], true, 2); }) == 18);
+  }
+  SUBCASE("the head permutations and the parts of an array") {
+    CHECK(check_tape({{2, 3, 12}}, [](auto& o, auto& l) { return o.split_heads(l[0], 2, 3); }) == 72);
+    CHECK(check_tape({{3, 2, 2, 3, 2}}, [](auto& o, auto& l) { return o.merge_heads(l[0]); }) == 72);
+    CHECK(check_tape({{2, 2, 3, 2}}, [](auto& o, auto& l) { return o.merge_heads(l[0]); }) == 24);
+    // q·kᵀ of two parts of one array: both parts' gradients land in it.
+    CHECK(check_tape({{3, 2, 4, 3}}, [](auto& o, auto& l) {
+            return o.batched_matmul(o.part(l[0], 0), o.part(l[0], 2), trans::no, trans::yes);
+          }) == 72);
+  }
+}
+
+TEST_CASE("attention's ops refuse shapes that do not fit, naming them") {
+  auto& set = cpu_op_set<float>();
+  basic_ops<float> o(set);
+  auto a = o.zeros({2, 3, 4}), b = o.zeros({3, 4, 5}), c = o.zeros({2, 5, 6});
+  CHECK_THROWS_WITH_AS(o.batched_matmul(a, b),
+                       "ops: batched matmul of [2, 3, 4] and [3, 4, 5]: they need the same leading dimensions and "
+                       "two more",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(o.batched_matmul(a, c), "ops: batched matmul of [2, 3, 4] and [2, 5, 6]: inner dimensions 4 and 5",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(o.split_heads(o.zeros({2, 3, 10}), 4, 3),
+                       "ops: split of [2, 3, 10] into 3 parts of 4 heads (it needs [B, T, parts·heads·D])",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(o.merge_heads(a), "ops: merge of heads [2, 3, 4] (it needs [parts, B, H, T, D] or [B, H, T, D])",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(o.part(a, 2), "ops: part 2 of [2, 3, 4]", std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace nerve::layers

@@ -131,6 +131,9 @@ struct device_backend::impl {
   std::vector<std::unique_ptr<detail::node_entry>> nodes;
   std::int64_t features = 0;
   pinned_buffer in, labels;  // kSlots · max_batch rows of inputs and of labels
+  // Labels a row of `labels` holds: the tokens of a graph output of [T, K] samples (a
+  // label per token), else 1.
+  std::int64_t labels_per_row = 1;
   // Staging of downloads (hooks, predicted outputs, values handed to the host) and uploads
   // (values adopted from the host); shared with the completions that give blocks back.
   std::shared_ptr<pinned_pool> pool;
