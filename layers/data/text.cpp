@@ -36,7 +36,9 @@ void collect_text_files(const fs::path& folder, const std::string& prefix, std::
     // symlink_status: a link is skipped whatever it points at, and never followed into.
     std::error_code stat_ec;
     const fs::file_status st = entry.symlink_status(stat_ec);
-    if (stat_ec) throw format_error(entry.path().string(), format_error::no_offset, "cannot stat: " + stat_ec.message());
+    if (stat_ec) {
+      throw format_error(entry.path().string(), format_error::no_offset, "cannot stat: " + stat_ec.message());
+    }
     if (fs::is_directory(st)) {
       collect_text_files(entry.path(), relative, out);
     } else if (fs::is_regular_file(st) && !is_strfile_index(name)) {
@@ -79,7 +81,9 @@ std::vector<text_file> list_text_files(const fs::path& dir) {
   for (text_file& f : files) {
     std::error_code size_ec;
     const auto size = fs::file_size(dir / f.path, size_ec);
-    if (size_ec) throw format_error((dir / f.path).string(), format_error::no_offset, "cannot stat: " + size_ec.message());
+    if (size_ec) {
+      throw format_error((dir / f.path).string(), format_error::no_offset, "cannot stat: " + size_ec.message());
+    }
     f.offset = offset;
     f.size = static_cast<std::size_t>(size);
     offset += f.size;
@@ -119,7 +123,8 @@ text_corpus load_text_corpus(const fs::path& dir) {
   }
   if (text.empty()) {
     throw format_error(dir.string(), format_error::no_offset,
-                       "its " + std::to_string(files.size()) + " plain-text files are all empty" + fortunes_package_hint);
+                       "its " + std::to_string(files.size()) + " plain-text files are all empty" +
+                           fortunes_package_hint);
   }
   text_corpus corpus = make_text_corpus(std::move(text), dir.string());
   corpus.files = std::move(files);
@@ -168,9 +173,10 @@ std::size_t checked_window_count(const text_corpus& corpus, text_part part, cons
   const std::size_t bytes = text_part_bytes(corpus, part).size();
   const std::size_t n = window_count(bytes, options.context);
   if (n == 0) {
-    throw std::invalid_argument(corpus.source + ": the " + text_part_name(part) + " part holds " + std::to_string(bytes) +
-                                " bytes, too few for one window of context " + std::to_string(options.context) +
-                                " (" + std::to_string(options.context + 1) + " bytes: the window and its last target)");
+    throw std::invalid_argument(corpus.source + ": the " + text_part_name(part) + " part holds " +
+                                std::to_string(bytes) + " bytes, too few for one window of context " +
+                                std::to_string(options.context) + " (" + std::to_string(options.context + 1) +
+                                " bytes: the window and its last target)");
   }
   return n;
 }

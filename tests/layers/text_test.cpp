@@ -205,7 +205,8 @@ TEST_SUITE("layers.data.text") {
         }
       }
     }
-    text_windows dropped(corpus, text_part::train, {.context = 4, .batch_size = 5, .shuffle = false, .drop_last = true});
+    text_windows dropped(corpus, text_part::train,
+                         {.context = 4, .batch_size = 5, .shuffle = false, .drop_last = true});
     CHECK(dropped.batches_per_epoch() == 4);
   }
 
@@ -292,7 +293,8 @@ TEST_SUITE("layers.data.text") {
                    "batch_size must be at least 1"));
     CHECK(contains(text_error_of([&] { (void)text_windows(corpus, text_part::validation, {.shuffle = true}); }),
                    "validation part is read in order (shuffle must be off)"));
-    CHECK(text_error_of([&] { (void)text_windows(corpus, text_part::validation, {.context = 10, .shuffle = false}); }) ==
+    const window_options too_long{.context = 10, .shuffle = false};
+    CHECK(text_error_of([&] { (void)text_windows(corpus, text_part::validation, too_long); }) ==
           "text: the validation part holds 10 bytes, too few for one window of context 10 "
           "(11 bytes: the window and its last target)");
     text_windows windows(corpus, text_part::train, {.context = 4, .batch_size = 5, .shuffle = false});
