@@ -91,6 +91,8 @@ struct bad_id {
   std::int64_t position = -1;
   double value = 0;
   explicit operator bool() const noexcept { return position >= 0; }
+};
+
 /// A causal mask over `[T, T']` blocks of rows (`basic_op_set::softmax_rows`): row `i`
 /// of each block of `block_rows` rows sees the columns `c ≤ i + offset` (offset 0: a
 /// token attends to itself and those before it; a negative offset may mask whole rows).
