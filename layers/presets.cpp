@@ -8,6 +8,11 @@
 #include <tuple>
 
 #include "layers/activation.hpp"
+#include "layers/attention.hpp"
+#include "layers/class_token.hpp"
+#include "layers/embedding.hpp"
+#include "layers/norm.hpp"
+#include "layers/patch_embedding.hpp"
 #include "layers/conv2d.hpp"
 #include "layers/flatten.hpp"
 #include "layers/join.hpp"
@@ -79,8 +84,39 @@ basic_graph_builder<Scalar> preset_builder(std::string_view name, const preset_s
       block_in = rb;
     }
     b.add("fc6", lin(256, classes), {block_in});
+  } else if (name == "vit") {
+    // A vision transformer (Dosovitskiy et al.): 7×7 patches (16 tokens) and a class
+    // token, width 64, 4 pre-LayerNorm blocks of 4-head attention and a GELU MLP ×2, the
+    // class token's final LayerNorm into the head. Node names are the PyTorch module
+    // paths of docs/layers.md's ViT, so its checkpoint loads there.
+    constexpr std::int64_t patch = 7, width = 64, blocks = 4, heads = 4, mlp = 2 * width;
+    const shape img = data.input ? *data.input : shape{1, 28, 28};
+    if (img.rank() != 3 || img[1] % patch != 0 || img[2] % patch != 0)
+      throw std::invalid_argument("model 'vit' takes images [C, H, W] whose sides are multiples of 7 but the data's "
+                                  "are " + img.to_string());
+    const std::int64_t tokens = (img[1] / patch) * (img[2] / patch) + 1;
+    b.input("input", img);
+    b.add("patch", basic_patch_embedding<Scalar>(patch, width, img[0]), {"input"});
+    b.add("cls", basic_class_token<Scalar>(width), {"patch"});
+    b.add("pos", basic_positional_embedding<Scalar>(tokens, width), {"cls"});
+    std::string x = "pos";
+    for (std::int64_t i = 0; i < blocks; ++i) {
+      const std::string p = "blocks." + std::to_string(i) + ".";
+      b.add(p + "ln1", basic_layer_norm<Scalar>(shape{width}), {x});
+      b.add(p + "attn", basic_multihead_attention<Scalar>(width, heads, false), {p + "ln1"});
+      b.add(p + "add1", basic_add<Scalar>(), {x, p + "attn"});
+      b.add(p + "ln2", basic_layer_norm<Scalar>(shape{width}), {p + "add1"});
+      b.add(p + "mlp.fc", lin(width, mlp), {p + "ln2"});
+      b.add(p + "mlp.act", basic_gelu<Scalar>(), {p + "mlp.fc"});
+      b.add(p + "mlp.proj", lin(mlp, width), {p + "mlp.act"});
+      b.add(p + "add2", basic_add<Scalar>(), {p + "add1", p + "mlp.proj"});
+      x = p + "add2";
+    }
+    b.add("ln_f", basic_layer_norm<Scalar>(shape{width}), {x});
+    b.add("select", basic_select_token<Scalar>(0), {"ln_f"});
+    b.add("head", lin(width, classes), {"select"});
   } else {
-    throw std::invalid_argument("unknown model '" + std::string(name) + "' (mlp, deep-mlp, lenet, resmlp)");
+    throw std::invalid_argument("unknown model '" + std::string(name) + "' (mlp, deep-mlp, lenet, resmlp, vit)");
   }
   return b;
 }
@@ -116,12 +152,18 @@ train_options preset_defaults(std::string_view model, std::string_view optimizer
   // Momentum 0.9 for all: plain SGD at lr 0.1 keeps mlp under the 85% target after 10
   // epochs (docs/layers.md has the measured runs).
   static constexpr std::tuple<std::string_view, std::size_t, double> presets[] = {
-      {"mlp", 256, 0.1}, {"deep-mlp", 256, 0.05}, {"lenet", 64, 0.05}, {"resmlp", 128, 0.05}};
+      {"mlp", 256, 0.1}, {"deep-mlp", 256, 0.05}, {"lenet", 64, 0.05}, {"resmlp", 128, 0.05}, {"vit", 128, 0.05}};
   for (const auto& [name, batch, lr] : presets) {
     if (name != model) continue;
     train_options o;
     o.model = std::string(model);
     o.batch = batch, o.lr = lr, o.momentum = 0.9, o.epochs = 10;
+    // A transformer trains with AdamW (the starting point: lr 1e-3, weight decay 0.05).
+    if (model == "vit" && optimizer_name.empty()) {
+      o.optimizer = "adamw";
+      o.lr = 1e-3, o.momentum = 0, o.weight_decay = 0.05;
+      return o;
+    }
     if (optimizer_name == "adam" || optimizer_name == "adamw") {
       o.optimizer = std::string(optimizer_name);
       o.lr = 1e-3, o.momentum = 0;

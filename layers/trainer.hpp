@@ -161,9 +161,10 @@ inline constexpr std::size_t evaluation_rows = 1000;
 /// Defaults that reach the accuracy targets for a preset (batch, lr, momentum, epochs),
 /// applied before the user's explicit choices. With `optimizer_name` adam or adamw, PyTorch's
 /// defaults for it instead of SGD's rate: lr 0.001, no momentum, and for adamw weight decay
-/// 0.01 (at SGD's rate Adam's weights diverge within a few steps). Another name: the SGD
-/// defaults (`check_options` names it).
-train_options preset_defaults(std::string_view model, std::string_view optimizer_name = "sgd");
+/// 0.01 (at SGD's rate Adam's weights diverge within a few steps). Empty: the preset's own
+/// choice (AdamW with weight decay 0.05 for `vit`, SGD for the others). Another name: the
+/// SGD defaults (`check_options` names it).
+train_options preset_defaults(std::string_view model, std::string_view optimizer_name = "");
 
 /// One epoch's figures.
 struct epoch_stats {

@@ -137,7 +137,7 @@ model_summary summary_of(const train_options& o, std::uint32_t replicas, const s
 int main(int argc, char** argv) {
   CLI::App app{"nerve-train: train a network on Fashion-MNIST, each layer an actor on an event loop"};
   std::string model = "mlp";
-  app.add_option("--model", model, "Preset: mlp, deep-mlp, lenet, resmlp");
+  app.add_option("--model", model, "Preset: mlp, deep-mlp, lenet, resmlp, vit");
   // Parse the model first so its defaults can be shown and then overridden.
   train_options o;
   int epochs = -1;
@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
       o.trace_exact = trace_exact;
       o.stop = &stop_requested;
     } else {
-      o = preset_defaults(model, optimizer.empty() ? "sgd" : optimizer);
+      o = preset_defaults(model, optimizer);
       // What the user gave replaces the preset's, whatever it is: check_options refuses
       // what is out of range rather than the preset's value standing in for it unseen.
       if (app.count("--epochs")) o.epochs = epochs;

@@ -85,7 +85,7 @@ void check_parity(std::string_view model, std::size_t micro_batches, bool spread
 
 TEST_SUITE("layers.network") {
   TEST_CASE("an actor-run training step gives bitwise the weights of the direct executor") {
-    for (std::string_view model : {"mlp", "resmlp", "lenet"}) {
+    for (std::string_view model : {"mlp", "resmlp", "lenet", "vit"}) {
       for (std::size_t m : {1u, 3u}) {
         for (bool spread : {false, true}) {
           CAPTURE(model);
