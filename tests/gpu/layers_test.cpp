@@ -130,6 +130,21 @@ gpu::shape_t full_shape(const layers::tensor& t) {
 
 std::vector<float> values(const layers::tensor& t) { return {t.data(), t.data() + t.size()}; }
 
+/// Every parameter of `got` (a device network's graph, downloaded) within `rel` of the
+/// largest entry of its tensor in `want` (the CPU's).
+void check_parameters_within(layers::graph& got_graph, layers::graph& want_graph, double rel) {
+  auto want = want_graph.parameters();
+  auto got = got_graph.parameters();
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    double scale = 0;
+    for (std::int64_t j = 0; j < want[i].value->size(); ++j)
+      scale = std::max(scale, double(std::abs(want[i].value->data()[j])));
+    check_within(want[i].name, values(*got[i].value), values(*want[i].value),
+                 std::vector<double>(std::size_t(want[i].value->size()), rel * scale));
+  }
+}
+
 layers::tensor abs_of(const layers::tensor& t) {
   layers::tensor a = t.clone();
   for (std::int64_t i = 0; i < a.size(); ++i) a.data()[i] = std::abs(a.data()[i]);
@@ -634,15 +649,7 @@ TEST_SUITE("gpu.layers") {
     }
     rt.synchronize();
     be->download();
-    auto want = cpu_graph.parameters();
-    auto got = dev_graph.parameters();
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      double scale = 0;
-      for (std::int64_t j = 0; j < want[i].value->size(); ++j)
-        scale = std::max(scale, double(std::abs(want[i].value->data()[j])));
-      check_within(want[i].name, values(*got[i].value), values(*want[i].value),
-                   std::vector<double>(std::size_t(want[i].value->size()), 1e-4 * scale));
-    }
+    check_parameters_within(dev_graph, cpu_graph, 1e-4);
   }
 
   TEST_CASE("causal attention and cross-entropy over every token train on the device to the CPU's weights") {
@@ -677,15 +684,7 @@ TEST_SUITE("gpu.layers") {
     }
     rt.synchronize();
     be->download();
-    auto want = cpu_graph.parameters();
-    auto got = dev_graph.parameters();
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      double scale = 0;
-      for (std::int64_t j = 0; j < want[i].value->size(); ++j)
-        scale = std::max(scale, double(std::abs(want[i].value->data()[j])));
-      check_within(want[i].name, values(*got[i].value), values(*want[i].value),
-                   std::vector<double>(std::size_t(want[i].value->size()), 1e-4 * scale));
-    }
+    check_parameters_within(dev_graph, cpu_graph, 1e-4);
   }
 
 #if NERVE_GPU_LAYERS_STANDIN
