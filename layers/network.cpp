@@ -49,6 +49,7 @@ network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> crit
   cc.steps_in_flight = backend_->steps_in_flight();
   cc.layer_count = layer_nodes;
   cc.name = "coordinator";
+  coordinator_failed_ = cc.failed = std::make_shared<pipeline::own_failure>();
   coordinator_ = rt.spawn_on<coordinator>(0, std::move(cc));
   auto& coord = *static_cast<coordinator*>(coordinator_.get());
 
@@ -135,6 +136,8 @@ std::exception_ptr network::stopped_error() const {
         std::runtime_error("network: a step stalled (see its stall_error); the network is stopped and must be rebuilt"));
   auto failure = rt_.error();
   if (failure == failure_at_start_) failure = nullptr;
+  // A coordinator that failed itself stops before the runtime hears of it.
+  if (!failure) failure = coordinator_failed_->get();
   if (!failure && !coordinator_.stopped()) return nullptr;
   auto error = [](const std::string& why) {
     return std::runtime_error("network: the network stopped because " + why +

@@ -40,6 +40,10 @@
 #include "layers/optimizer.hpp"
 #include "layers/plan.hpp"
 
+namespace nerve::pipeline {
+class own_failure;
+}
+
 namespace nerve::layers {
 
 /// Messages delivered through the network's bus signals so far (read between steps).
@@ -138,6 +142,7 @@ class network {
   std::shared_ptr<backend> backend_;
   std::vector<actors::address> node_actors_;  // by node index; empty for graph inputs
   actors::address coordinator_;  // the step coordinator, without admission (stage_gate.hpp)
+  std::shared_ptr<pipeline::own_failure> coordinator_failed_;  // what it failed with itself
   std::exception_ptr failure_at_start_;  // the runtime's error when the network was built (if any)
   double stall_timeout_s_ = 0;
   std::uint64_t trains_ = 0;         // training steps asked for (the caller's thread)

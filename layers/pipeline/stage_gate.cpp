@@ -448,6 +448,7 @@ void stage_gate::free_guarded(F&& f) {
     // The actor fails with it; its on_stop runs before the runtime records the failure,
     // so the runs waiting get this error.
     own_failure_ = std::current_exception();
+    if (c_.failed) c_.failed->set(own_failure_);
     throw;
   }
 }

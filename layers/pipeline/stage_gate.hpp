@@ -53,6 +53,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -146,6 +147,25 @@ struct gate_piece {
   std::uint32_t gradients_in = 0;        ///< held gradients per micro-batch
 };
 
+/// What a coordinator without admission failed with itself, for whoever asks later (a
+/// network's next step): its actor may be gone by then, and its failure may not have
+/// reached the runtime yet (an actor's `on_stop` runs first). Any thread.
+class own_failure {
+ public:
+  void set(std::exception_ptr e) {
+    std::lock_guard lk(m_);
+    if (!e_) e_ = std::move(e);
+  }
+  std::exception_ptr get() const {
+    std::lock_guard lk(m_);
+    return e_;
+  }
+
+ private:
+  mutable std::mutex m_;
+  std::exception_ptr e_;
+};
+
 /// How a coordinator lets work into its layers (see the file comment).
 enum class admission : std::uint8_t {
   schedule,  ///< the plan's action list, one action at a time
@@ -173,6 +193,8 @@ class stage_gate : public actors::actor {
     std::size_t steps_in_flight = 1;
     std::size_t layer_count = 0;
     std::string name;
+    /// Where it keeps its own failure (null: nowhere but its runs).
+    std::shared_ptr<own_failure> failed;
   };
   explicit stage_gate(config c);
 

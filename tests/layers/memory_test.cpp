@@ -63,8 +63,10 @@ TEST_SUITE("layers.memory") {
     run(8);  // the first steps grow the heap to the step's high-water mark
     const long per_step = run(8);
     MESSAGE("direct: ", per_step, " faults per step");
-    // A step allocates over 4,000 pages of tensors; a few stray faults are allowed.
-    CHECK(per_step < 64);
+    // A step allocates over 4,000 pages of tensors, and glibc's default policy faulted
+    // ~1,400 of them in again each step. Stray faults are allowed: the kernel's own reclaim
+    // of idle pages, which some machines run, brings a few dozen a step.
+    CHECK(per_step < 256);
   }
 
   TEST_CASE("the same steps run as actors fault in no fresh pages either") {
@@ -84,7 +86,7 @@ TEST_SUITE("layers.memory") {
     run(8);
     const long per_step = run(8);
     MESSAGE("actors: ", per_step, " faults per step");
-    CHECK(per_step < 64);
+    CHECK(per_step < 256);  // as above
   }
 }
 #endif

@@ -33,7 +33,7 @@ constexpr std::int64_t conv_count(std::int64_t in, std::int64_t out, std::int64_
 TEST_SUITE("layers.summary") {
   TEST_CASE("every preset's parameter counts are those counted by hand") {
     // The presets this test counts: a new one fails here until its count is added.
-    CHECK_THROWS_WITH(make_preset("none"), "unknown model 'none' (mlp, deep-mlp, lenet, resmlp)");
+    CHECK_THROWS_WITH(make_preset("none"), "unknown model 'none' (mlp, deep-mlp, lenet, resmlp, vit)");
 
     SUBCASE("mlp") {
       auto g = make_preset("mlp");
@@ -85,6 +85,27 @@ TEST_SUITE("layers.summary") {
       CHECK(p.at("add1") == 0);
       CHECK(p.at("add2") == 0);
       CHECK(s.parameters == 200960 + 4 * 65792 + 2570);  // 466,698
+    }
+    SUBCASE("vit") {
+      auto g = make_preset("vit");
+      const auto s = summary(g);
+      const auto p = parameters_of(s);
+      CHECK(p.at("patch") == linear_count(49, 64));  // 3,200
+      CHECK(p.at("cls") == 64);
+      CHECK(p.at("pos") == 17 * 64);  // 1,088
+      for (int i = 0; i < 4; ++i) {
+        const std::string b = "blocks." + std::to_string(i) + ".";
+        CHECK(p.at(b + "ln1") == 2 * 64);
+        CHECK(p.at(b + "attn") == linear_count(64, 192) + linear_count(64, 64));  // 16,640
+        CHECK(p.at(b + "ln2") == 2 * 64);
+        CHECK(p.at(b + "mlp.fc") == linear_count(64, 128));  // 8,320
+        CHECK(p.at(b + "mlp.proj") == linear_count(128, 64));  // 8,256
+        for (const char* none : {"add1", "mlp.act", "add2"}) CHECK(p.at(b + none) == 0);
+      }
+      CHECK(p.at("ln_f") == 2 * 64);
+      CHECK(p.at("select") == 0);
+      CHECK(p.at("head") == linear_count(64, 10));  // 650
+      CHECK(s.parameters == 3200 + 64 + 1088 + 4 * (128 + 16640 + 128 + 8320 + 8256) + 128 + 650);  // 139,018
     }
     // The helpers above, checked against the same arithmetic once.
     CHECK(linear_count(784, 256) == 200960);
