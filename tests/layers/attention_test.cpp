@@ -13,35 +13,19 @@
 #include "layers/checkpoint/safetensors.hpp"
 #include "layers/graph.hpp"
 #include "tests/layers/gradcheck.hpp"
+#include "tests/layers/torch_fixtures.hpp"
 
 using namespace nerve::layers;
+using nerve::layers::testing::check_fixture_close;
+using nerve::layers::testing::fixture_assign;
+using nerve::layers::testing::fixture_error;
+using nerve::layers::testing::fixture_tensor;
+using nerve::layers::testing::max_relative_error;
+using nerve::layers::testing::torch_fixture;
 using nerve::checkpoint::safetensors_file;
 using nerve::layers::testing::random_tensor;
 
 namespace {
-
-/// Fixture tensor `name` as a tensor whose first dimension is the batch.
-tensor load(const safetensors_file& f, const std::string& name) {
-  const auto& info = f.at(name);
-  auto values = f.to_float(info);
-  std::vector<std::int64_t> dims(info.shape.begin() + 1, info.shape.end());
-  tensor t(info.shape[0], shape(dims));
-  REQUIRE(std::int64_t(values.size()) == t.size());
-  std::copy(values.begin(), values.end(), t.data());
-  return t;
-}
-
-/// The ∞-norm relative error of `got` against fixture tensor `name`: max|Δ| / max|torch|.
-double relative_error(const tensor& got, const safetensors_file& f, const std::string& name) {
-  auto want = f.to_float(f.at(name));
-  REQUIRE(std::int64_t(want.size()) == got.size());
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    diff = std::max(diff, std::abs(double(got.data()[i]) - double(want[i])));
-    scale = std::max(scale, std::abs(double(want[i])));
-  }
-  return diff / scale;
-}
 
 }  // namespace
 
@@ -58,14 +42,14 @@ TEST_SUITE("layers.attention") {
         std::copy(values.begin(), values.end(), p.value->data());
       }
       l.zero_grad();
-      auto r = l.forward(load(f, "x"));
+      auto r = l.forward(fixture_tensor(f, "x"));
       CHECK(r.output.sample_shape() == shape{5, 12});
-      CHECK(relative_error(r.output, f, "out") <= 1e-5);
-      auto g = l.backward(std::move(r.stash), load(f, "grad_out"));
-      CHECK(relative_error(g[0], f, "grad_x") <= 1e-5);
+      CHECK(fixture_error(r.output, f, "out") <= 1e-5);
+      auto g = l.backward(std::move(r.stash), fixture_tensor(f, "grad_out"));
+      CHECK(fixture_error(g[0], f, "grad_x") <= 1e-5);
       for (auto& p : l.parameters()) {
         CAPTURE(p.name);
-        CHECK(relative_error(*p.grad, f, "grad_" + p.name) <= 1e-5);
+        CHECK(fixture_error(*p.grad, f, "grad_" + p.name) <= 1e-5);
       }
     }
   }

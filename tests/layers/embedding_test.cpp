@@ -17,6 +17,7 @@
 #include "layers/optimizer.hpp"
 #include "layers/patch_embedding.hpp"
 #include "tests/layers/gradcheck.hpp"
+#include "tests/layers/torch_fixtures.hpp"
 
 #include <cmath>
 #include <filesystem>
@@ -26,6 +27,12 @@
 #include <string>
 
 using namespace nerve::layers;
+using nerve::layers::testing::check_fixture_close;
+using nerve::layers::testing::fixture_assign;
+using nerve::layers::testing::fixture_error;
+using nerve::layers::testing::fixture_tensor;
+using nerve::layers::testing::max_relative_error;
+using nerve::layers::testing::torch_fixture;
 using nerve::checkpoint::safetensors_file;
 using nerve::layers::testing::gradcheck;
 using nerve::layers::testing::random_tensor;
@@ -41,7 +48,7 @@ basic_tensor<Scalar> id_tensor(std::int64_t batch, std::vector<double> ids) {
 }
 
 /// A gradient check's single input.
-std::vector<tensor_d> one(tensor_d t) {
+std::vector<tensor_d> one_input(tensor_d t) {
   std::vector<tensor_d> v;
   v.push_back(std::move(t));
   return v;
@@ -74,42 +81,6 @@ std::string wiring_refusal(shape input, std::unique_ptr<layer> l) {
     return e.what();
   }
   return {};
-}
-
-safetensors_file fixture(const std::string& name) {
-  return safetensors_file::read(std::filesystem::path(NERVE_LAYERS_FIXTURES) / ("torch_" + name + ".safetensors"));
-}
-
-/// Fixture tensor `name`, its first dimension the batch.
-tensor load(const safetensors_file& f, const std::string& name) {
-  const auto& info = f.at(name);
-  auto values = f.to_float(info);
-  std::vector<std::int64_t> dims(info.shape.begin(), info.shape.end());
-  const std::int64_t batch = dims[0];
-  dims.erase(dims.begin());
-  tensor t(batch, shape(dims));
-  REQUIRE(std::int64_t(values.size()) == t.size());
-  std::copy(values.begin(), values.end(), t.data());
-  return t;
-}
-
-void assign(const safetensors_file& f, const std::string& name, tensor& target) {
-  auto values = f.to_float(f.at(name));
-  REQUIRE(std::int64_t(values.size()) == target.size());
-  std::copy(values.begin(), values.end(), target.data());
-}
-
-/// max|got − want| / max|want| ≤ 1e-5.
-void check_close(const tensor& got, const safetensors_file& f, const std::string& name) {
-  const tensor want = load(f, name);
-  REQUIRE(got.size() == want.size());
-  double diff = 0, scale = 0;
-  for (std::int64_t i = 0; i < got.size(); ++i) {
-    diff = std::max(diff, std::abs(double(got.data()[i]) - double(want.data()[i])));
-    scale = std::max(scale, std::abs(double(want.data()[i])));
-  }
-  INFO(name, ": relative error ", diff / scale);
-  CHECK(diff <= 1e-5 * scale);
 }
 
 }  // namespace
@@ -191,7 +162,7 @@ TEST_SUITE("layers.embedding") {
     basic_positional_embedding<double> p(3, 4);
     std::mt19937_64 rng(2);
     p.reset_parameters(rng);
-    CHECK(gradcheck(p, one(random_tensor(2, shape{3, 4}, 3))) > 0);
+    CHECK(gradcheck(p, one_input(random_tensor(2, shape{3, 4}, 3))) > 0);
     CHECK(p.parameters().at(0).torch_shape == std::vector<std::int64_t>{1, 3, 4});
     CHECK(wiring_refusal({5, 4}, std::make_unique<positional_embedding>(3, 4))
               .find("l (PositionalEmbedding): input 0 has shape [5, 4], expected [3, 4]") != std::string::npos);
@@ -208,7 +179,7 @@ TEST_SUITE("layers.embedding") {
     basic_class_token<double> d(3);
     std::mt19937_64 rng(4);
     normal_fill(d.weight(), 1.0, rng);
-    CHECK(gradcheck(d, one(random_tensor(2, shape{4, 3}, 6))) > 0);
+    CHECK(gradcheck(d, one_input(random_tensor(2, shape{4, 3}, 6))) > 0);
     CHECK(wiring_refusal({4, 5}, std::make_unique<class_token>(3))
               .find("l (ClassToken): input 0 has shape [4, 5], expected [T, 3]") != std::string::npos);
   }
@@ -225,7 +196,7 @@ TEST_SUITE("layers.embedding") {
     CHECK(std::equal(want, want + 6, g[0].data()));
 
     basic_select_token<double> d(0);
-    CHECK(gradcheck(d, one(random_tensor(3, shape{4, 5}, 9))) > 0);
+    CHECK(gradcheck(d, one_input(random_tensor(3, shape{4, 5}, 9))) > 0);
     CHECK(wiring_refusal({3, 8}, std::make_unique<select_token>(3))
               .find("l (SelectToken): input 0 has shape [3, 8], expected [T, C] with T > 3") != std::string::npos);
   }
@@ -255,7 +226,7 @@ TEST_SUITE("layers.embedding") {
     basic_patch_embedding<double> d(2, 3);
     std::mt19937_64 r2(3);
     d.reset_parameters(r2);
-    CHECK(gradcheck(d, one(random_tensor(2, shape{1, 4, 6}, 12))) > 0);
+    CHECK(gradcheck(d, one_input(random_tensor(2, shape{1, 4, 6}, 12))) > 0);
     CHECK(wiring_refusal({1, 28, 27}, std::make_unique<patch_embedding>(7, 64))
               .find("l (PatchEmbedding): input 0 has shape [1, 28, 27], expected [1, H, W] with H and W multiples of "
                     "the patch 7") != std::string::npos);
@@ -264,44 +235,44 @@ TEST_SUITE("layers.embedding") {
 
 TEST_SUITE("layers.parity") {
   TEST_CASE("Embedding matches PyTorch: forward and the weight's gradient") {
-    auto f = fixture("embedding");
+    auto f = torch_fixture("embedding");
     embedding e(7, 5);
-    assign(f, "weight", e.weight());
+    fixture_assign(f, "weight", e.weight());
     e.zero_grad();
-    auto r = e.forward(load(f, "x"));
-    check_close(r.output, f, "out");
-    e.backward(std::move(r.stash), load(f, "grad_out"));
-    check_close(e.weight_grad(), f, "grad_weight");
+    auto r = e.forward(fixture_tensor(f, "x"));
+    check_fixture_close(r.output, f, "out");
+    e.backward(std::move(r.stash), fixture_tensor(f, "grad_out"));
+    check_fixture_close(e.weight_grad(), f, "grad_weight");
   }
 
   TEST_CASE("PatchEmbedding matches PyTorch's patch-strided Conv2d") {
-    auto f = fixture("patch_embedding");
+    auto f = torch_fixture("patch_embedding");
     patch_embedding pe(7, 4);
-    assign(f, "weight", pe.weight());
-    assign(f, "bias", pe.bias());
+    fixture_assign(f, "weight", pe.weight());
+    fixture_assign(f, "bias", pe.bias());
     pe.zero_grad();
-    auto r = pe.forward(load(f, "x"));
-    check_close(r.output, f, "out");
-    auto g = pe.backward(std::move(r.stash), load(f, "grad_out"));
-    check_close(g.at(0), f, "grad_x");
-    check_close(pe.weight_grad(), f, "grad_weight");
-    check_close(pe.bias_grad(), f, "grad_bias");
+    auto r = pe.forward(fixture_tensor(f, "x"));
+    check_fixture_close(r.output, f, "out");
+    auto g = pe.backward(std::move(r.stash), fixture_tensor(f, "grad_out"));
+    check_fixture_close(g.at(0), f, "grad_x");
+    check_fixture_close(pe.weight_grad(), f, "grad_weight");
+    check_fixture_close(pe.bias_grad(), f, "grad_bias");
   }
 
   TEST_CASE("ClassToken then PositionalEmbedding match PyTorch's cat and add") {
-    auto f = fixture("class_token_pos");
+    auto f = torch_fixture("class_token_pos");
     class_token cls(4);
     positional_embedding pos(4, 4);
-    assign(f, "cls", cls.weight());
-    assign(f, "pos", pos.weight());
+    fixture_assign(f, "cls", cls.weight());
+    fixture_assign(f, "pos", pos.weight());
     cls.zero_grad(), pos.zero_grad();
-    auto a = cls.forward(load(f, "x"));
+    auto a = cls.forward(fixture_tensor(f, "x"));
     auto b = pos.forward(std::move(a.output));
-    check_close(b.output, f, "out");
-    auto gb = pos.backward(std::move(b.stash), load(f, "grad_out"));
+    check_fixture_close(b.output, f, "out");
+    auto gb = pos.backward(std::move(b.stash), fixture_tensor(f, "grad_out"));
     auto ga = cls.backward(std::move(a.stash), gb.at(0));
-    check_close(ga.at(0), f, "grad_x");
-    check_close(cls.weight_grad(), f, "grad_cls");
-    check_close(pos.weight_grad(), f, "grad_pos");
+    check_fixture_close(ga.at(0), f, "grad_x");
+    check_fixture_close(cls.weight_grad(), f, "grad_cls");
+    check_fixture_close(pos.weight_grad(), f, "grad_pos");
   }
 }
