@@ -1,5 +1,6 @@
 #include "layers/data/batcher.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -74,16 +75,17 @@ void batcher::gather(const dataset& data, std::size_t b, std::span<float> images
                                 " samples, the dataset has " + std::to_string(data.size()));
   }
   const auto idx = indices(b);
-  const std::size_t f = data.features();
-  if (images.size() != idx.size() * f || labels.size() != idx.size()) {
+  const std::size_t f = data.features(), per = data.labels_per_sample;
+  if (images.size() != idx.size() * f || labels.size() != idx.size() * per) {
     throw std::invalid_argument("batcher: batch " + std::to_string(b) + " needs " + std::to_string(idx.size()) +
-                                " x " + std::to_string(f) + " floats and " + std::to_string(idx.size()) +
+                                " x " + std::to_string(f) + " floats and " + std::to_string(idx.size() * per) +
                                 " labels, got " + std::to_string(images.size()) + " and " +
                                 std::to_string(labels.size()));
   }
   for (std::size_t r = 0; r < idx.size(); ++r) {
     data.copy_row(idx[r], images.subspan(r * f, f));
-    labels[r] = data.labels[idx[r]];
+    const auto first = data.labels.begin() + std::ptrdiff_t(std::size_t{idx[r]} * per);
+    std::copy(first, first + std::ptrdiff_t(per), labels.begin() + std::ptrdiff_t(r * per));
   }
 }
 

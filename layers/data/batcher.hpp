@@ -70,8 +70,8 @@ class batcher {
 
   /// The sample indices of batch `b` of the current epoch; throws `std::out_of_range`.
   std::span<const std::uint32_t> indices(std::size_t b) const;
-  /// Copies the rows and labels of batch `b` into `images` (rows × features) and `labels`;
-  /// both must have exactly that size. Throws `std::invalid_argument` otherwise.
+  /// Copies the rows and labels of batch `b` into `images` (rows × features) and `labels`
+  /// (rows × `labels_per_sample`); both must have exactly that size. Throws `std::invalid_argument` otherwise.
   void gather(const dataset& data, std::size_t b, std::span<float> images,
               std::span<std::int32_t> labels) const;
 

@@ -43,7 +43,11 @@ struct dataset {
   /// `size() * features()` floats, one row per sample, for float data (`.npy` `<f4`, IDX
   /// f32, `make_dataset`); empty for 8-bit pixels.
   std::vector<float> values;
+  /// `size() * labels_per_sample` labels, a sample's one after the other.
   std::vector<std::int32_t> labels;
+  /// Labels per sample: 1 (a class per image), or T for a sequence whose every token has
+  /// its own (the `gpt` preset's windows: the byte that follows each, `text_dataset`).
+  std::size_t labels_per_sample = 1;
   /// Shape of one sample, e.g. `{1, 28, 28}`.
   std::vector<std::size_t> sample_shape;
   /// Number of classes (labels are in [0, classes)).
@@ -54,7 +58,7 @@ struct dataset {
   std::optional<normalization> value_normalization;
 
   /// Number of samples.
-  std::size_t size() const noexcept { return labels.size(); }
+  std::size_t size() const noexcept { return labels_per_sample ? labels.size() / labels_per_sample : 0; }
   /// Values per sample (product of `sample_shape`).
   std::size_t features() const noexcept;
   /// Sets `pixel_value` and `value_normalization` for `norm` (or plain [0, 1] scaling of

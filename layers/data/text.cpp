@@ -154,64 +154,28 @@ std::size_t window_count(std::size_t bytes, std::size_t context) noexcept {
   return (bytes - 1) / context;
 }
 
-namespace {
-
-const char* text_part_name(text_part part) { return part == text_part::train ? "training" : "validation"; }
-
-std::span<const std::uint8_t> text_part_bytes(const text_corpus& corpus, text_part part) {
-  return part == text_part::train ? corpus.train() : corpus.validation();
-}
-
-// The window count of the part, after refusing what cannot be cut (before the batcher,
-// whose own messages would not name these options).
-std::size_t checked_window_count(const text_corpus& corpus, text_part part, const window_options& options) {
-  if (options.context == 0) throw std::invalid_argument("text windows: context must be at least 1 (got 0)");
-  if (options.batch_size == 0) throw std::invalid_argument("text windows: batch_size must be at least 1 (got 0)");
-  if (part == text_part::validation && options.shuffle) {
-    throw std::invalid_argument("text windows: the validation part is read in order (shuffle must be off)");
-  }
-  const std::size_t bytes = text_part_bytes(corpus, part).size();
-  const std::size_t n = window_count(bytes, options.context);
-  if (n == 0) {
-    throw std::invalid_argument(corpus.source + ": the " + text_part_name(part) + " part holds " +
-                                std::to_string(bytes) + " bytes, too few for one window of context " +
-                                std::to_string(options.context) + " (" + std::to_string(options.context + 1) +
+dataset text_dataset(const text_corpus& corpus, text_part part, std::size_t context) {
+  if (context == 0) throw std::invalid_argument("text windows: context must be at least 1 (got 0)");
+  const bool train = part == text_part::train;
+  const auto text = train ? corpus.train() : corpus.validation();
+  const std::size_t n = window_count(text.size(), context);
+  if (n == 0)
+    throw std::invalid_argument(corpus.source + ": the " + (train ? "training" : "validation") + " part holds " +
+                                std::to_string(text.size()) + " bytes, too few for one window of context " +
+                                std::to_string(context) + " (" + std::to_string(context + 1) +
                                 " bytes: the window and its last target)");
-  }
-  return n;
-}
-
-}  // namespace
-
-text_windows::text_windows(const text_corpus& corpus, text_part part, window_options options)
-    : corpus_(&corpus),
-      part_(part),
-      text_(text_part_bytes(corpus, part)),
-      context_(options.context),
-      batches_(checked_window_count(corpus, part, options), batcher_options{.batch_size = options.batch_size,
-                                                                       .shuffle = options.shuffle,
-                                                                       .seed = options.seed,
-                                                                       .drop_last = options.drop_last}) {}
-
-void text_windows::gather(std::size_t b, std::span<float> tokens, std::span<std::int32_t> targets) const {
-  const auto idx = indices(b);
-  const std::size_t t_len = context_;
-  const std::size_t need = idx.size() * t_len;
-  if (tokens.size() != need || targets.size() != need) {
-    throw std::invalid_argument("text windows: step " + std::to_string(b) + " needs " + std::to_string(idx.size()) +
-                                " x " + std::to_string(t_len) + " tokens and as many targets, got " +
-                                std::to_string(tokens.size()) + " and " + std::to_string(targets.size()));
-  }
-  const auto& token_of = corpus_->token_of;
-  for (std::size_t r = 0; r < idx.size(); ++r) {
-    const std::uint8_t* window = text_.data() + window_start(idx[r]);
-    float* row_tokens = tokens.data() + r * t_len;
-    std::int32_t* row_targets = targets.data() + r * t_len;
-    for (std::size_t t = 0; t < t_len; ++t) {
-      row_tokens[t] = static_cast<float>(token_of[window[t]]);
-      row_targets[t] = token_of[window[t + 1]];
-    }
-  }
+  dataset d;
+  // Window w is bytes [w·T, w·T + T): the windows side by side are the part's first n·T
+  // bytes, and their targets the same run shifted by one.
+  d.pixels.assign(text.begin(), text.begin() + std::ptrdiff_t(n * context));
+  d.labels.resize(n * context);
+  for (std::size_t i = 0; i < d.labels.size(); ++i) d.labels[i] = corpus.token_of[text[i + 1]];
+  d.labels_per_sample = context;
+  d.sample_shape = {context};
+  d.classes = corpus.vocab_size();
+  // A byte becomes its token id (a byte the text lacks never occurs in it).
+  for (std::size_t v = 0; v < 256; ++v) d.pixel_value[v] = static_cast<float>(corpus.token_of[v]);
+  return d;
 }
 
 }  // namespace nerve::data

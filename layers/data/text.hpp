@@ -14,12 +14,11 @@
 /// Window `w` of a part starts at byte `w·T`; its inputs are bytes `[w·T, w·T + T)`,
 /// its targets bytes `[w·T + 1, w·T + T + 1)` (the inputs shifted by one). A window
 /// whose targets would run past the end of its part is not used, so a part of `n`
-/// bytes holds `floor((n - 1) / T)` windows. Without shuffling, row `b` of step `s`
-/// (batch B) is window `s·B + b`; shuffled, the windows of an epoch follow the seeded
-/// order of `batcher` (layers/data/batcher.hpp) over window indices, so any epoch can
-/// be replayed.
+/// bytes holds `floor((n - 1) / T)` windows. The windows are a `dataset` (`text_dataset`)
+/// of a sample per window and a label per token, so the trainer shuffles and batches them
+/// as it does images.
 
-#include "layers/data/batcher.hpp"
+#include "layers/data/dataset.hpp"
 
 #include <array>
 #include <cstddef>
@@ -98,67 +97,20 @@ text_corpus make_text_corpus(std::vector<std::uint8_t> bytes, std::string source
 /// (0 for an empty part; `context` at least 1).
 std::size_t window_count(std::size_t bytes, std::size_t context) noexcept;
 
-/// Which part of a corpus a `text_windows` reads.
+/// Which part of a corpus a `text_dataset` holds.
 enum class text_part { train, validation };
 
-/// How a `text_windows` cuts a part and orders an epoch.
-struct window_options {
-  /// T: bytes per window.
-  std::size_t context = 64;
-  /// B: windows per step.
-  std::size_t batch_size = 32;
-  /// Off: step `s` holds windows `[s·B, s·B + B)`. The validation part is read in order.
-  bool shuffle = true;
-  std::uint64_t seed = 0;
-  /// Drop the last step if it has fewer than B windows.
-  bool drop_last = false;
-};
-
-/// The windows of one part of a corpus, cut into steps of B windows, in a seeded order
-/// per epoch (the file comment gives the rule).
+/// The windows of one part of `corpus` as a dataset the trainer's loader reads like any
+/// other (shuffled per epoch by `batcher`, seeded, so any epoch can be replayed): sample
+/// `w` is window `w`, its `context` tokens (`[T]`, token ids as floats, how the embedding
+/// layer reads them) and its `context` labels, the token that follows each
+/// (`labels_per_sample` T). Without shuffling, row `b` of step `s` (batch B) is window
+/// `s·B + b`. The tokens stay bytes (`pixels`), mapped to their ids by `pixel_value`:
+/// a batch costs what an image batch does.
 ///
-/// Holds a pointer to `corpus`, which must outlive it. Not thread-safe: one thread (the
-/// loader) owns it. `set_epoch` is one shuffle of the window indices; `gather` converts
-/// only the bytes of the step asked.
-class text_windows {
- public:
-  /// Throws `std::invalid_argument` naming the option when `context` or `batch_size` is 0,
-  /// when `shuffle` is asked of the validation part, or when the part is too short for
-  /// one window (T + 1 bytes: the window and its last target), naming the corpus, the
-  /// part and its size.
-  text_windows(const text_corpus& corpus, text_part part, window_options options);
-
-  /// The part read.
-  text_part part() const noexcept { return part_; }
-  /// T.
-  std::size_t context() const noexcept { return context_; }
-  /// Windows in the part (`window_count` of its size).
-  std::size_t windows() const noexcept { return batches_.samples(); }
-  /// Steps in an epoch: ceil(windows / B), or floor with `drop_last`.
-  std::size_t batches_per_epoch() const noexcept { return batches_.batches_per_epoch(); }
-
-  /// Makes `epoch`'s window order current (epoch 0 is current after construction).
-  void set_epoch(std::uint64_t epoch) { batches_.set_epoch(epoch); }
-  std::uint64_t epoch() const noexcept { return batches_.epoch(); }
-  /// The window order of the current epoch (a permutation of [0, windows)).
-  std::span<const std::uint32_t> order() const noexcept { return batches_.order(); }
-  /// The windows of step `b` of the current epoch; throws `std::out_of_range`.
-  std::span<const std::uint32_t> indices(std::size_t b) const { return batches_.indices(b); }
-  /// The first byte of window `w` in its part: `w · T`.
-  std::size_t window_start(std::uint32_t w) const noexcept { return std::size_t{w} * context_; }
-
-  /// Writes step `b` of the current epoch: `tokens` gets `[rows, T]` token ids as floats
-  /// (how the embedding layer reads them), `targets` the `[rows, T]` token ids that follow
-  /// each. Both must hold exactly `indices(b).size() · T` values; throws
-  /// `std::invalid_argument` otherwise.
-  void gather(std::size_t b, std::span<float> tokens, std::span<std::int32_t> targets) const;
-
- private:
-  const text_corpus* corpus_;
-  text_part part_;
-  std::span<const std::uint8_t> text_;
-  std::size_t context_;
-  batcher batches_;
-};
+/// Throws `std::invalid_argument` when `context` is 0, and when the part is too short for
+/// one window (T + 1 bytes: the window and its last target), naming the corpus, the part
+/// and its size.
+dataset text_dataset(const text_corpus& corpus, text_part part, std::size_t context);
 
 }  // namespace nerve::data

@@ -17,6 +17,7 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <sys/stat.h>
@@ -77,6 +78,16 @@ std::vector<std::uint8_t> text_letters(std::size_t n) {
 }
 
 std::vector<std::uint32_t> text_vec(std::span<const std::uint32_t> s) { return {s.begin(), s.end()}; }
+
+/// Step `s` of `windows` as the trainer's loader gathers it: the tokens and their targets.
+std::pair<std::vector<float>, std::vector<std::int32_t>> text_step(const dataset& windows, const batcher& steps,
+                                                                   std::size_t s) {
+  const std::size_t rows = steps.indices(s).size();
+  std::vector<float> tokens(rows * windows.features());
+  std::vector<std::int32_t> targets(rows * windows.labels_per_sample);
+  steps.gather(windows, s, tokens, targets);
+  return {std::move(tokens), std::move(targets)};
+}
 
 template <typename F>
 std::string text_error_of(F&& f) {
@@ -185,15 +196,17 @@ TEST_SUITE("layers.data.text") {
     const text_corpus corpus = make_text_corpus(text_letters(100));
     REQUIRE(corpus.vocab_size() == 26);
     REQUIRE(corpus.train_bytes == 90);
-    text_windows windows(corpus, text_part::train, {.context = 4, .batch_size = 5, .shuffle = false});
-    CHECK(windows.windows() == 22);  // floor((90 - 1) / 4)
-    CHECK(windows.batches_per_epoch() == 5);
-    for (std::size_t s = 0; s < windows.batches_per_epoch(); ++s) {
-      const std::size_t rows = windows.indices(s).size();
+    const dataset windows = text_dataset(corpus, text_part::train, 4);
+    CHECK(windows.size() == 22);  // floor((90 - 1) / 4)
+    CHECK(windows.labels_per_sample == 4);
+    CHECK(windows.sample_shape == std::vector<std::size_t>{4});
+    CHECK(windows.classes == 26);
+    batcher steps(windows.size(), {.batch_size = 5, .shuffle = false});
+    CHECK(steps.batches_per_epoch() == 5);
+    for (std::size_t s = 0; s < steps.batches_per_epoch(); ++s) {
+      const std::size_t rows = steps.indices(s).size();
       CHECK(rows == (s < 4 ? 5 : 2));
-      std::vector<float> tokens(rows * 4);
-      std::vector<std::int32_t> targets(rows * 4);
-      windows.gather(s, tokens, targets);
+      const auto [tokens, targets] = text_step(windows, steps, s);
       for (std::size_t b = 0; b < rows; ++b) {
         const std::size_t start = (s * 5 + b) * 4;
         for (std::size_t t = 0; t < 4; ++t) {
@@ -205,27 +218,23 @@ TEST_SUITE("layers.data.text") {
         }
       }
     }
-    text_windows dropped(corpus, text_part::train,
-                         {.context = 4, .batch_size = 5, .shuffle = false, .drop_last = true});
-    CHECK(dropped.batches_per_epoch() == 4);
   }
 
   TEST_CASE("a window whose last target would run past the end of its part is not used") {
     SUBCASE("a part of 9 bytes holds two windows of 4: the second's last target is byte 8") {
       const text_corpus corpus = make_text_corpus(text_letters(10));
       REQUIRE(corpus.train_bytes == 9);
-      text_windows windows(corpus, text_part::train, {.context = 4, .batch_size = 8, .shuffle = false});
-      CHECK(windows.windows() == 2);
-      std::vector<float> tokens(8);
-      std::vector<std::int32_t> targets(8);
-      windows.gather(0, tokens, targets);
+      const dataset windows = text_dataset(corpus, text_part::train, 4);
+      CHECK(windows.size() == 2);
+      batcher steps(windows.size(), {.batch_size = 8, .shuffle = false});
+      const auto [tokens, targets] = text_step(windows, steps, 0);
       CHECK(targets[7] == corpus.token_of[corpus.bytes[8]]);  // 10 letters: ids are not byte - 'A' here
       CHECK(tokens[4] == static_cast<float>(corpus.token_of[corpus.bytes[4]]));
     }
     SUBCASE("a part of 8 bytes holds one") {
       const text_corpus corpus = make_text_corpus(text_letters(9));
       REQUIRE(corpus.train_bytes == 8);
-      CHECK(text_windows(corpus, text_part::train, {.context = 4, .shuffle = false}).windows() == 1);
+      CHECK(text_dataset(corpus, text_part::train, 4).size() == 1);
     }
     CHECK(window_count(0, 4) == 0);
     CHECK(window_count(4, 4) == 0);
@@ -235,74 +244,46 @@ TEST_SUITE("layers.data.text") {
 
   TEST_CASE("validation windows are the validation part's, in order") {
     const text_corpus corpus = make_text_corpus(text_letters(200));
-    text_windows windows(corpus, text_part::validation, {.context = 3, .batch_size = 4, .shuffle = false});
-    CHECK(windows.windows() == 6);  // 20 bytes: floor(19 / 3)
-    CHECK(windows.batches_per_epoch() == 2);
-    std::vector<float> tokens(2 * 3);
-    std::vector<std::int32_t> targets(2 * 3);
-    windows.gather(1, tokens, targets);
+    const dataset windows = text_dataset(corpus, text_part::validation, 3);
+    CHECK(windows.size() == 6);  // 20 bytes: floor(19 / 3)
+    batcher steps(windows.size(), {.batch_size = 4, .shuffle = false});
+    CHECK(steps.batches_per_epoch() == 2);
+    const auto [tokens, targets] = text_step(windows, steps, 1);
     // Row 1 of step 1 is window 5, at byte 180 + 15 of the text.
     CHECK(tokens[3] == static_cast<float>(corpus.bytes[195] - 'A'));
     CHECK(targets[5] == corpus.bytes[198] - 'A');
   }
 
-  TEST_CASE("a shuffled epoch is a permutation of the windows, replayable from the seed and epoch alone") {
+  TEST_CASE("a shuffled step holds the windows its indices name, and the batcher's seeded order replays it") {
     const text_corpus corpus = make_text_corpus(text_letters(1000));
-    const window_options options{.context = 8, .batch_size = 16, .shuffle = true, .seed = 42};
-    text_windows run(corpus, text_part::train, options);
-    REQUIRE(run.windows() == 112);  // floor(899 / 8)
-    std::vector<std::vector<std::uint32_t>> epochs;
-    for (std::uint64_t e = 0; e < 3; ++e) {
-      run.set_epoch(e);
-      std::vector<std::uint32_t> order = text_vec(run.order());
-      std::vector<std::uint32_t> sorted = order;
-      std::sort(sorted.begin(), sorted.end());
-      std::vector<std::uint32_t> identity(run.windows());
-      std::iota(identity.begin(), identity.end(), 0u);
-      CHECK(sorted == identity);
-      epochs.push_back(order);
-    }
-    CHECK(epochs[0] != epochs[1]);
-    CHECK(epochs[1] != epochs[2]);
-
-    text_windows replay(corpus, text_part::train, options);
+    const dataset windows = text_dataset(corpus, text_part::train, 8);
+    REQUIRE(windows.size() == 112);  // floor(899 / 8)
+    batcher run(windows.size(), {.batch_size = 16, .shuffle = true, .seed = 42});
+    run.set_epoch(2);
+    batcher replay(windows.size(), {.batch_size = 16, .shuffle = true, .seed = 42});
     replay.set_epoch(2);
-    CHECK(text_vec(replay.order()) == epochs[2]);
-    // The rule is the batcher's, over window indices.
-    batcher same(run.windows(), {.batch_size = 16, .shuffle = true, .seed = 42});
-    same.set_epoch(2);
-    CHECK(text_vec(same.order()) == epochs[2]);
-
-    // A shuffled step holds the windows its indices name.
+    CHECK(text_vec(replay.order()) == text_vec(run.order()));
     const auto idx = replay.indices(3);
-    std::vector<float> tokens(idx.size() * 8);
-    std::vector<std::int32_t> targets(idx.size() * 8);
-    replay.gather(3, tokens, targets);
+    const auto [tokens, targets] = text_step(windows, replay, 3);
     for (std::size_t r = 0; r < idx.size(); ++r) {
       const std::size_t start = std::size_t{idx[r]} * 8;
       CHECK(tokens[r * 8] == static_cast<float>(corpus.bytes[start] - 'A'));
       CHECK(targets[r * 8 + 7] == corpus.bytes[start + 8] - 'A');
     }
+    // A batch's buffers are sized by its rows and the labels per sample.
+    std::vector<float> short_tokens(idx.size() * 8);
+    std::vector<std::int32_t> one_label_each(idx.size());
+    CHECK(contains(text_error_of([&] { replay.gather(windows, 3, short_tokens, one_label_each); }),
+                   "needs 16 x 8 floats and 128 labels"));
   }
 
-  TEST_CASE("what the windows refuse names the option, the part or the buffer") {
+  TEST_CASE("what the windows refuse names the option or the part") {
     const text_corpus corpus = make_text_corpus(text_letters(100));
-    CHECK(contains(text_error_of([&] { (void)text_windows(corpus, text_part::train, {.context = 0}); }),
+    CHECK(contains(text_error_of([&] { (void)text_dataset(corpus, text_part::train, 0); }),
                    "context must be at least 1"));
-    CHECK(contains(text_error_of([&] { (void)text_windows(corpus, text_part::train, {.batch_size = 0}); }),
-                   "batch_size must be at least 1"));
-    CHECK(contains(text_error_of([&] { (void)text_windows(corpus, text_part::validation, {.shuffle = true}); }),
-                   "validation part is read in order (shuffle must be off)"));
-    const window_options too_long{.context = 10, .shuffle = false};
-    CHECK(text_error_of([&] { (void)text_windows(corpus, text_part::validation, too_long); }) ==
+    CHECK(text_error_of([&] { (void)text_dataset(corpus, text_part::validation, 10); }) ==
           "text: the validation part holds 10 bytes, too few for one window of context 10 "
           "(11 bytes: the window and its last target)");
-    text_windows windows(corpus, text_part::train, {.context = 4, .batch_size = 5, .shuffle = false});
-    std::vector<float> tokens(19);
-    std::vector<std::int32_t> targets(20);
-    CHECK(contains(text_error_of([&] { windows.gather(0, tokens, targets); }),
-                   "step 0 needs 5 x 4 tokens and as many targets, got 19 and 20"));
-    CHECK_THROWS_AS(windows.indices(5), std::out_of_range);
     CHECK_THROWS_AS(make_text_corpus({}), std::invalid_argument);
   }
 
@@ -414,14 +395,15 @@ TEST_SUITE("layers.data.text") {
     CHECK(std::equal(corpus.vocabulary.begin(), corpus.vocabulary.end(), distinct.begin(), distinct.end()));
     CHECK(corpus.train_bytes == train);
 
-    text_windows epoch(corpus, text_part::train, {.context = 64, .batch_size = 32, .shuffle = true, .seed = 1});
-    text_windows validation(corpus, text_part::validation, {.context = 64, .batch_size = 32, .shuffle = false});
-    CHECK(epoch.windows() == windows);
+    const dataset train_windows = text_dataset(corpus, text_part::train, 64);
+    const dataset validation = text_dataset(corpus, text_part::validation, 64);
+    const batcher epoch(train_windows.size(), {.batch_size = 32, .shuffle = true, .seed = 1});
+    CHECK(train_windows.size() == windows);
     CHECK(epoch.batches_per_epoch() == steps);
     MESSAGE("fortunes: " << names.size() << " files, " << corpus.bytes.size() << " bytes, vocabulary "
                          << corpus.vocab_size() << ", training " << corpus.train_bytes << " bytes = "
-                         << epoch.windows() << " windows of 64 = " << epoch.batches_per_epoch()
+                         << train_windows.size() << " windows of 64 = " << epoch.batches_per_epoch()
                          << " steps of 32; validation " << corpus.validation().size() << " bytes = "
-                         << validation.windows() << " windows");
+                         << validation.size() << " windows");
   }
 }
