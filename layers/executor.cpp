@@ -133,8 +133,12 @@ step_result basic_direct_executor<Scalar>::train_step(tensor_type input, const b
     result.correct += r.correct;
     backward(m, criterion.backward(r.stash, Scalar(share)));
   }
+  // A tied weight is one parameter: its copies' gradients join the owner's, whose update
+  // the copies then take.
+  graph_.sum_tied_gradients();
   auto params = graph_.parameters();
   opt.step(params);
+  graph_.copy_tied();
   return result;
 }
 

@@ -33,7 +33,41 @@ auto prefixed(std::vector<Node>& nodes, List list) {
 
 template <class Scalar>
 auto basic_graph<Scalar>::parameters() -> std::vector<parameter_ref> {
-  return prefixed(nodes_, [](auto& l) { return l.parameters(); });
+  auto all = prefixed(nodes_, [](auto& l) { return l.parameters(); });
+  if (ties_.empty()) return all;
+  std::erase_if(all, [&](const parameter_ref& p) {
+    return std::any_of(ties_.begin(), ties_.end(), [&](const tie& t) {
+      const auto& n = nodes_[t.copy].name;
+      return p.name.size() > n.size() && p.name.compare(0, n.size(), n) == 0 && p.name[n.size()] == '.';
+    });
+  });
+  return all;
+}
+
+template <class Scalar>
+bool basic_graph<Scalar>::is_tied_copy(std::size_t i) const noexcept {
+  return std::any_of(ties_.begin(), ties_.end(), [&](const tie& t) { return t.copy == i; });
+}
+
+template <class Scalar>
+void basic_graph<Scalar>::copy_tied() {
+  for (const auto& t : ties_) {
+    auto from = nodes_[t.owner].layer->parameters(), to = nodes_[t.copy].layer->parameters();
+    for (std::size_t k = 0; k < from.size(); ++k)
+      std::copy(from[k].value->data(), from[k].value->data() + from[k].value->size(), to[k].value->data());
+  }
+}
+
+template <class Scalar>
+void basic_graph<Scalar>::sum_tied_gradients() {
+  for (const auto& t : ties_) {
+    auto owner = nodes_[t.owner].layer->parameters(), copy = nodes_[t.copy].layer->parameters();
+    for (std::size_t k = 0; k < owner.size(); ++k) {
+      Scalar* g = owner[k].grad->data();
+      const Scalar* c = copy[k].grad->data();
+      for (std::int64_t e = 0; e < owner[k].grad->size(); ++e) g[e] += c[e];
+    }
+  }
 }
 
 template <class Scalar>
@@ -239,12 +273,49 @@ basic_graph<Scalar> basic_graph_builder<Scalar>::build(std::uint64_t seed) {
     }
   }
 
-  // Parameters: one documented stream, insertion order.
+  // Tied weights: the same parameter names and shapes on both sides.
+  for (const auto& [copy, owner] : ties_) {
+    auto index = [&](const std::string& name, const char* role) {
+      auto it = g.by_name_.find(name);
+      if (it == g.by_name_.end() || !nodes[it->second].layer)
+        throw wiring_error("graph: tie: the " + std::string(role) + " '" + name + "' is not a layer node");
+      return it->second;
+    };
+    const typename basic_graph<Scalar>::tie t{index(copy, "copy"), index(owner, "owner")};
+    if (t.copy == t.owner) throw wiring_error("graph: tie: node '" + copy + "' is tied to itself");
+    for (const auto& other : g.ties_)
+      if (other.copy == t.copy || other.copy == t.owner || other.owner == t.copy)
+        throw wiring_error("graph: tie: node '" + (other.copy == t.copy ? copy : other.copy == t.owner ? owner : copy) +
+                           "' is in two ties (a copy is tied once, and an owner is no copy)");
+    auto a = nodes[t.copy].layer->parameters(), b = nodes[t.owner].layer->parameters();
+    auto describe = [](const auto& ps) {
+      std::string d;
+      for (const auto& p : ps) d += (d.empty() ? "" : ", ") + p.name + " " + shape(p.torch_shape).to_string();
+      return d.empty() ? std::string("no parameters") : d;
+    };
+    const bool same = !a.empty() && a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](auto& x, auto& y) {
+      return x.name == y.name && x.torch_shape == y.torch_shape;
+    });
+    if (!same)
+      throw wiring_error("graph: tie: '" + copy + "' (" + describe(a) + ") cannot share the weights of '" + owner +
+                         "' (" + describe(b) + "): the parameters must have the same names and shapes");
+    g.ties_.push_back(t);
+  }
+  ties_.clear();
+
+  // Parameters: one documented stream, insertion order; a tied copy then starts from its owner.
   std::mt19937_64 rng(seed);
   for (auto& n : nodes)
     if (n.layer) n.layer->reset_parameters(rng);
+  g.copy_tied();
   output_.clear();
   return g;
+}
+
+template <class Scalar>
+basic_graph_builder<Scalar>& basic_graph_builder<Scalar>::tie(std::string copy, std::string owner) {
+  ties_.emplace_back(std::move(copy), std::move(owner));
+  return *this;
 }
 
 template class basic_graph<float>;

@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "layers/layer.hpp"
@@ -122,12 +123,31 @@ class basic_graph {
   /// The node whose output is the graph's output.
   std::size_t output() const noexcept { return output_; }
 
-  /// Every trainable tensor, named `<node>.<parameter>` (`fc1.weight`), in node order.
+  /// Every trainable tensor, named `<node>.<parameter>` (`fc1.weight`), in node order; a
+  /// tied weight once, under its owner's name (`ties`).
   std::vector<parameter_ref> parameters();
   /// Every buffer, named `<node>.<buffer>` (`bn1.running_mean`).
   std::vector<buffer_ref> buffers();
-  /// Total trainable scalars.
+  /// Total trainable scalars (a tied weight counted once).
   std::int64_t parameter_count();
+
+  /// Node `copy` holds a copy of node `owner`'s parameters, the same names and shapes (a
+  /// language model's head and its token embedding: one weight, PyTorch's
+  /// `head.weight = wte.weight`). Each node runs with its own copy (on its own stage, say),
+  /// and the two are summed before every update, each copy's gradient into the owner's
+  /// (`sum_tied_gradients`; a runtime all-reduces them as it does replicas'), so both make
+  /// the same update and stay equal. Weights files hold the owner's tensor alone.
+  struct tie {
+    std::size_t copy = 0, owner = 0;
+  };
+  const std::vector<tie>& ties() const noexcept { return ties_; }
+  /// Whether node `i` is a tied copy (its parameters are another node's).
+  bool is_tied_copy(std::size_t i) const noexcept;
+  /// Sets every copy's parameters to its owner's (after weights were loaded into the owners).
+  void copy_tied();
+  /// Adds every copy's gradients into its owner's: what one update of the shared weight
+  /// takes (`copy_tied` after the update brings the copies along).
+  void sum_tied_gradients();
   /// Zeroes every gradient.
   void zero_grad();
   /// Training or evaluation mode for every layer.
@@ -153,6 +173,7 @@ class basic_graph {
   std::vector<std::size_t> order_;
   std::vector<std::size_t> inputs_;
   std::size_t output_ = 0;
+  std::vector<tie> ties_;
 };
 
 /// Builds a `basic_graph`: declare inputs, add named layers with the names of
@@ -189,6 +210,10 @@ class basic_graph_builder {
   }
   /// Names the output node. Optional when exactly one node has no consumer.
   basic_graph_builder& output(std::string name);
+  /// Ties node `copy`'s parameters to node `owner`'s (`basic_graph::tie`): `build` checks
+  /// that both have parameters of the same names and shapes, and starts the copy from the
+  /// owner's initial values. A node is tied as a copy at most once, and an owner is no copy.
+  basic_graph_builder& tie(std::string copy, std::string owner);
 
   /// Validates and builds. Shapes are inferred from the inputs along the
   /// topological order; every parameterised layer is then initialised with
@@ -205,6 +230,7 @@ class basic_graph_builder {
   };
   std::vector<pending> pending_;
   std::string output_;
+  std::vector<std::pair<std::string, std::string>> ties_;  // (copy, owner)
 };
 
 using node = basic_node<float>;

@@ -10,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "bus/all_reduce.hpp"
 #include "layers/memory.hpp"
 #include "layers/pipeline/stage_gate.hpp"
 
@@ -65,6 +66,20 @@ network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> crit
                                                 backend_->kernels_for(n));
   }
   auto actor_at = [&](std::size_t i) -> layer_actor& { return *static_cast<layer_actor*>(node_actors_[i].get()); };
+  // Tied weights: the owner (rank 0) and its copy (rank 1) sum their gradients before each
+  // update, as replicas do (where they are: on the device, or on the host).
+  for (const auto& t : g.ties()) {
+    bus::group members(nodes[t.owner].name + " tied to " + nodes[t.copy].name);
+    members.add(node_actors_[t.owner]);
+    members.add(node_actors_[t.copy]);
+    const actors::spawn_options so{.loop = node_actors_[t.owner].loop()};
+    const auto name = "all-reduce " + nodes[t.owner].name;
+    auto reducer = backend_->spawn_reducer(rt, so, name, members, {backend_.get(), backend_.get()});
+    if (!reducer) reducer = rt.spawn_with<bus::all_reduce>(so, name, std::move(members));
+    reducers_.push_back(reducer);
+    actor_at(t.owner).gate({.reducer = reducer, .rank = 0});
+    actor_at(t.copy).gate({.reducer = reducer, .rank = 1});
+  }
 
   // Edges are bus signals: each edge subscribes its consumer to the producer's output on
   // the consumer's input port, and the producer to the consumer's input gradient on the
@@ -100,6 +115,7 @@ network::network(actors::runtime& rt, graph& g, std::shared_ptr<const loss> crit
 network::~network() {
   for (auto& a : node_actors_)
     if (a) rt_.stop(a);
+  for (auto& a : reducers_) rt_.stop(a);
   rt_.stop(coordinator_);
 }
 
@@ -241,7 +257,7 @@ bus_traffic network::traffic() const {
 optimizer_state ask_optimizer_state(actors::runtime& rt, const graph& g, const std::vector<actors::address>& by_node) {
   optimizer_state all;
   for (std::size_t i = 0; i < by_node.size(); ++i) {
-    if (!by_node[i]) continue;
+    if (!by_node[i] || g.is_tied_copy(i)) continue;  // a tied copy's state is its owner's
     const auto prefix = g.nodes()[i].name + ".";
     auto st = rt.ask<optimizer_state>(by_node[i], get_optimizer_state{}, std::chrono::nanoseconds::max()).get();
     for (auto& b : st.buffers) all.buffers.push_back({prefix + b.parameter, std::move(b.name), std::move(b.values)});
@@ -277,6 +293,7 @@ void network::load_optimizer_state(const optimizer_state& state) {
     auto [i, local] = owner(k);
     parts[i].counters[local] = v;
   }
+  for (const auto& t : graph_.ties()) parts[t.copy] = parts[t.owner];  // it made the owner's updates
   std::vector<std::future<bool>> done;
   for (std::size_t i = 0; i < node_actors_.size(); ++i)
     if (node_actors_[i])

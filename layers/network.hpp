@@ -141,6 +141,7 @@ class network {
   graph_plan plan_;
   std::shared_ptr<backend> backend_;
   std::vector<actors::address> node_actors_;  // by node index; empty for graph inputs
+  std::vector<actors::address> reducers_;     // a tied weight's sum (graph::tie), one per tie
   actors::address coordinator_;  // the step coordinator, without admission (stage_gate.hpp)
   std::shared_ptr<pipeline::own_failure> coordinator_failed_;  // what it failed with itself
   std::exception_ptr failure_at_start_;  // the runtime's error when the network was built (if any)

@@ -84,7 +84,7 @@ model_summary summary(graph& g, const summary_options& options) {
     row.name = n.name;
     row.kind = n.layer ? std::string(n.layer->kind()) : std::string("Input");
     row.output = n.output_shape;
-    if (n.layer)
+    if (n.layer && !g.is_tied_copy(i))  // a tied copy's weight is its owner's, counted there
       for (auto& p : n.layer->parameters()) row.parameters += p.value->size();
     row.stash_bytes = two[i] + (three[i] - two[i]) * (options.micro_batch - 2);
     row.place = n.layer && i < options.places.size() && !options.places[i].empty() ? options.places[i] : "-";

@@ -66,6 +66,7 @@ void copy_weights(const checkpoint::state_dict& d, graph& g) {
   for_each_weight(g, [&](const std::string& name, tensor& t, const std::vector<std::int64_t>& shape) {
     d.copy_to(name, dims_of(shape), std::span<float>(t.data(), static_cast<std::size_t>(t.size())));
   });
+  g.copy_tied();  // a tied weight is in the file once, under its owner's name
 }
 
 }  // namespace
@@ -94,6 +95,7 @@ nlohmann::json settings_of(const train_options& o) {
   s["app"] = o.app_settings;
   // Only when set: a checkpoint written before the option existed had none.
   if (o.normalize) s["normalize"] = {o.normalize->mean, o.normalize->std};
+  if (o.beta2 != train_options{}.beta2) s["beta2"] = o.beta2;
   if (!o.train_data.empty()) s["train_data"] = {o.train_data.inputs.string(), o.train_data.labels.string()};
   if (!o.test_data.empty()) s["test_data"] = {o.test_data.inputs.string(), o.test_data.labels.string()};
   if (o.augment.any()) s["augment"] = data::augment_text(o.augment);

@@ -153,6 +153,10 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
   node_stage_.assign(N, 0);
   for (std::size_t i = 0; i < N; ++i) node_stage_[i] = piece_of[i] % S;
   const auto stage_of = [&](std::size_t node) { return node_stage_[node]; };
+  const auto tied = [&](std::size_t node) {
+    const auto& ties = graph_->ties();
+    return std::any_of(ties.begin(), ties.end(), [&](const auto& t) { return t.copy == node || t.owner == node; });
+  };
   // How a value of a node in stage `from` of replica r leaves for stage `to`: CPU stages and
   // values that stay in their stage leave as they are; a device stage's go to another stream
   // of its device as a copy with its ready event, anywhere else (another rank too: the wire
@@ -311,6 +315,7 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
   if (replicas_ > 1)
     for (std::size_t i = 0; i < N; ++i) {
       if (nodes0[i].is_input() || !nodes0[i].layer->has_parameters()) continue;
+      if (tied(i)) continue;  // its group is the tie's, below
       const std::uint32_t s = stage_of(i);
       const auto name = "all-reduce " + nodes0[i].name;
       if (rank_of(0, s) != rank_of(1, s)) {  // each replica on its own rank (checked): the link's all-reduce
@@ -353,6 +358,60 @@ void pipeline::spawn_groups(const std::vector<layers::graph*>& replicas, std::sh
       reducers_.push_back(reducer);
       for (std::uint32_t r = 0; r < replicas_; ++r) gating[r * N + i].reducer = reducers_.back();
     }
+  // Tied weights (a head that shares its token embedding's, on the last stage and the
+  // first): every replica's owner and copy form one group, members in the order owner of
+  // replica 0…R-1, then copy of replica 0…R-1, so the sum has the same bits whatever the cut.
+  for (const auto& t : graph_->ties()) {
+    std::vector<std::pair<std::uint32_t, std::size_t>> who;  // (replica, node) per member
+    for (const auto node : {t.owner, t.copy})
+      for (std::uint32_t r = 0; r < replicas_; ++r) who.emplace_back(r, node);
+    const auto name = "all-reduce " + nodes0[t.owner].name + " tied to " + nodes0[t.copy].name;
+    std::vector<int> ranks;
+    for (const auto& [r, i] : who) ranks.push_back(rank_of(r, stage_of(i)));
+    const bool one_rank = std::all_of(ranks.begin(), ranks.end(), [&](int k) { return k == ranks[0]; });
+    if (!one_rank) {
+      // Each member on a rank of its own: the link's all-reduce, through the host.
+      auto sorted = ranks;
+      std::sort(sorted.begin(), sorted.end());
+      if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+        throw std::invalid_argument("pipeline: the weights of '" + nodes0[t.copy].name + "' tied to '" +
+                                    nodes0[t.owner].name + "' are on ranks that hold several of their " +
+                                    std::to_string(who.size()) + " copies: give each stage with a tied weight a rank "
+                                    "of its own");
+      const auto ch = next_channel++;
+      for (std::uint32_t k = 0; k < who.size(); ++k) {
+        const auto [r, i] = who[k];
+        const auto s = stage_of(i);
+        if (!here(r, s)) continue;
+        if (backends_[r * S + s]->on_device())
+          throw std::invalid_argument("pipeline: the weights of '" + nodes0[t.copy].name + "' tied to '" +
+                                      nodes0[t.owner].name + "' across ranks are summed on the host: run their "
+                                      "stages on the CPU");
+        const auto& local = layers_[r * N + i];
+        reducers_.push_back(link->spawn_reducer(rt_, local.loop(), ch, ranks, k, local, name));
+        gating[r * N + i].reducer = reducers_.back();
+        gating[r * N + i].rank = k;
+      }
+      continue;
+    }
+    if (!here(0, stage_of(t.owner))) continue;
+    bus::group members(name);
+    std::vector<layers::backend*> each;
+    for (const auto& [r, i] : who) {
+      members.add(layers_[r * N + i]);
+      each.push_back(backends_[r * S + stage_of(i)].get());
+    }
+    const actors::spawn_options so{.loop = layers_[t.owner].loop(), .supervisor = stages_[stage_of(t.owner)]};
+    auto reducer = backends_[stage_of(t.owner)]->on_device()
+                       ? backends_[stage_of(t.owner)]->spawn_reducer(rt_, so, name, members, each)
+                       : actors::address{};
+    if (!reducer) reducer = rt_.spawn_with<bus::all_reduce>(so, name, std::move(members));
+    reducers_.push_back(reducer);
+    for (std::uint32_t k = 0; k < who.size(); ++k) {
+      gating[who[k].first * N + who[k].second].reducer = reducer;
+      gating[who[k].first * N + who[k].second].rank = k;
+    }
+  }
   for (std::size_t k = 0; k < layers_.size(); ++k)
     if (layers_[k]) static_cast<layers::layer_actor*>(layers_[k].get())->gate(std::move(gating[k]));
   if (link) {

@@ -104,6 +104,7 @@ void pipeline::load_optimizer_state(const layers::optimizer_state& state) {
     else  // a stage-wide counter (`steps` of a checkpoint written by stage optimizers): every layer's
       for (auto& part : parts) part.counters.emplace(k, v);
   }
+  for (const auto& t : graph_->ties()) parts[t.copy] = parts[t.owner];  // it made the owner's updates
   std::vector<std::future<bool>> done;  // every replica's layers: they step alike
   for (std::size_t k = 0; k < layers_.size(); ++k)
     if (layers_[k])

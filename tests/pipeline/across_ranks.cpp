@@ -23,6 +23,7 @@
 #include "layers/pipeline/pipeline.hpp"
 #include "layers/presets.hpp"
 #include "tests/pipeline/chain.hpp"
+#include "tests/pipeline/tiny_lm.hpp"
 
 using namespace nerve;
 using namespace nerve::pipeline;
@@ -45,7 +46,17 @@ layers::optimizer_factory sgd_factory() {
   return [] { return layers::make_optimizer<float>("sgd", 0.05, 0.9); };
 }
 
-layers::graph model(const std::string& name) { return name == "chain" ? test::small_chain() : layers::make_preset(name, 3); }
+layers::graph model(const std::string& name) {
+  if (name == "tiny-lm") return test::tiny_lm();  // its head tied to its embedding
+  return name == "chain" ? test::small_chain() : layers::make_preset(name, 3);
+}
+
+/// `make_batch` for `g`, or token windows with a label per token for the tiny language model.
+test::batch batch_of(const std::string& name, const layers::graph& g, std::int64_t n, std::uint64_t seed) {
+  if (name != "tiny-lm") return make_batch(g, n, seed);
+  auto t = test::tiny_lm_batch(n, seed);
+  return {std::move(t.x), std::move(t.t)};
+}
 
 /// The number of parameters of `a` that differ from `b`'s by more than `bound` of the
 /// tensor's largest entry in `b` (0: by a bit), and that did not move from `start`'s.
@@ -158,8 +169,8 @@ void check_across(const std::string& name, const schedule& plan, std::uint32_t r
   one_process.backends = stages_of(reference_on);
   nerve::pipeline::pipeline reference(rt, hp, pieces, plan, crit, sgd_factory(), one_process);
   for (int s = 0; s < steps; ++s) {
-    auto a = make_batch(spread[0], batch_size, 100 + std::uint64_t(s));
-    auto b = make_batch(spread[0], batch_size, 100 + std::uint64_t(s));
+    auto a = batch_of(name, spread[0], batch_size, 100 + std::uint64_t(s));
+    auto b = batch_of(name, spread[0], batch_size, 100 + std::uint64_t(s));
     const auto ra = across.train_step(std::move(a.x), a.t, std::uint64_t(s));
     const auto rb = reference.train_step(std::move(b.x), b.t, std::uint64_t(s));
     if (bitwise)
@@ -195,7 +206,7 @@ void check_across(const std::string& name, const schedule& plan, std::uint32_t r
   for (const auto& m : across.metrics()) CHECK(m.actions > 0);
   // Evaluation and prediction run on the ranks' own stages: every rank gets the figures
   // and the outputs of the same stages in one process.
-  auto e = make_batch(spread[0], 29, 500);
+  auto e = batch_of(name, spread[0], 29, 500);
   const auto ea = across.evaluate(e.x.clone(), e.t), eb = reference.evaluate(e.x.clone(), e.t);
   CHECK(ea.samples == 29);
   CHECK(ea.correct == eb.correct);
@@ -300,6 +311,31 @@ TEST_CASE("two stages x two replicas on two ranks: a stage's replicas on one ran
   check_across("chain", make_schedule("1f1b", 2, 3), 2, 3, 12, o);
   o.ranks = {0, 0, 1, 1};  // each replica on a rank of its own
   check_across("chain", make_schedule("zb-h1", 2, 3), 2, 3, 12, o);
+}
+
+TEST_CASE("a tied weight across ranks: the embedding on the first rank, the head on the last, bitwise one process") {
+  const auto S = std::uint32_t(world->size());
+  for (auto name : {"1f1b", "zb-h1"}) {
+    CAPTURE(name);
+    check_across("tiny-lm", make_schedule(name, S, S + 1), 1, 3, 9);
+  }
+  check_across("tiny-lm", make_schedule("interleaved", S, S, 2), 1, 2, 9);
+  if (S != 2) return;
+  // Replicas across the ranks put two of the four copies on a rank, whichever way they are
+  // placed: refused on every rank, before a step (the sum would need two levels).
+  for (std::vector<int> ranks : {std::vector<int>{0, 1, 0, 1}, std::vector<int>{0, 0, 1, 1}}) {
+    pipeline_options o;
+    o.ranks = ranks;
+    o.link = fresh_link();
+    auto a = test::tiny_lm(), b = test::tiny_lm();
+    actors::runtime rt(actors::runtime_options{.loops = 1});
+    CHECK_THROWS_WITH(nerve::pipeline::pipeline(rt, std::vector<layers::graph*>{&a, &b}, partition_by_parameters(a, 2),
+                                                make_schedule("1f1b", 2, 2), std::make_shared<layers::cross_entropy>(),
+                                                sgd_factory(), o),
+                      "pipeline: the weights of 'head' tied to 'wte' are on ranks that hold several of their 4 "
+                      "copies: give each stage with a tied weight a rank of its own");
+  }
+  world->barrier();
 }
 
 TEST_CASE("two stand-in stages x two replicas on two ranks: in process on the device, or through the host") {
