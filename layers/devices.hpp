@@ -36,6 +36,7 @@ struct optimizer_settings {
   std::string name = "sgd";  ///< sgd, adam, adamw
   double lr = 0.1, momentum = 0, weight_decay = 0;
   bool nesterov = false;
+  double beta2 = 0.999;  ///< adam, adamw
 };
 
 /// A device opened by name (`open_device`). Members are called off the loops.

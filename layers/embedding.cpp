@@ -43,8 +43,8 @@ std::int64_t checked_tokens(std::int64_t tokens, std::int64_t dim) {
 // ---- Embedding -----------------------------------------------------------------------
 
 template <class Scalar>
-basic_embedding<Scalar>::basic_embedding(std::int64_t vocab, std::int64_t dim)
-    : vocab_(checked_vocab(vocab, dim)), dim_(dim), weight_(tensor_type::zeros(vocab, {dim})),
+basic_embedding<Scalar>::basic_embedding(std::int64_t vocab, std::int64_t dim, double init_std)
+    : vocab_(checked_vocab(vocab, dim)), dim_(dim), init_std_(init_std), weight_(tensor_type::zeros(vocab, {dim})),
       weight_grad_(tensor_type::zeros(vocab, {dim})) {}
 
 template <class Scalar>
@@ -54,7 +54,7 @@ auto basic_embedding<Scalar>::parameters() -> std::vector<parameter_ref> {
 
 template <class Scalar>
 void basic_embedding<Scalar>::reset_parameters(std::mt19937_64& rng) {
-  normal_fill(weight_, 1.0, rng);
+  normal_fill(weight_, init_std_, rng);
 }
 
 template <class Scalar>

@@ -27,8 +27,10 @@ class basic_embedding final : public basic_op_layer<Scalar> {
   using typename basic_layer<Scalar>::parameter_ref;
   using typename basic_op_layer<Scalar>::array;
 
+  /// Rows start as draws of N(0, `init_std`²): PyTorch's `nn.Embedding` draws N(0, 1); a
+  /// GPT whose head shares the table takes 0.02 (GPT-2's), so its first logits are small.
   /// Throws `std::invalid_argument` unless both are positive and `vocab` is below 2²⁴.
-  basic_embedding(std::int64_t vocab, std::int64_t dim);
+  basic_embedding(std::int64_t vocab, std::int64_t dim, double init_std = 1.0);
 
   std::string_view kind() const noexcept override { return "Embedding"; }
   std::vector<parameter_ref> parameters() override;
@@ -46,6 +48,7 @@ class basic_embedding final : public basic_op_layer<Scalar> {
 
  private:
   std::int64_t vocab_, dim_;
+  double init_std_;
   tensor_type weight_, weight_grad_;
 };
 

@@ -63,15 +63,18 @@ test_figures evaluate_set(train_engine& engine, const data::dataset& set, const 
   double loss_sum = 0;
   for (std::size_t first = 0; first < set.size(); first += evaluation_rows) {
     const auto rows = std::min(evaluation_rows, set.size() - first);
+    const std::size_t per = set.labels_per_sample;
     targets y;
-    y.labels.assign(set.labels.begin() + std::ptrdiff_t(first), set.labels.begin() + std::ptrdiff_t(first + rows));
+    y.labels.assign(set.labels.begin() + std::ptrdiff_t(first * per),
+                    set.labels.begin() + std::ptrdiff_t((first + rows) * per));
+    y.labels_per_sample = std::int64_t(per);
     auto r = engine.evaluate(batch_of(set, first, rows, sample), std::move(y)).get();
     loss_sum += r.loss * double(r.samples);
     f.correct += r.correct;
   }
   f.samples = std::int64_t(set.size());
   f.loss = loss_sum / double(set.size());
-  f.accuracy = double(f.correct) / double(set.size());
+  f.accuracy = double(f.correct) / double(set.labels.size());  // a label per sample, or per token
   return f;
 }
 
@@ -89,6 +92,9 @@ void predict_set(train_engine& engine, const data::dataset& set, const shape& sa
 }
 
 class_counts count_classes(train_engine& engine, const data::dataset& set, const shape& sample) {
+  if (set.labels_per_sample != 1)
+    throw std::invalid_argument("class figures count a class per sample, but this data has " +
+                                std::to_string(set.labels_per_sample) + " labels per sample (a token's each)");
   class_counts c;
   c.confusion.assign(set.classes, std::vector<std::int64_t>(set.classes, 0));
   predict_set(engine, set, sample, [&](std::size_t i, std::span<const float> z) {

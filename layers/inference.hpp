@@ -26,7 +26,7 @@ namespace nerve::layers {
 /// A test set's loss and accuracy.
 struct test_figures {
   double loss = 0;      ///< mean over the samples
-  double accuracy = 0;  ///< `correct / samples`
+  double accuracy = 0;  ///< `correct` over the labels: the samples, or every sample's tokens
   std::int64_t correct = 0, samples = 0;
 };
 

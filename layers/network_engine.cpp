@@ -62,7 +62,7 @@ class network_engine : public train_engine {
 }  // namespace
 
 optimizer_settings optimizer_settings_of(const train_options& o) {
-  return {o.optimizer, o.lr, o.momentum, o.weight_decay, o.nesterov};
+  return {o.optimizer, o.lr, o.momentum, o.weight_decay, o.nesterov, o.beta2};
 }
 
 std::unique_ptr<train_engine> make_network_engine(actors::runtime& rt, graph& g, const train_options& o) {

@@ -174,10 +174,10 @@ void basic_adam<Scalar>::load_state(const basic_optimizer_state<Scalar>& in, bas
 
 template <class Scalar>
 std::unique_ptr<basic_optimizer<Scalar>> make_optimizer(std::string_view name, double lr, double momentum,
-                                                        double weight_decay, bool nesterov) {
+                                                        double weight_decay, bool nesterov, double beta2) {
   if (name == "sgd") return std::make_unique<basic_sgd<Scalar>>(sgd_options{lr, momentum, 0.0, weight_decay, nesterov});
-  if (name == "adam") return std::make_unique<basic_adam<Scalar>>(adam_options{lr, 0.9, 0.999, 1e-8, weight_decay});
-  if (name == "adamw") return std::make_unique<basic_adamw<Scalar>>(adam_options{lr, 0.9, 0.999, 1e-8, weight_decay});
+  if (name == "adam") return std::make_unique<basic_adam<Scalar>>(adam_options{lr, 0.9, beta2, 1e-8, weight_decay});
+  if (name == "adamw") return std::make_unique<basic_adamw<Scalar>>(adam_options{lr, 0.9, beta2, 1e-8, weight_decay});
   throw std::invalid_argument("unknown optimizer '" + std::string(name) + "' (sgd, adam, adamw)");
 }
 
@@ -187,8 +187,9 @@ template class basic_sgd<float>;
 template class basic_sgd<double>;
 template class basic_adam<float>;
 template class basic_adam<double>;
-template std::unique_ptr<basic_optimizer<float>> make_optimizer<float>(std::string_view, double, double, double, bool);
+template std::unique_ptr<basic_optimizer<float>> make_optimizer<float>(std::string_view, double, double, double, bool,
+                                                                       double);
 template std::unique_ptr<basic_optimizer<double>> make_optimizer<double>(std::string_view, double, double, double,
-                                                                         bool);
+                                                                         bool, double);
 
 }  // namespace nerve::layers

@@ -185,11 +185,13 @@ class basic_adamw final : public basic_adam<Scalar> {
 };
 
 /// Makes an optimizer by name: `sgd` (uses `lr`, `momentum`, `weight_decay`, `nesterov`),
-/// `adam`, `adamw` (`lr` and `weight_decay` as given: 0 is no decay, also for AdamW; PyTorch's
-/// defaults are `preset_defaults`'s). Throws `std::invalid_argument` for an unknown name.
+/// `adam`, `adamw` (`lr`, `weight_decay` and `beta2` as given: 0 is no decay, also for AdamW;
+/// PyTorch's defaults are `preset_defaults`'s; β₁ is 0.9). Throws `std::invalid_argument`
+/// for an unknown name.
 template <class Scalar>
 std::unique_ptr<basic_optimizer<Scalar>> make_optimizer(std::string_view name, double lr, double momentum = 0.0,
-                                                        double weight_decay = 0.0, bool nesterov = false);
+                                                        double weight_decay = 0.0, bool nesterov = false,
+                                                        double beta2 = 0.999);
 
 using optimizer = basic_optimizer<float>;
 /// Makes one optimizer per layer actor (each layer steps its own parameters, on whichever

@@ -115,8 +115,37 @@ basic_graph_builder<Scalar> preset_builder(std::string_view name, const preset_s
     b.add("ln_f", basic_layer_norm<Scalar>(shape{width}), {x});
     b.add("select", basic_select_token<Scalar>(0), {"ln_f"});
     b.add("head", lin(width, classes), {"select"});
+  } else if (name == "gpt") {
+    // A character GPT (GPT-2's layout): token and learned position embeddings, 4 causal
+    // pre-LayerNorm blocks of width 128, 4 heads and a GELU MLP ×4, the final LayerNorm
+    // and a head that shares the token embedding's weight. Node names are the PyTorch
+    // module paths of docs/layers.md's GPT, so its checkpoint loads there.
+    constexpr std::int64_t width = 128, blocks = 4, heads = 4, mlp = 4 * width;
+    const std::int64_t context = data.input ? (*data.input)[0] : gpt_context;
+    if (data.input && data.input->rank() != 1)
+      throw std::invalid_argument("model 'gpt' takes windows of [T] token ids but the data's samples are " +
+                                  data.input->to_string());
+    b.input("input", {context});
+    b.add("wte", basic_embedding<Scalar>(classes, width, 0.02), {"input"});
+    b.add("wpe", basic_positional_embedding<Scalar>(context, width), {"wte"});
+    std::string x = "wpe";
+    for (std::int64_t i = 0; i < blocks; ++i) {
+      const std::string p = "blocks." + std::to_string(i) + ".";
+      b.add(p + "ln1", basic_layer_norm<Scalar>(shape{width}), {x});
+      b.add(p + "attn", basic_multihead_attention<Scalar>(width, heads, true), {p + "ln1"});
+      b.add(p + "add1", basic_add<Scalar>(), {x, p + "attn"});
+      b.add(p + "ln2", basic_layer_norm<Scalar>(shape{width}), {p + "add1"});
+      b.add(p + "mlp.fc", lin(width, mlp), {p + "ln2"});
+      b.add(p + "mlp.act", basic_gelu<Scalar>(), {p + "mlp.fc"});
+      b.add(p + "mlp.proj", lin(mlp, width), {p + "mlp.act"});
+      b.add(p + "add2", basic_add<Scalar>(), {p + "add1", p + "mlp.proj"});
+      x = p + "add2";
+    }
+    b.add("ln_f", basic_layer_norm<Scalar>(shape{width}), {x});
+    b.add("head", lin(width, classes, false), {"ln_f"});
+    b.tie("head", "wte");
   } else {
-    throw std::invalid_argument("unknown model '" + std::string(name) + "' (mlp, deep-mlp, lenet, resmlp, vit)");
+    throw std::invalid_argument("unknown model '" + std::string(name) + "' (mlp, deep-mlp, lenet, resmlp, vit, gpt)");
   }
   return b;
 }
@@ -128,7 +157,7 @@ bool is_preset(const basic_graph<float>& g, std::string_view name) {
   std::optional<basic_graph<float>> preset;
   try {
     if (g.inputs().size() != 1) return false;
-    const preset_shape own{g.nodes()[g.inputs()[0]].output_shape, g.nodes()[g.output()].output_shape.numel()};
+    const preset_shape own{g.nodes()[g.inputs()[0]].output_shape, g.nodes()[g.output()].output_shape.dims().back()};
     preset.emplace(make_preset(name, 0, own));
   } catch (const std::invalid_argument&) {
     return false;
@@ -152,7 +181,8 @@ train_options preset_defaults(std::string_view model, std::string_view optimizer
   // Momentum 0.9 for all: plain SGD at lr 0.1 keeps mlp under the 85% target after 10
   // epochs (docs/layers.md has the measured runs).
   static constexpr std::tuple<std::string_view, std::size_t, double> presets[] = {
-      {"mlp", 256, 0.1}, {"deep-mlp", 256, 0.05}, {"lenet", 64, 0.05}, {"resmlp", 128, 0.05}, {"vit", 128, 0.05}};
+      {"mlp", 256, 0.1}, {"deep-mlp", 256, 0.05}, {"lenet", 64, 0.05}, {"resmlp", 128, 0.05}, {"vit", 128, 0.05},
+      {"gpt", 32, 0.05}};
   for (const auto& [name, batch, lr] : presets) {
     if (name != model) continue;
     train_options o;
@@ -162,6 +192,12 @@ train_options preset_defaults(std::string_view model, std::string_view optimizer
     if (model == "vit" && optimizer_name.empty()) {
       o.optimizer = "adamw";
       o.lr = 1e-3, o.momentum = 0, o.weight_decay = 0.05;
+      return o;
+    }
+    // The character GPT: AdamW at lr 1e-3, weight decay 0.1, 2 passes over the corpus.
+    if (model == "gpt" && (optimizer_name.empty() || optimizer_name == "adamw")) {
+      o.optimizer = "adamw";
+      o.lr = 1e-3, o.momentum = 0, o.weight_decay = 0.1, o.beta2 = 0.99, o.epochs = 2;
       return o;
     }
     if (optimizer_name == "adam" || optimizer_name == "adamw") {

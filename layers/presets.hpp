@@ -30,6 +30,15 @@ struct preset_shape {
 /// - `resmlp`: [784] → fc1 784→256 → relu1, then two residual blocks
 ///   (fc 256→256 → relu → fc 256→256 → add with the block input → relu), then
 ///   a head 256→10: fc2…fc5 in the blocks, fc6 the head; add1, add2 the joins.
+/// - `vit`: [1, 28, 28] → 7×7 patches (`patch`), class token (`cls`), positions (`pos`),
+///   4 pre-LayerNorm blocks (`blocks.{i}.ln1, attn, add1, ln2, mlp.fc, mlp.act,
+///   mlp.proj, add2`) of width 64, 4 heads and an MLP ×2, `ln_f`, the class token
+///   (`select`) into `head` 64→10.
+/// - `gpt`: [T] token ids (T = `gpt_context` unless the data's samples say otherwise) →
+///   `wte` (the embedding, vocab = `data.classes` rows) → `wpe` (learned positions) → 4
+///   blocks as `vit`'s but causal, width 128, 4 heads and an MLP ×4 → `ln_f` → `head`
+///   128→vocab without bias, its weight tied to `wte`'s (`graph_builder::tie`): [T, vocab]
+///   logits, a token's each.
 ///
 /// Parameterised layers are `fc1`, `fc2`, … and `conv1`, `conv2`, … in order,
 /// so parameters are `fc1.weight`, `fc1.bias` as in PyTorch. Throws
@@ -37,6 +46,13 @@ struct preset_shape {
 /// cannot take (naming both shapes).
 template <class Scalar>
 basic_graph_builder<Scalar> preset_builder(std::string_view name, const preset_shape& data = {});
+
+/// Tokens per window of the `gpt` preset: its context.
+inline constexpr std::int64_t gpt_context = 64;
+
+/// Whether preset `model` reads text (the `fortunes` corpus, layers/data/text.hpp) rather
+/// than images: `gpt`.
+inline bool reads_text(std::string_view model) noexcept { return model == "gpt"; }
 
 /// `preset_builder(name, data).build(seed)`.
 template <class Scalar = float>

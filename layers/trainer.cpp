@@ -66,7 +66,8 @@ class loader_actor : public actors::actor {
       if (batcher_.epoch() != r.epoch) batcher_.set_epoch(r.epoch);
       const auto rows = batcher_.indices(r.index).size();
       prepared_batch b{tensor(static_cast<std::int64_t>(rows), sample_), {}};
-      b.y.labels.resize(rows);
+      b.y.labels.resize(rows * ds_->labels_per_sample);
+      b.y.labels_per_sample = static_cast<std::int64_t>(ds_->labels_per_sample);
       const std::span<float> values(b.x.data(), static_cast<std::size_t>(b.x.size()));
       batcher_.gather(*ds_, r.index, values, b.y.labels);
       // Keyed on (seed, epoch, sample): a resumed run's batches are the uninterrupted run's.
@@ -90,8 +91,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 optimizer_factory make_optimizer_factory(const train_options& o) {
-  auto make = [name = o.optimizer, lr = o.lr, momentum = o.momentum, decay = o.weight_decay, nesterov = o.nesterov] {
-    return make_optimizer<float>(name, lr, momentum, decay, nesterov);
+  auto make = [name = o.optimizer, lr = o.lr, momentum = o.momentum, decay = o.weight_decay, nesterov = o.nesterov,
+               beta2 = o.beta2] {
+    return make_optimizer<float>(name, lr, momentum, decay, nesterov, beta2);
   };
   (void)make();  // an unknown optimizer throws here, before a network is built
   return make;
@@ -207,6 +209,7 @@ train_options resume_options(const std::filesystem::path& path) {
     detail::check_settings_json(s, path.string());
     auto o = s.get<train_options>();
     o.app_settings = s.at("app");
+    if (s.contains("beta2")) o.beta2 = s["beta2"].get<double>();
     if (s.contains("normalize")) o.normalize = data::normalization{s["normalize"].at(0), s["normalize"].at(1)};
     for (const auto& [key, files] : {std::pair{"train_data", &o.train_data}, std::pair{"test_data", &o.test_data}})
       if (s.contains(key))
@@ -245,6 +248,7 @@ void check_options(const train_options& o) {
   if (!(o.momentum >= 0 && o.momentum < 1)) refuse("--momentum must be in [0, 1) (got " + num(o.momentum) + ")");
   if (!(std::isfinite(o.weight_decay) && o.weight_decay >= 0))
     refuse("--weight-decay must be a finite number, 0 or more (got " + num(o.weight_decay) + ")");
+  if (!(o.beta2 >= 0 && o.beta2 < 1)) refuse("beta2 (Adam's second-moment decay) must be in [0, 1) (got " + num(o.beta2) + ")");
   if (o.optimizer != "sgd" && o.optimizer != "adam" && o.optimizer != "adamw")
     refuse("unknown --optimizer '" + o.optimizer + "' (sgd, adam, adamw)");
   if (o.nesterov && o.optimizer == "sgd" && o.momentum == 0)
@@ -376,6 +380,8 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
   for (const auto& e : pos.done)
     if (o.evaluate && !e.interrupted) best.add(e.epoch, e.test_loss);
   std::int64_t step = pos.step;
+  // Accuracy is over labels: a sample's, or each of a sequence's tokens (`gpt`).
+  const double labels_each = double(train_set->labels_per_sample);
   if (!o.resume.empty() && !(pos.epoch < o.epochs && step < total_steps)) {
     // The checkpoint's run is at its end: nothing to train, and no record of a run that
     // did not happen (metrics, checkpoint, trace). --save still writes its weights.
@@ -461,7 +467,8 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
         step_began = now;
         metrics->write({{"kind", "step"}, {"step", step}, {"epoch", epoch + 1}, {"batch", b + 1},
                         {"loss", finite_or_null(r.loss)},
-                        {"accuracy", r.samples ? double(r.correct) / double(r.samples) : 0.0}, {"lr", f.lr},
+                        {"accuracy", r.samples ? double(r.correct) / (double(r.samples) * labels_each) : 0.0},
+                        {"lr", f.lr},
                         {"samples", r.samples}, {"seconds", s},
                         {"samples_per_s", s > 0 ? double(r.samples) / s : 0.0}});
       }
@@ -514,7 +521,7 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
     if (st.interrupted && st.steps == 0) break;  // nothing of this epoch to report
     st.seconds = seconds_since(t0);
     st.train_loss = seen ? loss_sum / double(seen) : 0;
-    st.train_accuracy = seen ? double(correct) / double(seen) : 0;
+    st.train_accuracy = seen ? double(correct) / (double(seen) * labels_each) : 0;
     st.samples_per_s = st.seconds > 0 ? double(seen - seen_before) / st.seconds : 0;
     if (test_set && !st.interrupted) {
       const auto began = rt.trace().now();
@@ -575,8 +582,10 @@ train_report train(graph& g, const train_options& o, const std::function<void(co
 
 train_report train(const train_options& o, const std::function<void(const train_progress&)>& on_progress,
                    const std::function<void(const epoch_stats&)>& on_epoch) {
-  auto g = make_preset(o.model, o.seed);
-  return train(g, o, on_progress, on_epoch);
+  auto own = o;
+  load_own_data(own);  // a text model's corpus sets its vocabulary and context
+  auto g = make_preset_for(own);
+  return train(g, own, on_progress, on_epoch);
 }
 
 }  // namespace nerve::layers

@@ -63,6 +63,7 @@ struct train_options {
   double momentum = 0.0;
   bool nesterov = false;
   double weight_decay = 0.0;
+  double beta2 = 0.999;             ///< adam, adamw: the second moment's decay (β₁ is 0.9)
   std::string schedule = "none";    ///< none, step (÷10 every third of the run), cosine
   std::string device = "cpu";       ///< where the layers' kernels run (layers/devices.hpp): cpu, cuda, cuda:N, standin
   unsigned threads = 1;             ///< event loops, and threads per matrix product

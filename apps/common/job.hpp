@@ -28,6 +28,7 @@
 #include "layers/data/dataset.hpp"
 #include "layers/pipeline/engine.hpp"
 #include "layers/pipeline/ranks.hpp"
+#include "layers/presets.hpp"
 #include "layers/trainer.hpp"
 #if NERVE_HAS_MPI
 #include "bus/mpi/transport.hpp"
@@ -85,6 +86,7 @@ class job {
           session_->agree("the data file '" + file.string() + "' (" + flag + "; size and hash)", file_digest(file), remedy);
         continue;
       }
+      if (layers::reads_text(o.model)) continue;  // a corpus is a folder of files: each rank's own, unchecked
       for (const auto& file : data::fashion_mnist_files(o.data, which))
         session_->agree("the data file '" + file.string() + "' (--data; size and hash)", file_digest(file), remedy);
     }

@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
   double lr = -1, momentum = -1;
   unsigned long long seed = 0;
   bool no_shuffle = false, json = false, print_schedule = false, quiet = false, no_eval = false;
-  app.add_option("--model", model, "Preset: mlp, deep-mlp, lenet, resmlp")->capture_default_str();
+  app.add_option("--model", model, "Preset: mlp, deep-mlp, lenet, resmlp, vit, gpt")->capture_default_str();
   nerve::apps::add_whole(app, "--stages", stages_in, "Pipeline stages (S), 1 to 256")->capture_default_str();
   nerve::apps::add_whole(app, "--microbatches", micro_in, "Micro-batches per mini-batch (M), 1 to the batch size")->capture_default_str();
   app.add_option("--schedule", schedule_name, "gpipe, 1f1b, interleaved, zb-h1 or emergent")->capture_default_str();

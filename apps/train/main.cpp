@@ -137,7 +137,7 @@ model_summary summary_of(const train_options& o, std::uint32_t replicas, const s
 int main(int argc, char** argv) {
   CLI::App app{"nerve-train: train a network on Fashion-MNIST, each layer an actor on an event loop"};
   std::string model = "mlp";
-  app.add_option("--model", model, "Preset: mlp, deep-mlp, lenet, resmlp, vit");
+  app.add_option("--model", model, "Preset: mlp, deep-mlp, lenet, resmlp, vit, gpt (a character model of the fortunes corpus)");
   // Parse the model first so its defaults can be shown and then overridden.
   train_options o;
   int epochs = -1;
@@ -170,7 +170,8 @@ int main(int argc, char** argv) {
   nerve::apps::add_normalize(app, normalize);
   double stall_timeout = 60;
   nerve::apps::add_stall_timeout(app, stall_timeout);
-  app.add_option("--data", data, "Directory with the Fashion-MNIST IDX files");
+  app.add_option("--data", data,
+                 "Directory with the Fashion-MNIST IDX files (gpt: the text corpus, default /usr/share/games/fortunes)");
   nerve::apps::own_data_options own_data;
   own_data.add_to(app);
   app.add_option("--init", init, "Start from these weights (safetensors: weights, or the weights of a checkpoint)");
@@ -314,7 +315,7 @@ int main(int argc, char** argv) {
     o.app_settings = nlohmann::json{{"app", "nerve-train"}, {"replicas", replicas}}.dump();
     o.lead = speak;
     // The class counts cost one more pass over the test set: for --json, in one process.
-    o.class_figures = json && o.evaluate && ranks->size() == 1;
+    o.class_figures = json && o.evaluate && ranks->size() == 1 && !reads_text(o.model);
     check_options(o);  // before the banner and the data: a bad value costs nothing
     load_own_data(o);  // once: the preset takes its input shape and classes from it
     if (show_summary || (!json && speak)) {
@@ -376,11 +377,20 @@ int main(int argc, char** argv) {
         graphs[0], o, [&](const train_progress& p) { bar(p); },
         [&](const epoch_stats& e) {
           if (!json && speak) {
-            char test[32] = "      -";  // --no-eval or interrupted: no test accuracy to show
-            if (o.evaluate && !e.interrupted) std::snprintf(test, sizeof test, "%6.2f%%", 100 * e.test_accuracy);
-            std::printf("epoch %2d  train loss %.4f  train acc %6.2f%%  test acc %s  %6.2f s  %8.0f samples/s%s\n",
-                        e.epoch, e.train_loss, 100 * e.train_accuracy, test, e.seconds, e.samples_per_s,
-                        e.interrupted ? "  (interrupted)" : "");
+            const bool tested = o.evaluate && !e.interrupted;  // else no test figures to show
+            char test[32] = "      -";
+            if (tested) std::snprintf(test, sizeof test, "%6.2f%%", 100 * e.test_accuracy);
+            if (reads_text(o.model)) {  // a language model: the validation part's loss per token
+              char val[32] = "     -";
+              if (tested) std::snprintf(val, sizeof val, "%.4f", e.test_loss);
+              std::printf("epoch %2d  train loss %.4f  val loss %s  val token acc %s  %6.2f s  %8.0f windows/s%s\n",
+                          e.epoch, e.train_loss, val, test, e.seconds, e.samples_per_s,
+                          e.interrupted ? "  (interrupted)" : "");
+            } else {
+              std::printf("epoch %2d  train loss %.4f  train acc %6.2f%%  test acc %s  %6.2f s  %8.0f samples/s%s\n",
+                          e.epoch, e.train_loss, 100 * e.train_accuracy, test, e.seconds, e.samples_per_s,
+                          e.interrupted ? "  (interrupted)" : "");
+            }
           }
           std::fflush(stdout);
         },

@@ -49,7 +49,7 @@ class opened_device final : public layers::device_handle {
   std::shared_ptr<layers::backend> make_backend(layers::graph& g, const std::vector<std::size_t>& nodes,
                                                 const layers::optimizer_settings& o, std::size_t max_batch) override {
     device_backend_options so;
-    so.make_optimizer = [o] { return layers::make_optimizer<float>(o.name, o.lr, o.momentum, o.weight_decay, o.nesterov); };
+    so.make_optimizer = [o] { return layers::make_optimizer<float>(o.name, o.lr, o.momentum, o.weight_decay, o.nesterov, o.beta2); };
     so.max_batch = max_batch;
     so.nodes = nodes;
     return std::make_shared<device_backend>(dev_, g, so);

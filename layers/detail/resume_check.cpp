@@ -64,7 +64,7 @@ void check_settings_json(const nlohmann::json& s, const std::string& resume) {
   check_whole(s, part, "threads", 0, UINT_MAX, resume);
   check_whole(s, part, "seed", 0, uint64_max, resume);
   check_whole(s, part, "checkpoint_every", 0, int64_max, resume);
-  for (const char* field : {"lr", "momentum", "weight_decay"})
+  for (const char* field : {"lr", "momentum", "weight_decay", "beta2"})
     if (s.contains(field) && !s.at(field).is_number()) refuse(resume, part, field, "is " + shown(s.at(field)) + ", not a number");
   for (const char* field : {"nesterov", "spread", "shuffle", "evaluate", "trace_exact", "allow_nonfinite"})
     if (s.contains(field) && !s.at(field).is_boolean()) refuse(resume, part, field, "is " + shown(s.at(field)) + ", not true or false");

@@ -33,7 +33,7 @@ constexpr std::int64_t conv_count(std::int64_t in, std::int64_t out, std::int64_
 TEST_SUITE("layers.summary") {
   TEST_CASE("every preset's parameter counts are those counted by hand") {
     // The presets this test counts: a new one fails here until its count is added.
-    CHECK_THROWS_WITH(make_preset("none"), "unknown model 'none' (mlp, deep-mlp, lenet, resmlp, vit)");
+    CHECK_THROWS_WITH(make_preset("none"), "unknown model 'none' (mlp, deep-mlp, lenet, resmlp, vit, gpt)");
 
     SUBCASE("mlp") {
       auto g = make_preset("mlp");
@@ -106,6 +106,22 @@ TEST_SUITE("layers.summary") {
       CHECK(p.at("select") == 0);
       CHECK(p.at("head") == linear_count(64, 10));  // 650
       CHECK(s.parameters == 3200 + 64 + 1088 + 4 * (128 + 16640 + 128 + 8320 + 8256) + 128 + 650);  // 139,018
+    }
+    SUBCASE("gpt") {
+      auto g = make_preset("gpt", 0, preset_shape{shape{64}, 114});
+      const auto s = summary(g);
+      const auto p = parameters_of(s);
+      CHECK(p.at("wte") == 114 * 128);  // 14,592
+      CHECK(p.at("wpe") == 64 * 128);   // 8,192
+      for (int i = 0; i < 4; ++i) {
+        const std::string b = "blocks." + std::to_string(i) + ".";
+        CHECK(p.at(b + "attn") == linear_count(128, 384) + linear_count(128, 128));  // 66,048
+        CHECK(p.at(b + "mlp.fc") == linear_count(128, 512));                          // 66,048
+        CHECK(p.at(b + "mlp.proj") == linear_count(512, 128));                        // 65,664
+      }
+      CHECK(p.at("head") == 0);  // tied to wte: the weight is counted once, there
+      CHECK(s.parameters == 14592 + 8192 + 4 * (4 * 128 + 66048 + 66048 + 65664) + 2 * 128);  // 816,128
+      CHECK(s.parameters == g.parameter_count());
     }
     // The helpers above, checked against the same arithmetic once.
     CHECK(linear_count(784, 256) == 200960);
