@@ -14,6 +14,7 @@
 
 #include "layers/data/augment.hpp"
 #include "layers/data/dataset.hpp"
+#include "layers/data/text.hpp"
 #include "layers/train_data.hpp"
 #include "layers/trainer.hpp"
 
@@ -100,6 +101,13 @@ struct own_data_options {
   /// training file, its samples, their shape and classes, and the augmentation; for
   /// Fashion-MNIST only the augmentation; empty when there is neither.
   static std::string banner_line(const layers::train_options& o) {
+    if (o.train_set && o.train_set->labels_per_sample > 1 && o.train_data.empty()) {  // a text model's corpus
+      const auto& t = *o.train_set;
+      const auto dir = o.data == data::fashion_mnist_default_dir ? std::string(data::fortunes_default_dir) : o.data.string();
+      return "data: " + dir + ", " + std::to_string(t.size()) + " windows of " + std::to_string(t.labels_per_sample) +
+             " bytes for training, " + (o.test_set ? std::to_string(o.test_set->size()) : std::string("none")) +
+             " for validation, a vocabulary of " + std::to_string(t.classes) + " bytes";
+    }
     if (o.train_set) {
       const auto d = layers::own_data_shape(o);
       return "data: " + o.train_data.inputs.string() + ", " + std::to_string(o.train_set->size()) + " samples of " +

@@ -142,7 +142,9 @@ bool pipeline_engine::write_trace(actors::runtime& rt, const std::string& path, 
 bool pipeline_engine::agree_stop(bool local) {
   if (!link_) return local;
   const int mine = local ? (job_.stop_code ? job_.stop_code() : 1) : 0;
-  const auto all = link_->all_gather(std::to_string(mine));
+  // Watched: a rank stopped after its last gradient of a step lets the others finish that
+  // step, and they would wait here for ever.
+  const auto all = pipe_->gather_watched(std::to_string(mine), "the agreement on whether to stop before the next step");
   for (std::size_t r = 0; r < all.size(); ++r) {
     const int code = std::stoi(all[r]);
     if (code == 0) continue;

@@ -205,6 +205,11 @@ class pipeline {
   /// The optimizer state of every stage, parameters named as in the graph (replica 0's:
   /// the replicas step the same sums). Between steps, off the loops.
   layers::optimizer_state optimizer_state_of() const;
+  /// Across ranks, between steps: every rank's `mine` (`rank_link::all_gather`), ended by a
+  /// `stall_error` (and `on_stall`) when a rank does not join within the stall timeout, so a
+  /// stopped rank cannot leave the others waiting for ever. `waiting_for` says what the
+  /// ranks gather, for the report ("the reports of the step").
+  std::vector<std::string> gather_watched(const std::string& mine, const std::string& waiting_for);
   /// Gives every stage of every replica its part of `state`. Between steps, off the loops.
   void load_optimizer_state(const layers::optimizer_state& state);
   /// Copies the weights of the device stages into the graph (waits for their streams:
@@ -251,8 +256,6 @@ class pipeline {
   std::string stall_report(double seconds, const std::vector<bool>& local) const;
   /// Fails the pipeline with `report`: tells the stages, calls `on_stall`, throws `stall_error`.
   [[noreturn]] void stall(const std::string& report);
-  /// `link->all_gather`, ended by `stall` when no answer comes within the stall timeout.
-  std::vector<std::string> gather_watched(const std::string& mine);
 
   actors::runtime& rt_;
   layers::graph* graph_ = nullptr;  // replica 0's

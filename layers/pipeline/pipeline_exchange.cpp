@@ -154,7 +154,7 @@ void pipeline::exchange(std::vector<stage_report>& reports, const std::vector<bo
   nlohmann::json mine = nlohmann::json::array();
   for (std::size_t i = 0; i < reports.size(); ++i)
     if (local[i]) mine.push_back({i, reports[i]});
-  const auto all = gather_watched(to_wire(mine));
+  const auto all = gather_watched(to_wire(mine), "the reports of the step");
   for (std::size_t k = 0; k < all.size(); ++k) {
     if (int(k) == me_) continue;
     for (const auto& r : from_wire(all[k], "a stage report")) {
@@ -177,7 +177,7 @@ void pipeline::exchange_outputs(std::vector<stage_report>& reports, const std::v
       outs.push_back({o.sample_shape().dims(), std::vector<float>(o.data(), o.data() + o.matrix().size())});
     mine.push_back({i, std::move(outs)});
   }
-  const auto all = gather_watched(to_wire(mine));
+  const auto all = gather_watched(to_wire(mine), "the reports of the step");
   for (std::size_t k = 0; k < all.size(); ++k) {
     if (int(k) == me_) continue;
     for (const auto& r : from_wire(all[k], "a prediction")) {
@@ -201,7 +201,7 @@ void pipeline::exchange_outputs(std::vector<stage_report>& reports, const std::v
 }
 
 
-std::vector<std::string> pipeline::gather_watched(const std::string& mine) {
+std::vector<std::string> pipeline::gather_watched(const std::string& mine, const std::string& waiting_for) {
   if (options_.stall_timeout_s <= 0) return options_.link->all_gather(mine);
   // The collective blocks its caller until every rank joins: it runs on a thread of its
   // own, which a stopped rank leaves blocked (the process then ends through `on_stall`).
@@ -225,9 +225,9 @@ std::vector<std::string> pipeline::gather_watched(const std::string& mine) {
         if (!here(r, s))
           stages += (stages.empty() ? "" : ", ") + (replicas_ > 1 ? "replica " + std::to_string(r) + " " : std::string()) +
                     "stage " + std::to_string(s) + " (rank " + std::to_string(rank_of(r, s)) + ")";
-    stall("pipeline stalled: the stages of rank " + std::to_string(me_) + " finished the step and wait for the reports of " +
-          stages + ", which did not come for " + secs + " s (--stall-timeout): nothing came from rank " + others +
-          " for " + secs + " s");
+    stall("pipeline stalled: the stages of rank " + std::to_string(me_) + " wait for " + waiting_for + " from " + stages +
+          ", which did not come for " + secs + " s (--stall-timeout): nothing came from rank " + others + " for " +
+          secs + " s");
   }
   return f.get();
 }
