@@ -108,7 +108,8 @@ std::vector<std::int64_t> tokens_of(const std::string& prompt, const nerve::data
 
 int generate(const generate_request& r) {
   if (r.init.empty())
-    throw std::invalid_argument("--init FILE is required: the weights of a 'gpt' (nerve-train --model gpt --save FILE)");
+    throw std::invalid_argument(
+        "--init FILE is required: the weights of a 'gpt' (nerve-train --model gpt --save FILE)");
   if (r.prompt.empty()) throw std::invalid_argument("--prompt must hold at least one byte: the text to go on from");
   if (!r.tokens_given) throw std::invalid_argument("--tokens N is required: how many bytes to generate");
   if (r.tokens < 1)
@@ -200,7 +201,8 @@ int main(int argc, char** argv) {
       ->type_name("FLOAT");
   nerve::apps::add_whole(app, "--top-k", r.top_k, "Draw among the K most likely bytes only (default 0: all)");
   nerve::apps::add_whole(app, "--seed", r.seed, "Seed of the draws: the same seed gives the same text");
-  app.add_option("--device", r.device, "Where the network runs: cpu, cuda, cuda:N or standin (the CPU stand-in of a GPU)");
+  app.add_option("--device", r.device,
+                 "Where the network runs: cpu, cuda, cuda:N or standin (the CPU stand-in of a GPU)");
   app.add_option("--data", r.data,
                  "The corpus the weights were trained on: its vocabulary (default /usr/share/games/fortunes)")
       ->type_name("DIR");
