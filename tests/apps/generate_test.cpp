@@ -48,8 +48,8 @@ struct trained_gpt {
   }
   ~trained_gpt() { fs::remove_all(dir); }
   /// About `bytes` bytes of words from a fixed list (28 distinct bytes: every lower-case
-  /// letter, space and newline), lines of eight, in a fixed order;
-  /// `extra` is appended (a byte the other corpus lacks).
+  /// letter, space and newline), lines of eight, in a fixed order, then `extra` (bytes the
+  /// words lack: a corpus of another vocabulary).
   static void write_words(const fs::path& file, std::size_t bytes, const std::string& extra) {
     static const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and",
                                   "runs", "into", "woods", "where", "owls", "hum", "very", "softly"};
