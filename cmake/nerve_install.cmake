@@ -8,7 +8,7 @@
 #                                                        include/nerve, so user code keeps
 #                                                        writing "actors/runtime.hpp"
 #   <prefix>/lib/libnerve_*.{so,a}, libnerve_gpu_cuda.so (CUDA builds)
-#   <prefix>/bin/nerve-train, nerve-pipeline, nerve-trace (builds with the apps;
+#   <prefix>/bin/nerve-train, nerve-pipeline, nerve-generate, nerve-trace (with the apps;
 #                                                        nerve_install_app below)
 #   <prefix>/lib/cmake/nerve/nerveConfig.cmake, nerveConfigVersion.cmake, nerveTargets*.cmake,
 #                                                        nerveApps*.cmake (the programs)

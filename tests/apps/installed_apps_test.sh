@@ -12,7 +12,7 @@ rm -rf "$prefix"
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 out=$(timeout 120 cmake --install "$build" --prefix "$prefix" 2>&1) || { echo "$out"; echo "FAIL: cmake --install"; exit 1; }
-for app in nerve-train nerve-pipeline nerve-trace; do
+for app in nerve-train nerve-pipeline nerve-generate nerve-trace; do
   bin=$prefix/bin/$app
   [ -x "$bin" ] || { fail "$app is not installed in $prefix/bin"; continue; }
   help=$(cd "$prefix" && timeout 10 "$bin" --help 2>&1) || fail "$bin --help: status $?: $(head -c 300 <<<"$help")"
