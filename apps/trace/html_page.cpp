@@ -3,6 +3,7 @@
 #include "apps/trace/critical_path.hpp"
 #include "apps/trace/schedule_plan.hpp"
 #include "apps/trace/summary.hpp"
+#include "layers/module_path.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -93,6 +94,13 @@ class page_builder {
     return -1;
   }
 
+  // A transformer's layers under their block (" · blocks.3" for `blocks.3.attn`), so its
+  // lanes come under one heading per block; "" for any other name.
+  static std::string block_of(const std::string& name) {
+    const auto block = layers::block_of(name);
+    return block.empty() ? std::string() : " · " + std::string(block);
+  }
+
   // The lane of a track (pid, tid), created on first use.
   std::size_t track_lane(std::int64_t pid, std::int64_t tid) {
     if (tid >= stage_tid_base) return stage_lane(pid, static_cast<std::int32_t>(tid - stage_tid_base));
@@ -121,7 +129,7 @@ class page_builder {
       const auto stage = t_.actor_stage(pid, tid);
       lane.order = {pid, 1, stage, loop, sort, tid, ""};
       lane.group = process_label(pid) + (stage >= 0 ? " · stage " + std::to_string(stage) : std::string(" · no stage")) +
-                   (loop >= 0 ? " · loop " + std::to_string(loop) : std::string());
+                   (loop >= 0 ? " · loop " + std::to_string(loop) : std::string()) + block_of(lane.label);
     }
     lanes_.push_back(std::move(lane));
     track_lanes_[key] = lanes_.size() - 1;
@@ -390,6 +398,7 @@ class page_builder {
       for (std::size_t k = 0; k < row_ids.size(); ++k) lanes += (k ? "," : "") + std::to_string(row_ids[k]);
       lanes += "]}";
       stats_.lane_labels.push_back(lane.label);
+      stats_.lane_groups.push_back(lane.group);
     }
     rows += ']';
     lanes += ']';

@@ -24,6 +24,9 @@ struct html_stats {
   std::size_t flows = 0;
   std::size_t bytes = 0;
   std::vector<std::string> lane_labels;
+  /// Each lane's heading: the process, the stage and loop, and a transformer block's path
+  /// (`blocks.3`) for the layers in it.
+  std::vector<std::string> lane_groups;
 };
 
 /// Writes the page for the view behind `index` to `out`.

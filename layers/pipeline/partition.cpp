@@ -1,4 +1,5 @@
 #include "layers/pipeline/partition.hpp"
+#include "layers/module_path.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -61,6 +62,15 @@ partition partition_by_cost(const layers::graph& g, const std::vector<double>& l
                                 std::to_string(pieces) + " pieces: at least one stage would be empty");
   std::vector<double> prefix(n + 1, 0);
   for (std::size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + layer_costs[i];
+  // A transformer's blocks stay whole (layers/module_path.hpp): no cut between two layers
+  // of one block, unless the pieces outnumber the places left to cut.
+  std::vector<bool> may_cut(n + 1, true);
+  std::size_t places = n - 1;
+  for (std::size_t j = 1; j < n; ++j) {
+    const auto a = layers::block_of(g.nodes()[order[j - 1]].name), b = layers::block_of(g.nodes()[order[j]].name);
+    if (!a.empty() && a == b) may_cut[j] = false, --places;
+  }
+  if (places + 1 < pieces) std::fill(may_cut.begin(), may_cut.end(), true);
   // best[k][i]: smallest maximum piece cost for the first i layers in k pieces; cut[k][i] the last cut.
   const double inf = std::numeric_limits<double>::infinity();
   std::vector<std::vector<double>> best(pieces + 1, std::vector<double>(n + 1, inf));
@@ -69,6 +79,7 @@ partition partition_by_cost(const layers::graph& g, const std::vector<double>& l
   for (std::size_t k = 1; k <= pieces; ++k)
     for (std::size_t i = k; i <= n; ++i)
       for (std::size_t j = k - 1; j < i; ++j) {
+        if (!may_cut[j]) continue;
         const double c = std::max(best[k - 1][j], prefix[i] - prefix[j]);
         if (c < best[k][i] - 1e-12 * std::abs(c)) best[k][i] = c, cut[k][i] = j;
       }

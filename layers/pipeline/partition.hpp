@@ -28,7 +28,9 @@ using partition = std::vector<std::vector<std::size_t>>;
 partition partition_at(const layers::graph& g, const std::vector<std::string>& first_layers);
 
 /// `pieces` runs whose costs (one per layer in topological order, graph inputs left out)
-/// have the smallest possible maximum (ties: the earliest cut). Throws `std::invalid_argument`
+/// have the smallest possible maximum (ties: the earliest cut). A transformer's blocks stay
+/// whole (no cut between two layers of `blocks.3`, layers/module_path.hpp) unless there are
+/// more pieces than places left to cut. Throws `std::invalid_argument`
 /// when there are fewer layers than pieces (a piece would be empty) or `pieces` is 0.
 partition partition_by_cost(const layers::graph& g, const std::vector<double>& layer_costs, std::size_t pieces);
 

@@ -16,7 +16,9 @@
 #include "layers/executor.hpp"
 #include "layers/network.hpp"
 #include "layers/optimizer.hpp"
+#include "layers/module_path.hpp"
 #include "layers/pipeline/pipeline.hpp"
+#include "layers/presets.hpp"
 #include "tests/pipeline/tiny_lm.hpp"
 
 using namespace nerve;
@@ -221,5 +223,26 @@ TEST_SUITE("pipeline.tied") {
       finals.emplace_back(w.data(), w.data() + w.size());
     }
     CHECK(finals[0] == finals[1]);
+  }
+
+  TEST_CASE("a transformer is cut between its blocks, never inside one, unless the pieces outnumber the places") {
+    auto g = layers::make_preset("gpt", 1, layers::preset_shape{layers::shape{64}, 114});
+    for (std::size_t pieces : {2u, 3u, 4u, 5u, 8u}) {
+      CAPTURE(pieces);
+      const auto p = nerve::pipeline::partition_by_parameters(g, pieces);
+      REQUIRE(p.size() == pieces);
+      for (std::size_t k = 1; k < p.size(); ++k) {
+        const auto& before = g.nodes()[p[k - 1].back()].name;
+        const auto& first = g.nodes()[p[k].front()].name;
+        CAPTURE(before);
+        CAPTURE(first);
+        const auto block = layers::block_of(first);
+        CHECK((block.empty() || block != layers::block_of(before)));
+      }
+    }
+    // The tiny model has 5 places between its parts (wte | wpe | blocks.0 | ln_f | head):
+    // 6 pieces must cut inside its block.
+    auto tiny = tiny_lm();
+    CHECK(nerve::pipeline::partition_by_parameters(tiny, 6).size() == 6);
   }
 }

@@ -9,6 +9,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <string>
+#include <utility>
 #include <sstream>
 
 using namespace nerve::trace;
@@ -57,5 +59,28 @@ TEST_SUITE("trace.html") {
     CHECK(stats.bytes < trace.str().size() / 2 + 40000);
     CHECK(out.str().find("\"ph\"") == std::string::npos);
     CHECK(std::count(stats.lane_labels.begin(), stats.lane_labels.end(), "stage 1") == 1);
+  }
+
+  TEST_CASE("a transformer's layer lanes come under a heading per block") {
+    auto text = samples::two_stage;
+    for (auto [from, to] : {std::pair<std::string, std::string>{"\"A\"", "\"blocks.0.attn\""},
+                            std::pair<std::string, std::string>{"\"B\"", "\"blocks.12.mlp.fc\""}})
+      for (auto at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+        text.replace(at, from.size(), to);
+    diagnostics d;
+    auto t = read_trace_text(text, "blocks.json", d);
+    trace_index index(t);
+    std::ostringstream out;
+    const auto stats = write_html_page(index, {}, out);
+    REQUIRE(stats.lane_groups.size() == stats.lane_labels.size());
+    auto group_of = [&](const std::string& label) {
+      const auto at = std::find(stats.lane_labels.begin(), stats.lane_labels.end(), label);
+      REQUIRE(at != stats.lane_labels.end());
+      return stats.lane_groups[std::size_t(at - stats.lane_labels.begin())];
+    };
+    CHECK(group_of("blocks.0.attn") == "nerve rank 0 · stage 0 · loop 0 · blocks.0");
+    CHECK(group_of("blocks.0.attn · mailbox") == "nerve rank 0 · stage 0 · loop 0 · blocks.0");
+    CHECK(group_of("blocks.12.mlp.fc") == "nerve rank 0 · stage 1 · loop 1 · blocks.12");
+    CHECK(group_of("stage 1") == "nerve rank 0 · stage 1 · loop 1");  // the stage's own lane heads the stage
   }
 }
