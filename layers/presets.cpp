@@ -21,6 +21,32 @@
 
 namespace nerve::layers {
 
+namespace {
+
+/// `blocks` pre-LayerNorm transformer blocks after node `x`, named by PyTorch's module
+/// paths (`blocks.{i}.ln1, attn, add1, ln2, mlp.fc, mlp.act, mlp.proj, add2`): x + attn(ln1(x)),
+/// then x + proj(GELU(fc(ln2(x)))), `heads` heads and an MLP of `mlp` features. Returns the
+/// last block's output node.
+template <class Scalar>
+std::string add_blocks(basic_graph_builder<Scalar>& b, std::string x, std::int64_t blocks, std::int64_t width,
+                       std::int64_t heads, std::int64_t mlp, bool causal) {
+  for (std::int64_t i = 0; i < blocks; ++i) {
+    const std::string p = "blocks." + std::to_string(i) + ".";
+    b.add(p + "ln1", basic_layer_norm<Scalar>(shape{width}), {x});
+    b.add(p + "attn", basic_multihead_attention<Scalar>(width, heads, causal), {p + "ln1"});
+    b.add(p + "add1", basic_add<Scalar>(), {x, p + "attn"});
+    b.add(p + "ln2", basic_layer_norm<Scalar>(shape{width}), {p + "add1"});
+    b.add(p + "mlp.fc", basic_linear<Scalar>(width, mlp), {p + "ln2"});
+    b.add(p + "mlp.act", basic_gelu<Scalar>(), {p + "mlp.fc"});
+    b.add(p + "mlp.proj", basic_linear<Scalar>(mlp, width), {p + "mlp.act"});
+    b.add(p + "add2", basic_add<Scalar>(), {p + "add1", p + "mlp.proj"});
+    x = p + "add2";
+  }
+  return x;
+}
+
+}  // namespace
+
 template <class Scalar>
 basic_graph_builder<Scalar> preset_builder(std::string_view name, const preset_shape& data) {
   using lin = basic_linear<Scalar>;
@@ -99,19 +125,7 @@ basic_graph_builder<Scalar> preset_builder(std::string_view name, const preset_s
     b.add("patch", basic_patch_embedding<Scalar>(patch, width, img[0]), {"input"});
     b.add("cls", basic_class_token<Scalar>(width), {"patch"});
     b.add("pos", basic_positional_embedding<Scalar>(tokens, width), {"cls"});
-    std::string x = "pos";
-    for (std::int64_t i = 0; i < blocks; ++i) {
-      const std::string p = "blocks." + std::to_string(i) + ".";
-      b.add(p + "ln1", basic_layer_norm<Scalar>(shape{width}), {x});
-      b.add(p + "attn", basic_multihead_attention<Scalar>(width, heads, false), {p + "ln1"});
-      b.add(p + "add1", basic_add<Scalar>(), {x, p + "attn"});
-      b.add(p + "ln2", basic_layer_norm<Scalar>(shape{width}), {p + "add1"});
-      b.add(p + "mlp.fc", lin(width, mlp), {p + "ln2"});
-      b.add(p + "mlp.act", basic_gelu<Scalar>(), {p + "mlp.fc"});
-      b.add(p + "mlp.proj", lin(mlp, width), {p + "mlp.act"});
-      b.add(p + "add2", basic_add<Scalar>(), {p + "add1", p + "mlp.proj"});
-      x = p + "add2";
-    }
+    const auto x = add_blocks(b, "pos", blocks, width, heads, mlp, false);
     b.add("ln_f", basic_layer_norm<Scalar>(shape{width}), {x});
     b.add("select", basic_select_token<Scalar>(0), {"ln_f"});
     b.add("head", lin(width, classes), {"select"});
@@ -128,21 +142,9 @@ basic_graph_builder<Scalar> preset_builder(std::string_view name, const preset_s
     b.input("input", {context});
     b.add("wte", basic_embedding<Scalar>(classes, width, 0.02), {"input"});
     b.add("wpe", basic_positional_embedding<Scalar>(context, width), {"wte"});
-    std::string x = "wpe";
-    for (std::int64_t i = 0; i < blocks; ++i) {
-      const std::string p = "blocks." + std::to_string(i) + ".";
-      b.add(p + "ln1", basic_layer_norm<Scalar>(shape{width}), {x});
-      b.add(p + "attn", basic_multihead_attention<Scalar>(width, heads, true), {p + "ln1"});
-      b.add(p + "add1", basic_add<Scalar>(), {x, p + "attn"});
-      b.add(p + "ln2", basic_layer_norm<Scalar>(shape{width}), {p + "add1"});
-      b.add(p + "mlp.fc", lin(width, mlp), {p + "ln2"});
-      b.add(p + "mlp.act", basic_gelu<Scalar>(), {p + "mlp.fc"});
-      b.add(p + "mlp.proj", lin(mlp, width), {p + "mlp.act"});
-      b.add(p + "add2", basic_add<Scalar>(), {p + "add1", p + "mlp.proj"});
-      x = p + "add2";
-    }
+    const auto x = add_blocks(b, "wpe", blocks, width, heads, mlp, true);
     b.add("ln_f", basic_layer_norm<Scalar>(shape{width}), {x});
-    b.add("head", lin(width, classes, false), {"ln_f"});
+    b.add("head", basic_linear<Scalar>(width, classes, false), {"ln_f"});
     b.tie("head", "wte");
   } else {
     throw std::invalid_argument("unknown model '" + std::string(name) + "' (mlp, deep-mlp, lenet, resmlp, vit, gpt)");

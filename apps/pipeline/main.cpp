@@ -456,7 +456,11 @@ int main(int argc, char** argv) {
                                  {"samples_per_s", e.samples_per_s}});
           if (!json && speak) {
             std::printf("epoch %2d  train loss %.4f  train acc %6.2f%%", e.epoch, e.train_loss, 100 * e.train_accuracy);
-            if (o.evaluate && !e.interrupted) std::printf("  test acc %6.2f%%", 100 * e.test_accuracy);
+            // A language model's evaluation is its validation part's loss per token.
+            if (o.evaluate && !e.interrupted && nl::reads_text(o.model))
+              std::printf("  val loss %.4f  val token acc %6.2f%%", e.test_loss, 100 * e.test_accuracy);
+            else if (o.evaluate && !e.interrupted)
+              std::printf("  test acc %6.2f%%", 100 * e.test_accuracy);
             std::printf("  %6.2f s  %8.0f samples/s%s\n", e.seconds, e.samples_per_s, e.interrupted ? "  (interrupted)" : "");
             std::fflush(stdout);
           }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -27,7 +28,7 @@ using nlohmann::json;
 
 namespace {
 
-const std::string train_app = NERVE_TRAIN_BIN, generate_app = NERVE_GENERATE_BIN;
+const std::string train_app = NERVE_TRAIN_BIN, generate_app = NERVE_GENERATE_BIN, pipeline_app = NERVE_PIPELINE_BIN;
 
 /// A corpus folder of a few KB of lower-case words and its gpt weights after two epochs of
 /// nerve-train (14 steps), made once for the test binary and removed at its exit.
@@ -233,5 +234,22 @@ TEST_SUITE("apps.generate") {
       CHECK_MESSAGE(r.err.starts_with(message), r.err);
       CHECK(r.out.empty());  // nothing generated, not even the prompt
     }
+  }
+
+  TEST_CASE("nerve-pipeline cuts gpt over 2 and 3 stages, its tied head on the last: the weights of one stage") {
+    const auto& t = gpt();
+    std::vector<std::string> saved;
+    for (const char* stages : {"1", "2", "3"}) {
+      const auto w = (t.dir / (std::string("pipe") + stages + ".safetensors")).string();
+      const auto r = run_app({pipeline_app, "--model", "gpt", "--data", t.corpus.string(), "--stages", stages,
+                              "--microbatches", "4", "--batch", "8", "--steps", "3", "--schedule", "1f1b", "--quiet",
+                              "--save", w});
+      REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+      std::ifstream in(w, std::ios::binary);
+      saved.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    CHECK(saved[0].size() > 3000000);  // 0.8M parameters, the tied weight once
+    CHECK(saved[1] == saved[0]);
+    CHECK(saved[2] == saved[0]);
   }
 }
