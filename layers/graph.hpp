@@ -123,8 +123,8 @@ class basic_graph {
   /// The node whose output is the graph's output.
   std::size_t output() const noexcept { return output_; }
 
-  /// Every trainable tensor, named `<node>.<parameter>` (`fc1.weight`), in node order; a
-  /// tied weight once, under its owner's name (`ties`).
+  /// Every trainable tensor, named node.parameter (`fc1.weight`), in node order. A tied
+  /// weight is listed once, under its owner's name: see `ties`.
   std::vector<parameter_ref> parameters();
   /// Every buffer, named `<node>.<buffer>` (`bn1.running_mean`).
   std::vector<buffer_ref> buffers();
