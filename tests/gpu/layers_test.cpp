@@ -44,6 +44,7 @@
 #include "tests/gpu/gpu_fixture.hpp"
 #include "tests/gpu/loops.hpp"
 #include "tests/layers/tiny_fashion_mnist.hpp"
+#include "tests/pipeline/tiny_lm.hpp"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -685,6 +686,29 @@ TEST_SUITE("gpu.layers") {
     rt.synchronize();
     be->download();
     check_parameters_within(dev_graph, cpu_graph, 1e-4);
+  }
+
+  TEST_CASE("a head tied to its embedding sums both gradients on the device: the copies stay equal, the CPU's weights") {
+    auto cpu_graph = nerve::test::tiny_lm(), dev_graph = nerve::test::tiny_lm();
+    actors::runtime rt({.loops = 1});
+    gpu::device dev(gpu::test::layers_suite_options());
+    auto be = std::make_shared<gpu::device_backend>(dev, dev_graph, device_net::backend_options({"sgd", 0.05, 0.9}, 64));
+    auto criterion = std::make_shared<layers::cross_entropy>();
+    layers::network net(rt, dev_graph, criterion, {}, {.backend = be});
+    auto opt = layers::make_optimizer<float>("sgd", 0.05, 0.9);
+    layers::direct_executor exec(cpu_graph);
+    for (std::uint64_t step = 0; step < 3; ++step) {
+      auto b1 = nerve::test::tiny_lm_batch(7, 30 + step), b2 = nerve::test::tiny_lm_batch(7, 30 + step);
+      auto got = net.train_step(std::move(b1.x), std::move(b1.t), 2, step).get();
+      auto want = exec.train_step(std::move(b2.x), b2.t, *criterion, *opt, 2, step);
+      CHECK(got.loss == doctest::Approx(want.loss).epsilon(1e-5));
+    }
+    rt.synchronize();
+    be->download();
+    check_parameters_within(dev_graph, cpu_graph, 1e-4);
+    auto& w = dev_graph.layer<layers::embedding>("wte").weight();
+    auto& h = dev_graph.layer<layers::linear>("head").weight();
+    CHECK(std::equal(w.data(), w.data() + w.size(), h.data(), h.data() + h.size()));
   }
 
 #if NERVE_GPU_LAYERS_STANDIN
