@@ -28,7 +28,8 @@ using nlohmann::json;
 
 namespace {
 
-const std::string train_app = NERVE_TRAIN_BIN, generate_app = NERVE_GENERATE_BIN, pipeline_app = NERVE_PIPELINE_BIN;
+// Names of their own: model_test.cpp has a train_app and a pipeline_app (one unity file in CI).
+const std::string gpt_train_app = NERVE_TRAIN_BIN, generate_app = NERVE_GENERATE_BIN, gpt_pipeline_app = NERVE_PIPELINE_BIN;
 
 /// A corpus folder of a few KB of lower-case words and its gpt weights after two epochs of
 /// nerve-train (14 steps), made once for the test binary and removed at its exit.
@@ -43,7 +44,7 @@ struct trained_gpt {
     write_words(corpus / "words", 4000, "");
     weights = dir / "w.safetensors";
     checkpoint = dir / "run.ck";
-    const auto r = run_app({train_app, "--model", "gpt", "--data", corpus.string(), "--epochs", "2", "--batch", "8",
+    const auto r = run_app({gpt_train_app, "--model", "gpt", "--data", corpus.string(), "--epochs", "2", "--batch", "8",
                             "--no-eval", "--quiet", "--save", weights.string(), "--checkpoint", checkpoint.string()});
     if (r.exit_code != 0) train_error = "nerve-train failed (" + std::to_string(r.exit_code) + "): " + r.err;
   }
@@ -241,7 +242,7 @@ TEST_SUITE("apps.generate") {
     std::vector<std::string> saved;
     for (const char* stages : {"1", "2", "3"}) {
       const auto w = (t.dir / (std::string("pipe") + stages + ".safetensors")).string();
-      const auto r = run_app({pipeline_app, "--model", "gpt", "--data", t.corpus.string(), "--stages", stages,
+      const auto r = run_app({gpt_pipeline_app, "--model", "gpt", "--data", t.corpus.string(), "--stages", stages,
                               "--microbatches", "4", "--batch", "8", "--steps", "3", "--schedule", "1f1b", "--quiet",
                               "--save", w});
       REQUIRE_MESSAGE(r.exit_code == 0, r.err);
